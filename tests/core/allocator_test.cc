@@ -1,0 +1,64 @@
+#include "tessera/core/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+namespace {
+
+TEST(Allocator, TracksInUseAndPeakPerCategory) {
+  Allocator a("rank 3");
+  {
+    Tensor p = Tensor::empty({1000}, DType::F32, MemCategory::Parameters, "w", &a);
+    Tensor g = Tensor::empty({500}, DType::F32, MemCategory::Gradients, "g", &a);
+    EXPECT_EQ(a.in_use(), 6000u);
+    EXPECT_EQ(a.in_use(MemCategory::Parameters), 4000u);
+  }
+  EXPECT_EQ(a.in_use(), 0u);
+  EXPECT_EQ(a.peak(), 6000u);
+  EXPECT_EQ(a.peak(MemCategory::Gradients), 2000u);
+  a.reset_peaks();
+  EXPECT_EQ(a.peak(), 0u);
+}
+
+TEST(Allocator, CapacityErrorNamesRankRequestAndHolders) {
+  Allocator a("rank 1", 10000);
+  Tensor big = Tensor::empty({2000}, DType::F32, MemCategory::Parameters, "h.0.mlp.c_fc.weight", &a);
+  try {
+    Tensor more = Tensor::empty({1000}, DType::F32, MemCategory::Activations, "attn.scores", &a);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("attn.scores"), std::string::npos) << m;
+    EXPECT_NE(m.find("h.0.mlp.c_fc.weight"), std::string::npos) << m;
+  }
+  EXPECT_EQ(a.in_use(), 8000u);  // the failed request holds nothing
+}
+
+TEST(Allocator, CurrentScopeIsPerThreadAndNests) {
+  Allocator a("a"), b("b");
+  {
+    CurrentAllocatorScope sa(a);
+    EXPECT_EQ(&Allocator::current(), &a);
+    {
+      CurrentAllocatorScope sb(b);
+      EXPECT_EQ(&Allocator::current(), &b);
+    }
+    EXPECT_EQ(&Allocator::current(), &a);
+  }
+  EXPECT_NE(&Allocator::current(), &a);
+}
+
+TEST(ParseBytes, UnitsAndErrors) {
+  EXPECT_EQ(parse_bytes("2GiB"), 2ull << 30);
+  EXPECT_EQ(parse_bytes("512 MiB"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("1.5GB"), 1500000000ull);
+  EXPECT_EQ(parse_bytes("4096"), 4096ull);
+  EXPECT_THROW(parse_bytes("lots"), ConfigError);
+  EXPECT_THROW(parse_bytes("3 parsecs"), ConfigError);
+}
+
+}  // namespace
+}  // namespace tessera
