@@ -1,0 +1,5 @@
+// PLACEHOLDER: replaced by the real subcommand.
+#include "commands.h"
+namespace tessera::app {
+void register_bench_comm(CLI::App& root, int& exit_code) { (void)root; (void)exit_code; }
+}  // namespace tessera::app

@@ -1,0 +1,14 @@
+// Each subcommand of the `tessera` command registers itself on the root CLI11 app. A callback
+// stores its process exit status in `exit_code`; errors are thrown as tessera::Error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::app {
+
+void register_train(CLI::App& root, int& exit_code);
+void register_eval(CLI::App& root, int& exit_code);
+void register_sample(CLI::App& root, int& exit_code);
+void register_bench_comm(CLI::App& root, int& exit_code);
+
+}  // namespace tessera::app

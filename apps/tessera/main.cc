@@ -1,0 +1,29 @@
+// The `tessera` command: train, eval, sample, bench-comm.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "tessera/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App root{"tessera: train transformer language models on many devices"};
+  root.require_subcommand(1);
+  root.set_version_flag("--version", "tessera 0.1.0");
+  int exit_code = 0;
+  tessera::app::register_train(root, exit_code);
+  tessera::app::register_eval(root, exit_code);
+  tessera::app::register_sample(root, exit_code);
+  tessera::app::register_bench_comm(root, exit_code);
+  try {
+    root.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return root.exit(e);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,127 @@
+#include "tessera/nn/parameters.h"
+
+#include <cmath>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+
+namespace tessera::nn {
+
+namespace {
+constexpr int64_t kAlignFloats = 16;  // 64 bytes
+
+Shape local_shape_of(const std::string& name, const Shape& g, const ShardSpec& s) {
+  if (s.dim < 0) return g;
+  TESSERA_CHECK_AS(ShapeError, s.dim < static_cast<int>(g.size()), "parameter ", name,
+                   ": shard dimension ", s.dim, " out of range for shape ", shape_str(g));
+  int64_t d = g[s.dim];
+  TESSERA_CHECK_AS(ShapeError, s.blocks >= 1 && d % s.blocks == 0, "parameter ", name,
+                   ": dimension ", s.dim, " of size ", d, " does not split into ", s.blocks,
+                   " equal blocks");
+  int64_t block = d / s.blocks;
+  TESSERA_CHECK_AS(ShapeError, s.offset >= 0 && s.length >= 0 && s.offset + s.length <= block,
+                   "parameter ", name, ": shard [", s.offset, ", ", s.offset + s.length,
+                   ") does not fit in a block of ", block);
+  Shape l = g;
+  l[s.dim] = s.blocks * s.length;
+  return l;
+}
+}  // namespace
+
+int64_t ParamInfo::global_index(int64_t i) const {
+  if (shard.dim < 0) return i;
+  // Decompose i into (outer, local coordinate along dim, inner) and map the coordinate.
+  int64_t inner = 1;
+  for (size_t k = shard.dim + 1; k < global_shape.size(); ++k) inner *= global_shape[k];
+  int64_t local_d = local_shape[shard.dim];
+  int64_t global_d = global_shape[shard.dim];
+  int64_t in = i % inner;
+  int64_t rest = i / inner;
+  int64_t c = rest % local_d;
+  int64_t outer = rest / local_d;
+  int64_t block = c / shard.length, within = c % shard.length;
+  int64_t gc = block * (global_d / shard.blocks) + shard.offset + within;
+  return (outer * global_d + gc) * inner + in;
+}
+
+int ParameterSet::add(std::string name, Shape global_shape, Init init, float init_std,
+                      bool weight_decay, ShardSpec shard) {
+  TESSERA_CHECK(!materialized(), "parameter ", name, " registered after materialize()");
+  TESSERA_CHECK(!by_name_.count(name), "parameter ", name, " registered twice");
+  ParamInfo p;
+  p.name = std::move(name);
+  p.global_shape = std::move(global_shape);
+  p.shard = shard;
+  p.local_shape = local_shape_of(p.name, p.global_shape, shard);
+  p.offset = numel_;
+  p.init = init;
+  p.init_std = init_std;
+  p.weight_decay = weight_decay;
+  numel_ += (p.local_numel() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  by_name_.emplace(p.name, static_cast<int>(infos_.size()));
+  infos_.push_back(std::move(p));
+  return static_cast<int>(infos_.size()) - 1;
+}
+
+void ParameterSet::materialize(Allocator& alloc) {
+  TESSERA_CHECK(!materialized(), "parameters materialized twice");
+  flat_params_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);
+  flat_grads_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Gradients, "gradients", &alloc);
+}
+
+void ParameterSet::initialize(uint64_t seed) {
+  TESSERA_CHECK(materialized(), "initialize() before materialize()");
+  for (const ParamInfo& p : infos_) {
+    float* w = flat_params_.f32() + p.offset;
+    int64_t n = p.local_numel();
+    uint64_t stream = stable_hash(p.name);
+    switch (p.init) {
+      case Init::Zeros:
+        for (int64_t i = 0; i < n; ++i) w[i] = 0.0f;
+        break;
+      case Init::Ones:
+        for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+        break;
+      case Init::Normal:
+        if (p.shard.dim < 0) {
+          philox_fill_normal(w, n, seed, stream, 0, 0.0f, p.init_std);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            w[i] = p.init_std * philox_normal(seed, stream, static_cast<uint64_t>(p.global_index(i)));
+        }
+        break;
+    }
+  }
+}
+
+int64_t ParameterSet::global_numel() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : infos_) n += p.global_numel();
+  return n;
+}
+
+Tensor ParameterSet::param(int i) const {
+  TESSERA_CHECK(materialized(), "parameters used before materialize()");
+  const ParamInfo& p = infos_.at(i);
+  return flat_params_.view(p.offset, p.local_shape);
+}
+
+Tensor ParameterSet::grad(int i) const {
+  TESSERA_CHECK(materialized(), "gradients used before materialize()");
+  const ParamInfo& p = infos_.at(i);
+  return flat_grads_.view(p.offset, p.local_shape);
+}
+
+int ParameterSet::index(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  TESSERA_CHECK_AS(ConfigError, it != by_name_.end(), "unknown parameter '", name, "'");
+  return it->second;
+}
+
+bool ParameterSet::contains(std::string_view name) const {
+  return by_name_.count(std::string(name)) != 0;
+}
+
+void ParameterSet::zero_grads() { flat_grads_.zero_(); }
+
+}  // namespace tessera::nn

@@ -1,0 +1,81 @@
+// A rank's parameters: global identity (name, global shape, shard) plus one contiguous buffer for
+// values and one for gradients, with a view per parameter. A data-parallel bucket is then a slice
+// of the gradient buffer and a ZeRO shard an offset range (DESIGN.md 3.3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/tensor.h"
+
+namespace tessera::nn {
+
+enum class Init { Zeros, Ones, Normal };
+
+// Which part of a parameter's global tensor this rank holds: along dimension `dim`, viewed as
+// `blocks` equal consecutive blocks, the rank holds [offset, offset + length) of each block.
+// dim == -1: the whole tensor (replicated). Example: the column shard r of c_attn.weight [C, 3C]
+// under tp-way tensor parallelism is {dim 1, blocks 3, offset r*C/tp, length C/tp}.
+struct ShardSpec {
+  int dim = -1;
+  int64_t blocks = 1;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+struct ParamInfo {
+  std::string name;    // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
+  Shape global_shape;  // HF layout (Conv1D weights are [in, out])
+  ShardSpec shard;
+  Shape local_shape;   // derived from global_shape and shard
+  int64_t offset = 0;  // element offset of this parameter in the rank's flat buffers
+  Init init = Init::Normal;
+  float init_std = 0.02f;
+  bool weight_decay = true;  // 2-D weights decay; biases and LayerNorm gains do not
+
+  int64_t local_numel() const { return shape_numel(local_shape); }
+  int64_t global_numel() const { return shape_numel(global_shape); }
+  // Global flat index (row-major in global_shape) of local flat element `i`.
+  int64_t global_index(int64_t i) const;
+};
+
+class ParameterSet {
+ public:
+  // Registers a parameter and returns its index. Call before materialize().
+  int add(std::string name, Shape global_shape, Init init, float init_std, bool weight_decay,
+          ShardSpec shard = {});
+  // Allocates the flat parameter and gradient buffers (each parameter 64-byte aligned) and zeroes
+  // both. Padding between parameters stays zero forever.
+  void materialize(Allocator& alloc);
+  bool materialized() const { return flat_params_.defined(); }
+  // Element with global index g of parameter P becomes init(philox(seed, stable_hash(P.name), g)).
+  void initialize(uint64_t seed);
+
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int size() const { return static_cast<int>(infos_.size()); }
+  int64_t numel() const { return numel_; }  // local elements including alignment padding
+  int64_t global_numel() const;             // sum of global sizes, no padding
+  Tensor& flat_params() { return flat_params_; }
+  Tensor& flat_grads() { return flat_grads_; }
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  Tensor param(int i) const;
+  Tensor grad(int i) const;
+  Tensor param(std::string_view name) const { return param(index(name)); }
+  Tensor grad(std::string_view name) const { return grad(index(name)); }
+  int index(std::string_view name) const;  // throws ConfigError naming an unknown parameter
+  bool contains(std::string_view name) const;
+  void zero_grads();
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, int> by_name_;
+  int64_t numel_ = 0;
+  Tensor flat_params_, flat_grads_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,66 @@
+#include "tessera/nn/parameters.h"
+
+#include <gtest/gtest.h>
+
+#include "tessera/core/error.h"
+
+namespace tessera::nn {
+namespace {
+
+TEST(ParameterSet, FlatBuffersWithAlignedViews) {
+  Allocator alloc("test");
+  ParameterSet ps;
+  ps.add("a", {3, 5}, Init::Normal, 0.02f, true);
+  ps.add("b", {7}, Init::Ones, 0, false);
+  ps.materialize(alloc);
+  EXPECT_EQ(ps.infos()[1].offset % 16, 0);
+  EXPECT_EQ(ps.param("a").shape(), (Shape{3, 5}));
+  EXPECT_TRUE(ps.param("b").shares_storage_with(ps.flat_params()));
+  EXPECT_EQ(ps.global_numel(), 22);
+  EXPECT_EQ(alloc.in_use(MemCategory::Parameters), static_cast<size_t>(ps.numel()) * 4);
+  EXPECT_EQ(alloc.in_use(MemCategory::Gradients), static_cast<size_t>(ps.numel()) * 4);
+  EXPECT_THROW(ps.index("c"), ConfigError);
+  ps.initialize(1);
+  for (float v : ps.param("b").to_vector()) EXPECT_EQ(v, 1.0f);
+}
+
+// A shard of a parameter holds exactly the values the unsharded parameter has at the same global
+// coordinates: column blocks of a fused [C, 3C] weight, and a row range of an embedding.
+TEST(ParameterSet, ShardsReproduceSingleDeviceInitialisation) {
+  const int64_t C = 8, tp = 2;
+  Allocator alloc("test");
+  ParameterSet whole;
+  whole.add("h.0.attn.c_attn.weight", {C, 3 * C}, Init::Normal, 0.02f, true);
+  whole.add("wte.weight", {10, C}, Init::Normal, 0.02f, true);
+  whole.materialize(alloc);
+  whole.initialize(1234);
+  std::vector<float> w = whole.param(0).to_vector();
+  std::vector<float> e = whole.param(1).to_vector();
+  for (int64_t r = 0; r < tp; ++r) {
+    ParameterSet shard;
+    shard.add("h.0.attn.c_attn.weight", {C, 3 * C}, Init::Normal, 0.02f, true,
+              ShardSpec{1, 3, r * C / tp, C / tp});
+    shard.add("wte.weight", {10, C}, Init::Normal, 0.02f, true, ShardSpec{0, 1, r * 5, 5});
+    shard.materialize(alloc);
+    shard.initialize(1234);
+    Tensor s = shard.param(0);
+    ASSERT_EQ(s.shape(), (Shape{C, 3 * C / tp}));
+    const float* sp = s.f32();
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t blk = 0; blk < 3; ++blk)
+        for (int64_t j = 0; j < C / tp; ++j)
+          EXPECT_EQ(sp[i * (3 * C / tp) + blk * (C / tp) + j], w[i * 3 * C + blk * C + r * C / tp + j]);
+    std::vector<float> es = shard.param(1).to_vector();
+    for (int64_t i = 0; i < 5 * C; ++i) EXPECT_EQ(es[i], e[r * 5 * C + i]);
+  }
+}
+
+TEST(ParameterSet, BadShardsAreErrors) {
+  ParameterSet ps;
+  EXPECT_THROW(ps.add("x", {6, 4}, Init::Zeros, 0, false, ShardSpec{1, 3, 0, 1}), ShapeError);
+  EXPECT_THROW(ps.add("y", {6, 4}, Init::Zeros, 0, false, ShardSpec{0, 2, 2, 2}), ShapeError);
+  EXPECT_THROW(ps.add("z", {6}, Init::Zeros, 0, false, ShardSpec{1, 1, 0, 1}), ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera::nn
