@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages tessera needs to build, test and train. Run as root.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config git
+  libopenblas-dev            # BLAS (CBLAS) for GEMM
+  libopenmpi-dev openmpi-bin # MPI backend and mpirun
+  nlohmann-json3-dev         # JSON: configs, safetensors headers, metrics
+  libcli11-dev               # command-line parsing
+  zlib1g-dev                 # crc32 for checkpoint checksums
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  fortunes fortunes-min      # the default training corpus
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

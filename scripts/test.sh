@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every test: install what is needed, build with warnings as errors, run the whole suite, then
+# rerun it under AddressSanitizer + UndefinedBehaviorSanitizer and the in-process communicator's
+# tests under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+jobs=$(nproc)
+
+echo "== Release build, warnings as errors"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 600)
+
+if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
+    -DTESSERA_SANITIZE=address,undefined >/dev/null
+  cmake --build build-asan -j"$jobs"
+  # MPI's own allocations are not ours to judge; its tests run in the Release pass above.
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" \
+    --timeout 900 -LE mpi)
+
+  echo "== ThreadSanitizer on the in-process communicator"
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
+    -DTESSERA_SANITIZE=thread >/dev/null
+  cmake --build build-tsan -j"$jobs" --target test_comm
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
+    --timeout 900 -L inproc)
+fi
