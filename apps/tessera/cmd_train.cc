@@ -1,5 +1,112 @@
-// PLACEHOLDER: replaced by the real subcommand.
+// `tessera train`: every TrainConfig key is a flag (`--grad-clip`) and a JSON config key
+// (`grad_clip`). Precedence, lowest first: defaults, the resumed checkpoint's config, --config
+// FILE, flags given on the command line.
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
 #include "commands.h"
+#include "tessera/core/error.h"
+#include "tessera/io/checkpoint.h"
+#include "tessera/train/trainer.h"
+
 namespace tessera::app {
-void register_train(CLI::App& root, int& exit_code) { (void)root; (void)exit_code; }
+namespace {
+
+struct TrainFlags {
+  train::TrainConfig values;
+  std::string config_file;
+  std::map<std::string, CLI::Option*> options;  // JSON key -> option
+};
+
+template <typename T>
+CLI::Option* flag(CLI::App* cmd, TrainFlags& f, const std::string& key, T& field, const std::string& help) {
+  std::string name = "--" + key;
+  for (char& c : name)
+    if (c == '_') c = '-';
+  return f.options[key] = cmd->add_option(name, field, help)->capture_default_str();
+}
+
+void run(TrainFlags& f, int& exit_code) {
+  nlohmann::json merged = train::to_json(train::TrainConfig{});
+  auto overlay = [&](const nlohmann::json& j) {
+    for (const auto& [k, v] : j.items()) merged[k] = v;
+  };
+  const train::TrainConfig& given = f.values;
+  nlohmann::json given_json = train::to_json(given);
+  std::string resume = f.options["resume"]->count() ? given.resume : "";
+  if (!f.config_file.empty()) {
+    nlohmann::json file = train::read_json_file(f.config_file);
+    train::train_config_from_json(file);  // reject unknown keys and wrong types early
+    if (resume.empty() && file.contains("resume")) resume = file["resume"].get<std::string>();
+  }
+  if (!resume.empty()) {
+    io::LoadedCheckpoint c = io::load_checkpoint(resume);
+    if (c.state.contains("config")) overlay(c.state["config"]);
+  }
+  if (!f.config_file.empty()) overlay(train::read_json_file(f.config_file));
+  for (const auto& [key, opt] : f.options)
+    if (opt->count() > 0) merged[key] = given_json[key];
+  merged["resume"] = resume;
+  train::TrainConfig cfg = train::train_config_from_json(merged);
+  train::TrainResult r = train::run_training(cfg, stdout);
+  if (r.last_val_loss >= 0)
+    std::printf("done: %lld steps, final val_loss %.4f (unigram entropy %.4f), %.0f tokens/s\n",
+                static_cast<long long>(r.steps), r.last_val_loss, r.unigram_entropy, r.tokens_per_s);
+  else
+    std::printf("done: %lld steps, %.0f tokens/s\n", static_cast<long long>(r.steps), r.tokens_per_s);
+  exit_code = 0;
+}
+
+}  // namespace
+
+void register_train(CLI::App& root, int& exit_code) {
+  auto f = std::make_shared<TrainFlags>();
+  train::TrainConfig& v = f->values;
+  CLI::App* cmd = root.add_subcommand(
+      "train", "Train a GPT. With no flags: a small GPT-2 on Debian's fortunes corpus.");
+  cmd->add_option("--config", f->config_file,
+                  "JSON file with any of the keys below (flag names with '_' for '-'); flags "
+                  "given on the command line win")
+      ->check(CLI::ExistingFile);
+  flag(cmd, *f, "data", v.data, "Text file or directory, tessera token file, or raw uint16 .bin (nanoGPT); empty: Debian's fortunes");
+  flag(cmd, *f, "vocab", v.vocab, "BPE vocabulary size to train on text data");
+  flag(cmd, *f, "val_fraction", v.val_fraction, "Fraction of tokens held out for validation (0 disables)");
+  flag(cmd, *f, "cache_dir", v.cache_dir, "Where tokenizers and token files prepared from text are cached");
+  flag(cmd, *f, "layers", v.layers, "Transformer blocks");
+  flag(cmd, *f, "dim", v.dim, "Model width (embedding size)");
+  flag(cmd, *f, "heads", v.heads, "Attention heads (must divide --dim)");
+  flag(cmd, *f, "seq", v.seq, "Sequence length (tokens per sample; the model's context)");
+  flag(cmd, *f, "dropout", v.dropout, "Dropout probability");
+  flag(cmd, *f, "init_from", v.init_from, "Start from these safetensors weights (HF GPT-2 names); the architecture comes from them");
+  flag(cmd, *f, "steps", v.steps, "Optimizer steps (the total, also when resuming)");
+  flag(cmd, *f, "batch", v.batch, "Global batch size in sequences");
+  flag(cmd, *f, "micro_batch", v.micro_batch, "Sequences per forward/backward (gradient accumulation); 0 = --batch");
+  flag(cmd, *f, "lr", v.lr, "Peak learning rate");
+  flag(cmd, *f, "warmup", v.warmup, "Linear warmup steps (then cosine decay)");
+  flag(cmd, *f, "min_lr_ratio", v.min_lr_ratio, "Final learning rate as a fraction of --lr");
+  flag(cmd, *f, "weight_decay", v.weight_decay, "Decoupled weight decay (2-D weights only)");
+  flag(cmd, *f, "grad_clip", v.grad_clip, "Clip the global gradient norm to this (0 disables)");
+  flag(cmd, *f, "optimizer", v.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  flag(cmd, *f, "momentum", v.momentum, "SGD momentum");
+  flag(cmd, *f, "beta1", v.beta1, "AdamW beta1");
+  flag(cmd, *f, "beta2", v.beta2, "AdamW beta2");
+  flag(cmd, *f, "seed", v.seed, "Seed of initialisation, data order, dropout and sampling");
+  flag(cmd, *f, "threads", v.threads, "Compute threads (BLAS); 0 = one per core");
+  flag(cmd, *f, "memory_limit", v.memory_limit, "Emulated device memory per rank, e.g. 2GiB (empty: unlimited)");
+  flag(cmd, *f, "save", v.save, "Checkpoint directory (also exports model.safetensors, config.json, tokenizer.json)");
+  flag(cmd, *f, "resume", v.resume, "Resume from this checkpoint directory");
+  flag(cmd, *f, "save_every", v.save_every, "Save a checkpoint every N steps (0: only at the end)");
+  flag(cmd, *f, "metrics", v.metrics, "Write metrics as JSON lines to this file");
+  flag(cmd, *f, "eval_every", v.eval_every, "Validate every N steps (0: only at the end)");
+  flag(cmd, *f, "eval_batches", v.eval_batches, "Validation batches (of --micro-batch sequences)");
+  flag(cmd, *f, "sample_tokens", v.sample_tokens, "Tokens to generate at the end (0: none)");
+  flag(cmd, *f, "prompt", v.prompt, "Prompt of the final sample");
+  flag(cmd, *f, "temperature", v.temperature, "Sampling temperature");
+  flag(cmd, *f, "top_k", v.top_k, "Sample from the k most likely tokens (0: all)");
+  flag(cmd, *f, "log_every", v.log_every, "Progress line every N steps when not on a terminal");
+  cmd->callback([f, &exit_code]() { run(*f, exit_code); });
+}
+
 }  // namespace tessera::app

@@ -1,0 +1,86 @@
+#include "tessera/train/model_io.h"
+
+#include "tessera/core/error.h"
+#include "tessera/io/tensor_set.h"
+
+namespace tessera::train {
+
+io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
+  io::HfGptConfig h;
+  h.n_layer = c.n_layer;
+  h.n_head = c.n_head;
+  h.n_embd = c.n_embd;
+  h.n_positions = c.block_size;
+  h.vocab_size = c.vocab_size;
+  h.layer_norm_epsilon = c.ln_eps;
+  return h;
+}
+
+nn::GPTConfig from_hf_config(const io::HfGptConfig& h, float dropout) {
+  nn::GPTConfig c;
+  c.n_layer = h.n_layer;
+  c.n_head = h.n_head;
+  c.n_embd = h.n_embd;
+  c.block_size = h.n_positions;
+  c.vocab_size = h.vocab_size;
+  c.ln_eps = static_cast<float>(h.layer_norm_epsilon);
+  c.dropout = dropout;
+  return c;
+}
+
+std::filesystem::path weights_file(const std::filesystem::path& weights) {
+  if (std::filesystem::is_directory(weights)) return weights / "model.safetensors";
+  return weights;
+}
+
+io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::optional<int> heads) {
+  std::filesystem::path file = weights_file(weights);
+  TESSERA_CHECK_AS(ConfigError, std::filesystem::exists(file), "weights file '", file.string(),
+                   "' does not exist");
+  std::filesystem::path cfg_path = file.parent_path() / "config.json";
+  if (std::filesystem::exists(cfg_path)) {
+    io::HfGptConfig c = io::read_hf_config(cfg_path);
+    if (heads) {
+      TESSERA_CHECK_AS(ConfigError, *heads > 0 && c.n_embd % *heads == 0, "--heads ", *heads,
+                       " does not divide the width ", c.n_embd, " of '", file.string(), "'");
+      c.n_head = *heads;
+    }
+    return c;
+  }
+  io::SafetensorsFile f(file);
+  io::GptShape s = io::infer_gpt_shape(f);
+  TESSERA_CHECK_AS(ConfigError, heads.has_value(), "'", file.string(),
+                   "' has no config.json beside it, so the number of heads is unknown: pass "
+                   "--heads (it must divide the width ",
+                   s.n_embd, ")");
+  TESSERA_CHECK_AS(ConfigError, *heads > 0 && s.n_embd % *heads == 0, "--heads ", *heads,
+                   " does not divide the width ", s.n_embd, " of '", file.string(), "'");
+  io::HfGptConfig c;
+  c.n_layer = s.n_layer;
+  c.n_embd = s.n_embd;
+  c.n_head = *heads;
+  c.vocab_size = s.vocab_size;
+  c.n_positions = s.n_positions;
+  c.layer_norm_epsilon = 1e-5;
+  return c;
+}
+
+io::NamedTensors named_weights(nn::GPT& model) {
+  io::NamedTensors out;
+  nn::ParameterSet& ps = model.params();
+  for (int i = 0; i < ps.size(); ++i) out.emplace_back(ps.infos()[i].name, ps.param(i));
+  return out;
+}
+
+void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
+  io::load_into(file, named_weights(model));
+}
+
+void export_weights(nn::GPT& model, const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  io::save_safetensors(dir / "model.safetensors", named_weights(model),
+                       {{"format", "pt"}, {"producer", "tessera"}});
+  io::write_hf_config(dir / "config.json", to_hf_config(model.config()));
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,32 @@
+// Moving a GPT's weights to and from files: Hugging Face GPT-2 safetensors plus config.json, and
+// the model configuration that weights determine.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include "tessera/io/hf_config.h"
+#include "tessera/io/safetensors.h"
+#include "tessera/nn/gpt.h"
+
+namespace tessera::train {
+
+io::HfGptConfig to_hf_config(const nn::GPTConfig& c);
+nn::GPTConfig from_hf_config(const io::HfGptConfig& c, float dropout);
+
+// The configuration of the weights at `weights` (a .safetensors file or a directory holding
+// model.safetensors): from config.json beside them when present, else from the tensor shapes,
+// with the head count from `heads` (which must divide the width). Throws ConfigError / IoError.
+io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::optional<int> heads);
+// `weights` itself when it is a file, else weights/model.safetensors.
+std::filesystem::path weights_file(const std::filesystem::path& weights);
+
+// Copies every parameter from the file into the model (names, shapes checked; "transformer."
+// prefix and the tied lm_head.weight accepted). Throws IoError naming the problem.
+void load_weights(nn::GPT& model, const io::SafetensorsFile& file);
+// The model's parameters under their Hugging Face names (views, no copy).
+io::NamedTensors named_weights(nn::GPT& model);
+// Writes DIR/model.safetensors and DIR/config.json (each atomically).
+void export_weights(nn::GPT& model, const std::filesystem::path& dir);
+
+}  // namespace tessera::train

@@ -1,0 +1,63 @@
+#include "tessera/train/progress.h"
+
+#include <unistd.h>
+
+#include <cmath>
+
+namespace tessera::train {
+
+ProgressLine::ProgressLine(std::FILE* out, int every)
+    : out_(out), every_(every < 1 ? 1 : every), tty_(isatty(fileno(out)) != 0) {}
+
+void ProgressLine::update(const StepStats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %sFLOP/s | "
+                "%.0f ms/step | eta %s",
+                static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss,
+                static_cast<double>(s.lr), s.grad_norm, format_rate(s.tokens_per_s).c_str(),
+                format_rate(s.flops_per_s).c_str(), s.step_seconds * 1e3,
+                format_duration(s.eta_seconds).c_str());
+  if (tty_) {
+    std::fprintf(out_, "\r\033[K%s", buf);
+    line_open_ = true;
+    if (s.step == s.total_steps) finish();
+  } else if (s.step % every_ == 0 || s.step == 1 || s.step == s.total_steps) {
+    std::fprintf(out_, "%s\n", buf);
+  }
+  std::fflush(out_);
+}
+
+void ProgressLine::message(const std::string& text) {
+  if (line_open_) std::fprintf(out_, "\r\033[K");
+  std::fprintf(out_, "%s\n", text.c_str());
+  line_open_ = false;
+  std::fflush(out_);
+}
+
+void ProgressLine::finish() {
+  if (line_open_) std::fprintf(out_, "\n");
+  line_open_ = false;
+  std::fflush(out_);
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
+  return buf;
+}
+
+std::string format_rate(double v) {
+  char buf[32];
+  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2fT", v / 1e12);
+  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,41 @@
+// The live progress line: step, loss, tokens/s, model FLOP/s, ETA. On a terminal it redraws one
+// line; otherwise (a log file, CI) it prints a line every `every` steps.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace tessera::train {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based number of the step just finished
+  int64_t total_steps = 0;
+  double loss = 0;
+  float lr = 0;
+  double grad_norm = 0;
+  double step_seconds = 0;
+  double tokens_per_s = 0;
+  double flops_per_s = 0;
+  double eta_seconds = 0;
+};
+
+class ProgressLine {
+ public:
+  ProgressLine(std::FILE* out, int every);
+  void update(const StepStats& s);
+  // Prints a full line (validation results, messages) without breaking the redrawn line.
+  void message(const std::string& text);
+  void finish();
+
+ private:
+  std::FILE* out_;
+  int every_;
+  bool tty_;
+  bool line_open_ = false;
+};
+
+std::string format_duration(double seconds);  // "1m05s", "2h03m", "12.3s"
+std::string format_rate(double per_s);        // "1.23G", "45.6M", "789k"
+
+}  // namespace tessera::train

@@ -1,0 +1,66 @@
+// Everything a training run is configured by. The same keys are accepted as command-line flags
+// (`--grad-clip 1`) and in a JSON config file (`{"grad_clip": 1}`); flags win over the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::train {
+
+struct TrainConfig {
+  // Data.
+  std::string data;           // text file/dir, token file, or nanoGPT .bin; "" = default corpus
+  int vocab = 512;            // BPE vocabulary size when training a tokenizer on text
+  double val_fraction = 0.05; // 0 disables validation
+  std::string cache_dir = "runs/cache";  // tokenizer and token files prepared from text
+
+  // Model (ignored where --init-from weights determine them).
+  int layers = 4;
+  int dim = 192;
+  int heads = 4;
+  int seq = 128;              // context length used for training; also the model's block size
+  float dropout = 0.0f;
+  std::string init_from;      // safetensors weights to start from
+
+  // Optimisation.
+  int64_t steps = 600;
+  int batch = 16;             // global batch, in sequences
+  int micro_batch = 0;        // sequences per forward/backward; 0 = the whole batch
+  float lr = 3e-3f;
+  int64_t warmup = 50;
+  float min_lr_ratio = 0.1f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;     // 0 disables
+  std::string optimizer = "adamw";  // adamw | sgd
+  float momentum = 0.9f;      // sgd only
+  float beta1 = 0.9f, beta2 = 0.95f;
+  uint64_t seed = 1337;
+
+  // Run.
+  int threads = 0;            // BLAS threads; 0 = one per core
+  std::string memory_limit;   // e.g. "2GiB"; "" = unlimited
+  std::string save;           // checkpoint directory
+  std::string resume;         // checkpoint directory to resume from
+  int64_t save_every = 0;     // 0 = only at the end (when --save is given)
+  std::string metrics;        // JSON-lines file
+  int64_t eval_every = 100;
+  int eval_batches = 8;
+  int sample_tokens = 200;    // generated at the end; 0 disables
+  std::string prompt = "\n";
+  float temperature = 0.8f;
+  int top_k = 40;
+  int log_every = 10;         // progress line cadence when not on a terminal
+
+  // Throws ConfigError naming the offending key and what is accepted.
+  void validate() const;
+};
+
+nlohmann::json to_json(const TrainConfig& c);
+// Starts from the defaults; unknown keys and values of the wrong type are ConfigErrors.
+TrainConfig train_config_from_json(const nlohmann::json& j);
+// Reads a JSON config file (ConfigError on a missing or malformed file).
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace tessera::train

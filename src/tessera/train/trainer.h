@@ -1,0 +1,30 @@
+// The training loop of one rank: data, model, optimizer, steps with gradient accumulation over
+// micro-batches, validation, checkpoints, metrics, progress and a sample at the end.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tessera/train/train_config.h"
+
+namespace tessera::train {
+
+struct TrainResult {
+  int64_t first_step = 0;        // the step the run started at (> 0 when resumed)
+  int64_t steps = 0;             // the step count reached
+  std::vector<double> losses;    // training loss of each step run, in order
+  double last_val_loss = -1;     // -1 when validation is disabled
+  double unigram_entropy = 0;    // of the training tokens, nats/token (the baseline to beat)
+  double tokens_per_s = 0;       // median over the run's steps
+  std::string sample;            // generated text (empty when disabled or no tokenizer)
+};
+
+// Runs the whole job. `log` receives the progress line and messages (nullptr: silent).
+TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
+
+// Sets the BLAS thread count (0: one per core) and returns the count in effect.
+int set_compute_threads(int threads);
+
+}  // namespace tessera::train
