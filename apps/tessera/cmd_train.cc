@@ -25,7 +25,9 @@ CLI::Option* flag(CLI::App* cmd, TrainFlags& f, const std::string& key, T& field
   std::string name = "--" + key;
   for (char& c : name)
     if (c == '_') c = '-';
-  return f.options[key] = cmd->add_option(name, field, help)->capture_default_str();
+  return f.options[key] = cmd->add_option(name, field, help)
+                               ->capture_default_str()
+                               ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void run(TrainFlags& f, int& exit_code) {

@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include "tessera/core/error.h"
+#include "tessera/train/train_config.h"
+
+namespace tessera::train {
+namespace {
+
+TEST(TrainConfig, JsonRoundTripAndDefaults) {
+  TrainConfig c;
+  c.layers = 7;
+  c.lr = 1e-4f;
+  c.data = "x.txt";
+  TrainConfig d = train_config_from_json(to_json(c));
+  EXPECT_EQ(d.layers, 7);
+  EXPECT_EQ(d.lr, 1e-4f);
+  EXPECT_EQ(d.data, "x.txt");
+  TrainConfig e = train_config_from_json(nlohmann::json::object({{"dim", 64}}));
+  EXPECT_EQ(e.dim, 64);
+  EXPECT_EQ(e.layers, TrainConfig{}.layers);
+}
+
+TEST(TrainConfig, UnknownKeysAndWrongTypesAreErrors) {
+  EXPECT_THROW(train_config_from_json({{"layer", 3}}), ConfigError);
+  try {
+    train_config_from_json({{"steps", "many"}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos);
+  }
+  EXPECT_THROW(train_config_from_json(nlohmann::json::array()), ConfigError);
+}
+
+TEST(TrainConfig, ValidateNamesTheProblem) {
+  TrainConfig c;
+  c.heads = 5;
+  try {
+    c.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--heads 5 does not divide --dim"), std::string::npos);
+  }
+  c = TrainConfig{};
+  c.micro_batch = 3;
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = TrainConfig{};
+  c.optimizer = "adam";
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = TrainConfig{};
+  c.val_fraction = 1.0;
+  EXPECT_THROW(c.validate(), ConfigError);
+  TrainConfig{}.validate();
+}
+
+}  // namespace
+}  // namespace tessera::train

@@ -1,0 +1,148 @@
+#include "tessera/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/error.h"
+#include "tessera/io/safetensors.h"
+#include "tessera/train/model_io.h"
+#include "train_fixture.h"
+
+namespace tessera::train {
+namespace {
+
+using testing::temp_dir;
+using testing::tiny_config;
+
+TEST(Trainer, SameSeedGivesBitwiseIdenticalLosses) {
+  auto dir = temp_dir("determinism");
+  TrainConfig c = tiny_config(dir);
+  TrainResult a = run_training(c, nullptr);
+  TrainResult b = run_training(c, nullptr);
+  ASSERT_EQ(a.losses.size(), 6u);
+  EXPECT_EQ(a.losses, b.losses);  // bitwise, dropout on
+  c.seed = 7;
+  TrainResult other = run_training(c, nullptr);
+  EXPECT_NE(a.losses, other.losses);
+}
+
+TEST(Trainer, LossFallsAndValidationBeatsUnigramEntropy) {
+  auto dir = temp_dir("learns");
+  TrainConfig c = tiny_config(dir);
+  c.steps = 60;
+  c.dropout = 0;
+  c.val_fraction = 0.1;
+  c.lr = 1e-2f;
+  TrainResult r = run_training(c, nullptr);
+  EXPECT_LT(r.losses.back(), r.losses.front() - 1.0);
+  ASSERT_GE(r.last_val_loss, 0);
+  EXPECT_LT(r.last_val_loss, r.unigram_entropy);
+}
+
+TEST(Trainer, ResumeContinuesBitwiseIdentically) {
+  auto dir = temp_dir("resume");
+  TrainConfig c = tiny_config(dir);
+  TrainResult whole = run_training(c, nullptr);
+
+  TrainConfig first = c;
+  first.save = (dir / "ckpt").string();
+  first.save_every = 3;
+  TrainResult part1 = run_training(first, nullptr);
+  EXPECT_EQ(part1.losses, whole.losses);  // saving changes nothing
+
+  TrainConfig second = c;
+  second.resume = (dir / "ckpt" / "step-00000003").string();
+  TrainResult part2 = run_training(second, nullptr);
+  EXPECT_EQ(part2.first_step, 3);
+  ASSERT_EQ(part2.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(part2.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
+}
+
+// The loss is normalised by the global token count, so splitting the batch into micro-batches
+// changes nothing beyond fp32 rounding.
+TEST(Trainer, MicroBatchesMatchTheWholeBatch) {
+  auto dir = temp_dir("micro");
+  TrainConfig c = tiny_config(dir);
+  TrainResult whole = run_training(c, nullptr);
+  c.micro_batch = 1;
+  TrainResult split = run_training(c, nullptr);
+  ASSERT_EQ(split.losses.size(), whole.losses.size());
+  for (size_t i = 0; i < whole.losses.size(); ++i)
+    EXPECT_NEAR(split.losses[i], whole.losses[i], 1e-5 * std::abs(whole.losses[i]));
+}
+
+TEST(Trainer, ExportedWeightsReloadWithHuggingFaceNames) {
+  auto dir = temp_dir("export");
+  TrainConfig c = tiny_config(dir);
+  c.save = (dir / "run").string();
+  c.steps = 2;
+  run_training(c, nullptr);
+  io::SafetensorsFile f(dir / "run" / "model.safetensors");
+  EXPECT_TRUE(f.contains("h.1.attn.c_attn.weight"));
+  EXPECT_EQ(f.shape("h.1.attn.c_attn.weight"), (Shape{32, 96}));
+  EXPECT_EQ(f.shape("wte.weight"), (Shape{300, 32}));
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "tokenizer.json"));
+  // Fine-tuning from the exported weights starts where training ended.
+  TrainConfig ft = tiny_config(dir);
+  ft.init_from = (dir / "run" / "model.safetensors").string();
+  ft.steps = 1;
+  TrainResult r = run_training(ft, nullptr);
+  EXPECT_EQ(r.losses.size(), 1u);
+}
+
+TEST(Trainer, NonFiniteWeightsStopNamingStepAndTensor) {
+  auto dir = temp_dir("nan");
+  TrainConfig c = tiny_config(dir);
+  c.save = (dir / "run").string();
+  c.steps = 1;
+  run_training(c, nullptr);
+  // Poison one weight and train from it.
+  io::SafetensorsFile f(dir / "run" / "model.safetensors");
+  io::NamedTensors ts;
+  for (const std::string& n : f.names()) {
+    Tensor t = f.read_f32(n);
+    if (n == "h.0.mlp.c_fc.weight") t.f32()[5] = NAN;
+    ts.emplace_back(n, t);
+  }
+  std::filesystem::create_directories(dir / "bad");
+  io::save_safetensors(dir / "bad" / "model.safetensors", ts);
+  std::filesystem::copy_file(dir / "run" / "config.json", dir / "bad" / "config.json");
+  std::filesystem::copy_file(dir / "run" / "tokenizer.json", dir / "bad" / "tokenizer.json");
+  TrainConfig bad = tiny_config(dir);
+  bad.init_from = (dir / "bad").string();
+  try {
+    run_training(bad, nullptr);
+    FAIL() << "expected NumericError";
+  } catch (const NumericError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("step 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("h.0.mlp.c_fc.weight"), std::string::npos) << m;
+  }
+}
+
+TEST(Trainer, BadInputIsAClearError) {
+  auto dir = temp_dir("bad");
+  TrainConfig c = tiny_config(dir);
+  c.heads = 3;  // does not divide 32
+  EXPECT_THROW(run_training(c, nullptr), ConfigError);
+  c = tiny_config(dir);
+  c.data = (dir / "no_such_file.txt").string();
+  EXPECT_THROW(run_training(c, nullptr), ConfigError);
+  c = tiny_config(dir);
+  std::ofstream(dir / "a_file") << "x";
+  c.save = (dir / "a_file" / "ckpt").string();  // parent is a file: unwritable
+  EXPECT_THROW(run_training(c, nullptr), IoError);
+  c = tiny_config(dir);
+  c.memory_limit = "64KiB";
+  EXPECT_THROW(run_training(c, nullptr), OutOfMemory);
+  c = tiny_config(dir);
+  c.resume = (dir / "nothing_here").string();
+  EXPECT_THROW(run_training(c, nullptr), ConfigError);
+}
+
+}  // namespace
+}  // namespace tessera::train
