@@ -64,3 +64,46 @@ TEST(ParameterSet, BadShardsAreErrors) {
 
 }  // namespace
 }  // namespace tessera::nn
+
+namespace tessera::nn {
+namespace {
+
+// A ZeRO-3 rank initialises only its slice of the flat layout; any slice must hold exactly what
+// the full initialisation puts there, padding included.
+TEST(ParameterSet, InitialValuesOfAnyRangeMatchFullInitialisation) {
+  Allocator alloc("test");
+  ParameterSet ps;
+  ps.add("w", {5, 7}, Init::Normal, 0.02f, true);
+  ps.add("g", {9}, Init::Ones, 0, false);
+  ps.pad_to_multiple(64);
+  ps.add("b", {3}, Init::Zeros, 0, false);
+  ps.add("v", {4, 6}, Init::Normal, 0.02f, true, ShardSpec{1, 2, 1, 2});
+  ps.materialize(alloc);
+  EXPECT_EQ(ps.infos()[2].offset % 64, 0);
+  ps.initialize(99);
+  std::vector<float> full = ps.flat_params().to_vector();
+  for (int64_t begin : {0, 3, 17, 40, 64, 70}) {
+    for (int64_t end : {begin, begin + 1, begin + 30, ps.numel()}) {
+      if (end > ps.numel() || end < begin) continue;
+      std::vector<float> part(end - begin, -1.0f);
+      ps.initial_values(99, begin, end, part.data());
+      for (int64_t i = begin; i < end; ++i) ASSERT_EQ(part[i - begin], full[i]) << begin << ".." << end << " at " << i;
+    }
+  }
+  EXPECT_EQ(ps.params_in(0, ps.numel()), (std::pair<int, int>{0, 4}));
+  EXPECT_EQ(ps.params_in(64, ps.numel()), (std::pair<int, int>{2, 4}));
+  EXPECT_EQ(ps.param_data(1), ps.flat_params().f32() + ps.infos()[1].offset);
+}
+
+TEST(ParameterSet, ShardedStagesNeedNotAllocateFullBuffers) {
+  Allocator alloc("test");
+  ParameterSet ps;
+  ps.add("w", {100}, Init::Normal, 0.02f, true);
+  ps.materialize(alloc, /*full_params=*/false, /*full_grads=*/false);
+  EXPECT_EQ(alloc.in_use(), 0u);
+  EXPECT_EQ(ps.param_data(0), nullptr);
+  EXPECT_THROW(ps.initialize(1), Error);
+}
+
+}  // namespace
+}  // namespace tessera::nn

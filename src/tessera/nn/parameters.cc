@@ -1,5 +1,6 @@
 #include "tessera/nn/parameters.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/core/error.h"
@@ -63,35 +64,74 @@ int ParameterSet::add(std::string name, Shape global_shape, Init init, float ini
   return static_cast<int>(infos_.size()) - 1;
 }
 
-void ParameterSet::materialize(Allocator& alloc) {
-  TESSERA_CHECK(!materialized(), "parameters materialized twice");
-  flat_params_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);
-  flat_grads_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Gradients, "gradients", &alloc);
+void ParameterSet::pad_to_multiple(int64_t floats) {
+  TESSERA_CHECK(!materialized(), "pad_to_multiple() after materialize()");
+  TESSERA_CHECK(floats > 0, "pad_to_multiple(", floats, ")");
+  numel_ = (numel_ + floats - 1) / floats * floats;
 }
 
-void ParameterSet::initialize(uint64_t seed) {
-  TESSERA_CHECK(materialized(), "initialize() before materialize()");
-  for (const ParamInfo& p : infos_) {
-    float* w = flat_params_.f32() + p.offset;
-    int64_t n = p.local_numel();
+void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_grads) {
+  TESSERA_CHECK(!materialized(), "parameters materialized twice");
+  if (full_params)
+    flat_params_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);
+  if (full_grads)
+    flat_grads_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Gradients, "gradients", &alloc);
+  param_ptr_.assign(infos_.size(), nullptr);
+  grad_ptr_.assign(infos_.size(), nullptr);
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    if (full_params) param_ptr_[i] = flat_params_.f32() + infos_[i].offset;
+    if (full_grads) grad_ptr_[i] = flat_grads_.f32() + infos_[i].offset;
+  }
+  materialized_ = true;
+}
+
+void ParameterSet::initial_values(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  for (int64_t i = 0; i < end - begin; ++i) out[i] = 0.0f;
+  auto [first, last] = params_in(begin, end);
+  // params_in returns parameters wholly inside; include the ones that straddle the edges too.
+  if (first > 0) --first;
+  if (last < size()) ++last;
+  for (int idx = first; idx < last; ++idx) {
+    const ParamInfo& p = infos_[idx];
+    int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.local_numel());
+    if (lo >= hi) continue;
+    float* w = out + (lo - begin);
+    int64_t n = hi - lo, first_local = lo - p.offset;
     uint64_t stream = stable_hash(p.name);
     switch (p.init) {
       case Init::Zeros:
-        for (int64_t i = 0; i < n; ++i) w[i] = 0.0f;
         break;
       case Init::Ones:
         for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
         break;
       case Init::Normal:
         if (p.shard.dim < 0) {
-          philox_fill_normal(w, n, seed, stream, 0, 0.0f, p.init_std);
+          philox_fill_normal(w, n, seed, stream, static_cast<uint64_t>(first_local), 0.0f,
+                             p.init_std);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            w[i] = p.init_std * philox_normal(seed, stream, static_cast<uint64_t>(p.global_index(i)));
+            w[i] = p.init_std *
+                   philox_normal(seed, stream, static_cast<uint64_t>(p.global_index(first_local + i)));
         }
         break;
     }
   }
+}
+
+void ParameterSet::initialize(uint64_t seed) {
+  TESSERA_CHECK(materialized() && flat_params_.defined(),
+                "initialize() needs the full parameter buffer (materialize first)");
+  initial_values(seed, 0, numel_, flat_params_.f32());
+}
+
+std::pair<int, int> ParameterSet::params_in(int64_t begin, int64_t end) const {
+  int first = 0;
+  while (first < size() && infos_[first].offset < begin) ++first;
+  int last = first;
+  while (last < size() && infos_[last].offset + infos_[last].local_numel() <= end &&
+         infos_[last].offset < end)
+    ++last;
+  return {first, last};
 }
 
 int64_t ParameterSet::global_numel() const {
@@ -101,13 +141,13 @@ int64_t ParameterSet::global_numel() const {
 }
 
 Tensor ParameterSet::param(int i) const {
-  TESSERA_CHECK(materialized(), "parameters used before materialize()");
+  TESSERA_CHECK(flat_params_.defined(), "parameters used before materialize()");
   const ParamInfo& p = infos_.at(i);
   return flat_params_.view(p.offset, p.local_shape);
 }
 
 Tensor ParameterSet::grad(int i) const {
-  TESSERA_CHECK(materialized(), "gradients used before materialize()");
+  TESSERA_CHECK(flat_grads_.defined(), "gradients used before materialize()");
   const ParamInfo& p = infos_.at(i);
   return flat_grads_.view(p.offset, p.local_shape);
 }
@@ -122,6 +162,8 @@ bool ParameterSet::contains(std::string_view name) const {
   return by_name_.count(std::string(name)) != 0;
 }
 
-void ParameterSet::zero_grads() { flat_grads_.zero_(); }
+void ParameterSet::zero_grads() {
+  if (flat_grads_.defined()) flat_grads_.zero_();
+}
 
 }  // namespace tessera::nn

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/allocator.h"
@@ -48,12 +49,20 @@ class ParameterSet {
   // Registers a parameter and returns its index. Call before materialize().
   int add(std::string name, Shape global_shape, Init init, float init_std, bool weight_decay,
           ShardSpec shard = {});
+  // Pads the layout so the next parameter starts at a multiple of `floats` elements. Models call
+  // it at the end of each unit (layer) so that ZeRO can split every unit into equal shards.
+  void pad_to_multiple(int64_t floats);
   // Allocates the flat parameter and gradient buffers (each parameter 64-byte aligned) and zeroes
-  // both. Padding between parameters stays zero forever.
-  void materialize(Allocator& alloc);
-  bool materialized() const { return flat_params_.defined(); }
+  // both. Padding between parameters stays zero forever. ZeRO stages that shard parameters or
+  // gradients leave the corresponding full buffer unallocated and point the parameters at their
+  // own storage with set_param_data / set_grad_data.
+  void materialize(Allocator& alloc, bool full_params = true, bool full_grads = true);
+  bool materialized() const { return materialized_; }
   // Element with global index g of parameter P becomes init(philox(seed, stable_hash(P.name), g)).
   void initialize(uint64_t seed);
+  // The initial values of flat positions [begin, end) (padding is 0) into out[0 .. end-begin):
+  // what initialize() would write there. A ZeRO-3 rank initialises just its shard with it.
+  void initial_values(uint64_t seed, int64_t begin, int64_t end, float* out) const;
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
@@ -71,11 +80,23 @@ class ParameterSet {
   bool contains(std::string_view name) const;
   void zero_grads();
 
+  // Where parameter i's values and gradients are right now. They start in the flat buffers; the
+  // ZeRO-3 engine points them at gathered layer buffers while a layer runs, and ZeRO-2/3 point
+  // the gradients at per-bucket buffers during backward. Kernels must read these at use time.
+  float* param_data(int i) const { return param_ptr_[i]; }
+  float* grad_data(int i) const { return grad_ptr_[i]; }
+  void set_param_data(int i, float* p) { param_ptr_[i] = p; }
+  void set_grad_data(int i, float* g) { grad_ptr_[i] = g; }
+  // The parameters whose flat ranges lie in [begin, end), as an index range [first, last).
+  std::pair<int, int> params_in(int64_t begin, int64_t end) const;
+
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> by_name_;
   int64_t numel_ = 0;
+  bool materialized_ = false;
   Tensor flat_params_, flat_grads_;
+  std::vector<float*> param_ptr_, grad_ptr_;
 };
 
 }  // namespace tessera::nn

@@ -1,0 +1,147 @@
+#include "tessera/data/prepare.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <system_error>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+#include "tessera/data/token_file.h"
+
+namespace tessera::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+std::string format_name(DataFormat f) {
+  switch (f) {
+    case DataFormat::kTextDirectory:
+      return "text directory";
+    case DataFormat::kText:
+      return "text file";
+    case DataFormat::kTokenFile:
+      return "tessera token file";
+    case DataFormat::kRawUint16:
+      return "raw uint16 token file";
+  }
+  return "?";
+}
+
+// Loads a cache entry; nullopt when it is absent or unusable (it is then rebuilt).
+std::optional<PreparedData> load_cache_entry(const fs::path& entry) {
+  std::error_code ec;
+  if (!fs::exists(entry / "tokenizer.json", ec) || !fs::exists(entry / "tokens.tsrtok", ec))
+    return std::nullopt;
+  try {
+    PreparedData p;
+    p.tokenizer = BpeTokenizer::load(entry / "tokenizer.json");
+    auto tokens = TokenFile::open(entry / "tokens.tsrtok");
+    if (tokens->vocab_size() != static_cast<uint32_t>(p.tokenizer->vocab_size()))
+      return std::nullopt;
+    p.vocab_size = p.tokenizer->vocab_size();
+    p.tokens = std::move(tokens);
+    return p;
+  } catch (const Error&) {
+    return std::nullopt;  // corrupt or from another version: rebuild it
+  }
+}
+
+PreparedData prepare_text(const DataOptions& o, DataFormat format) {
+  std::vector<fs::path> files;
+  std::string what;
+  if (o.data.empty()) {
+    files = default_corpus_files();
+    what = "default corpus " + std::string(kDefaultCorpusDir);
+  } else if (format == DataFormat::kTextDirectory) {
+    files = list_text_files(o.data);
+    what = o.data.string();
+  } else {
+    files = {o.data};
+    what = o.data.string();
+  }
+  TextCorpus corpus = read_text_corpus(files);
+
+  std::optional<BpeTokenizer> given;
+  if (o.tokenizer) given = BpeTokenizer::load(*o.tokenizer);
+  // The cache key: the corpus, and either the given tokenizer or the training settings.
+  uint64_t key = mix_stream(corpus.fingerprint, stable_hash("tessera-data-cache-v1"));
+  key = given ? mix_stream(key, given->fingerprint())
+              : mix_stream(mix_stream(key, static_cast<uint64_t>(o.vocab_size)),
+                           o.end_of_text ? 1 : 0);
+
+  PreparedData p;
+  if (!o.cache_dir.empty()) {
+    const std::string vocab = std::to_string(given ? given->vocab_size() : o.vocab_size);
+    p.cache_entry = o.cache_dir / ("text-v" + vocab + "-" + hex16(key));
+    if (auto cached = load_cache_entry(p.cache_entry);
+        cached && (!given || *cached->tokenizer == *given)) {
+      p.tokens = std::move(cached->tokens);
+      p.tokenizer = std::move(cached->tokenizer);
+      p.vocab_size = cached->vocab_size;
+      p.reused_cache = true;
+    }
+  }
+  if (!p.reused_cache) {
+    p.tokenizer = given ? std::move(*given)
+                        : BpeTokenizer::train(corpus.documents, {.vocab_size = o.vocab_size,
+                                                                 .end_of_text = o.end_of_text});
+    p.vocab_size = p.tokenizer->vocab_size();
+    std::vector<uint32_t> ids = p.tokenizer->encode_documents(corpus.documents);
+    if (!p.cache_entry.empty()) {
+      p.tokenizer->save(p.cache_entry / "tokenizer.json");
+      write_token_file(p.cache_entry / "tokens.tsrtok", ids, static_cast<uint32_t>(p.vocab_size));
+      p.tokens = TokenFile::open(p.cache_entry / "tokens.tsrtok");
+    } else {
+      p.tokens = std::make_shared<TokenVector>(std::move(ids), what + " (tokenized in memory)");
+    }
+  }
+  p.format = format;
+  p.text_bytes = static_cast<int64_t>(corpus.bytes);
+  p.documents = static_cast<int64_t>(corpus.documents.size());
+  p.description = detail::concat(what, ": ", files.size(), " file(s), ", corpus.documents.size(),
+                                 " documents, ", corpus.bytes, " bytes -> ", p.tokens->size(),
+                                 " tokens (vocab ", p.vocab_size, ", ",
+                                 p.reused_cache ? "cached" : "tokenized now", ")");
+  return p;
+}
+
+PreparedData prepare_tokens(const DataOptions& o, DataFormat format) {
+  PreparedData p;
+  p.format = format;
+  std::shared_ptr<TokenFile> file = format == DataFormat::kTokenFile
+                                        ? TokenFile::open(o.data)
+                                        : TokenFile::open_raw_uint16(o.data);
+  if (o.tokenizer) {
+    p.tokenizer = BpeTokenizer::load(*o.tokenizer);
+    p.vocab_size = p.tokenizer->vocab_size();
+  } else if (file->vocab_size() != 0) {
+    p.vocab_size = file->vocab_size();
+  } else {
+    p.vocab_size = o.vocab_size;
+  }
+  TESSERA_CHECK_AS(ConfigError, file->size() > 0, "The token file ", o.data.string(),
+                   " holds no tokens.");
+  check_token_ids(*file, p.vocab_size);
+  p.description = detail::concat(o.data.string(), ": ", format_name(format), ", ", file->size(),
+                                 " tokens (vocab ", p.vocab_size, ")");
+  p.tokens = std::move(file);
+  return p;
+}
+
+}  // namespace
+
+PreparedData prepare_data(const DataOptions& options) {
+  if (options.data.empty()) return prepare_text(options, DataFormat::kTextDirectory);
+  const DataFormat format = detect_data_format(options.data);
+  if (format == DataFormat::kTokenFile || format == DataFormat::kRawUint16)
+    return prepare_tokens(options, format);
+  return prepare_text(options, format);
+}
+
+}  // namespace tessera::data
