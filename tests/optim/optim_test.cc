@@ -56,7 +56,7 @@ TEST(AdamW, MatchesReferenceOverSeveralSteps) {
     }
   }
   EXPECT_EQ(opt.steps(), 5);
-  auto st = opt.state();
+  auto st = opt.state(f.ps);
   ASSERT_EQ(st.size(), 4u);
   EXPECT_EQ(st[0].first, "exp_avg.w");
   EXPECT_EQ(st[3].first, "exp_avg_sq.b");

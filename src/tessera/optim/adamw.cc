@@ -19,33 +19,24 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
   }
 }
 
-AdamW::AdamW(nn::ParameterSet& params, const AdamWConfig& cfg, Allocator& alloc)
-    : params_(params), cfg_(cfg) {
-  int64_t n = params_.numel();
-  m_ = Tensor::zeros({n}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg", &alloc);
-  v_ = Tensor::zeros({n}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg_sq", &alloc);
+AdamW::AdamW(std::vector<Segment> segments, int64_t state_elems, const AdamWConfig& cfg,
+             Allocator& alloc)
+    : segments_(std::move(segments)), cfg_(cfg) {
+  m_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg", &alloc);
+  v_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg_sq",
+                     &alloc);
 }
+
+AdamW::AdamW(nn::ParameterSet& params, const AdamWConfig& cfg, Allocator& alloc)
+    : AdamW(whole_parameter_segments(params), params.numel(), cfg, alloc) {}
 
 void AdamW::step(float lr) {
   ++t_;
-  float* p = params_.flat_params().f32();
-  const float* g = params_.flat_grads().f32();
   float* m = m_.f32();
   float* v = v_.f32();
-  for (const nn::ParamInfo& info : params_.infos()) {
-    int64_t o = info.offset;
-    adamw_update(p + o, m + o, v + o, g + o, info.local_numel(), lr, cfg_.beta1, cfg_.beta2,
-                 cfg_.eps, info.weight_decay ? cfg_.weight_decay : 0.0f, t_);
-  }
-}
-
-std::vector<NamedTensor> AdamW::state() {
-  std::vector<NamedTensor> out;
-  for (const nn::ParamInfo& info : params_.infos()) {
-    out.emplace_back("exp_avg." + info.name, m_.view(info.offset, info.local_shape));
-    out.emplace_back("exp_avg_sq." + info.name, v_.view(info.offset, info.local_shape));
-  }
-  return out;
+  for (const Segment& s : segments_)
+    adamw_update(s.value, m + s.state_offset, v + s.state_offset, s.grad, s.n, lr, cfg_.beta1,
+                 cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.0f, t_);
 }
 
 }  // namespace tessera::optim

@@ -15,6 +15,21 @@ namespace tessera::optim {
 // A named piece of optimizer state: "exp_avg.h.0.attn.c_attn.weight" -> view of the state buffer.
 using NamedTensor = std::pair<std::string, Tensor>;
 
+// A contiguous run of one parameter's elements that this optimizer updates. Single-rank training
+// has one segment per parameter; a ZeRO rank has segments for the parts of its shard.
+struct Segment {
+  int param = 0;             // index in the ParameterSet
+  int64_t param_offset = 0;  // first element within the parameter (row-major, local shape)
+  int64_t n = 0;
+  float* value = nullptr;    // the n parameter values, updated in place
+  const float* grad = nullptr;
+  int64_t state_offset = 0;  // where the n elements live in the optimizer's state buffers
+  bool decay = true;         // weight decay applies
+};
+
+// One segment per parameter, state laid out like the flat parameter buffer.
+std::vector<Segment> whole_parameter_segments(const nn::ParameterSet& params);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -23,8 +38,12 @@ class Optimizer {
   // Number of updates taken (AdamW's bias correction uses it).
   virtual int64_t steps() const = 0;
   virtual void set_steps(int64_t t) = 0;
-  // Per-parameter state views, for checkpoints (write into them to restore).
-  virtual std::vector<NamedTensor> state() = 0;
+  // The state buffers by kind ("exp_avg", "exp_avg_sq", "momentum"), indexed by state_offset.
+  virtual std::vector<NamedTensor> state_buffers() = 0;
+  virtual const std::vector<Segment>& segments() const = 0;
+  // Per-parameter state views ("exp_avg.<param name>"), for checkpoints (write into them to
+  // restore). Only for whole-parameter segments (single rank, plain data parallelism).
+  std::vector<NamedTensor> state(const nn::ParameterSet& params);
   virtual std::string name() const = 0;
 };
 

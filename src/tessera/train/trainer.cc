@@ -101,23 +101,25 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     ckpt.emplace(io::load_checkpoint(cfg.resume));
   }
 
-  // Data.
+  // Model configuration: from the checkpoint, the weights, or the flags (vocabulary from the data).
+  nn::GPTConfig mcfg;
+  const bool from_weights = ckpt.has_value() || !cfg.init_from.empty();
+  if (ckpt) {
+    mcfg = from_hf_config(ckpt->config, cfg.dropout);
+  } else if (!cfg.init_from.empty()) {
+    mcfg = from_hf_config(config_of_weights(cfg.init_from, std::nullopt), cfg.dropout);
+  }
+
+  // Data. With existing weights, token ids are bounded by their vocabulary.
   data::DataOptions dopt;
   dopt.data = cfg.data;
-  dopt.vocab_size = cfg.vocab;
+  dopt.vocab_size = from_weights ? mcfg.vocab_size : cfg.vocab;
   dopt.cache_dir = cfg.cache_dir;
   if (ckpt) dopt.tokenizer = tokenizer_beside(ckpt->dir);
   else if (!cfg.init_from.empty()) dopt.tokenizer = tokenizer_beside(weights_file(cfg.init_from).parent_path());
   data::PreparedData pd = data::prepare_data(dopt);
   say(log, nullptr, "data: " + pd.description);
-
-  // Model configuration.
-  nn::GPTConfig mcfg;
-  if (ckpt) {
-    mcfg = from_hf_config(ckpt->config, cfg.dropout);
-  } else if (!cfg.init_from.empty()) {
-    mcfg = from_hf_config(config_of_weights(cfg.init_from, std::nullopt), cfg.dropout);
-  } else {
+  if (!from_weights) {
     mcfg.n_layer = cfg.layers;
     mcfg.n_embd = cfg.dim;
     mcfg.n_head = cfg.heads;
@@ -153,7 +155,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   int64_t step = 0;
   if (ckpt) {
     step = ckpt->step;
-    for (auto& [name, t] : opt->state()) {
+    for (auto& [name, t] : opt->state(model.params())) {
       TESSERA_CHECK_AS(IoError, ckpt->optimizer.contains(name), "checkpoint '",
                        ckpt->dir.string(), "' has no optimizer state '", name,
                        "' (was it written with another --optimizer?)");
@@ -195,7 +197,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     c.step = at_step;
     c.config = to_hf_config(mcfg);
     c.model = named_weights(model);
-    c.optimizer = opt->state();
+    c.optimizer = opt->state(model.params());
     data::SamplerPosition pos = sampler.position();
     c.state = {{"seed", cfg.seed},
                {"optimizer", opt->name()},
