@@ -10,7 +10,8 @@ namespace tessera::train {
 #define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                         \
   X(data) X(vocab) X(val_fraction) X(cache_dir) X(layers) X(dim) X(heads) X(seq) X(dropout)   \
   X(init_from) X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio)                \
-  X(weight_decay) X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed) X(threads) \
+  X(weight_decay) X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed) X(dp)       \
+  X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(threads)                              \
   X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every) X(eval_batches)    \
   X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 
@@ -73,8 +74,17 @@ void TrainConfig::validate() const {
                    vocab);
   TESSERA_CHECK_AS(ConfigError, dim % heads == 0, "--heads ", heads, " does not divide --dim ",
                    dim, "; choose heads so that dim/heads is a whole number");
-  TESSERA_CHECK_AS(ConfigError, micro_batch >= 0 && (micro_batch == 0 || batch % micro_batch == 0),
-                   "--micro-batch ", micro_batch, " must divide --batch ", batch);
+  positive("dp", dp);
+  TESSERA_CHECK_AS(ConfigError, batch % dp == 0, "--batch ", batch, " does not split over --dp ",
+                   dp, " ranks; choose a batch that is a multiple of dp");
+  TESSERA_CHECK_AS(ConfigError,
+                   micro_batch >= 0 && (micro_batch == 0 || (batch / dp) % micro_batch == 0),
+                   "--micro-batch ", micro_batch, " must divide the per-rank batch ", batch / dp,
+                   " (--batch ", batch, " / --dp ", dp, ")");
+  TESSERA_CHECK_AS(ConfigError, zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3, got ", zero);
+  TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
+  TESSERA_CHECK_AS(ConfigError, backend == "auto" || backend == "inproc" || backend == "mpi",
+                   "--backend must be auto, inproc or mpi, got '", backend, "'");
   TESSERA_CHECK_AS(ConfigError, val_fraction >= 0 && val_fraction < 1,
                    "--val-fraction must be in [0, 1), got ", val_fraction);
   TESSERA_CHECK_AS(ConfigError, dropout >= 0 && dropout < 1, "--dropout must be in [0, 1), got ",

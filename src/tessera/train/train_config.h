@@ -38,8 +38,16 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.95f;
   uint64_t seed = 1337;
 
+  // Parallelism.
+  int dp = 1;                 // data-parallel ranks (threads here, or the processes of mpirun)
+  int zero = 0;               // ZeRO stage 0..3
+  double bucket_mb = 25;      // gradient bucket size (MiB)
+  bool overlap = true;        // overlap bucket communication with backward
+  std::string backend = "auto";  // auto | inproc | mpi
+  std::string trace;          // Chrome trace-event JSON of the run's timeline
+
   // Run.
-  int threads = 0;            // BLAS threads; 0 = one per core
+  int threads = 0;            // BLAS threads per rank; 0 = cores / ranks
   std::string memory_limit;   // e.g. "2GiB"; "" = unlimited
   std::string save;           // checkpoint directory
   std::string resume;         // checkpoint directory to resume from

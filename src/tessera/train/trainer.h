@@ -19,12 +19,19 @@ struct TrainResult {
   double unigram_entropy = 0;    // of the training tokens, nats/token (the baseline to beat)
   double tokens_per_s = 0;       // median over the run's steps
   std::string sample;            // generated text (empty when disabled or no tokenizer)
+  std::vector<std::string> memory_reports;  // one line per rank: allocator peaks by category
+  std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
+  double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
 };
 
-// Runs the whole job. `log` receives the progress line and messages (nullptr: silent).
+// Runs the whole job: cfg.dp ranks as threads of this process (inproc backend), or this
+// process's rank of an mpirun job (MPI backend, chosen automatically under mpirun). Rank 0's
+// `log` receives the progress line and messages (nullptr: silent); rank 0's result is returned
+// (other MPI ranks return theirs).
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
 
-// Sets the BLAS thread count (0: one per core) and returns the count in effect.
-int set_compute_threads(int threads);
+// Sets the BLAS thread count (0: the cores divided among `ranks_in_process` ranks) and returns
+// the count in effect.
+int set_compute_threads(int threads, int ranks_in_process = 1);
 
 }  // namespace tessera::train

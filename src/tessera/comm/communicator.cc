@@ -1,0 +1,356 @@
+#include "tessera/comm/communicator.h"
+
+#include <cstring>
+#include <numeric>
+
+namespace tessera::comm {
+
+using detail::OpDesc;
+using detail::OpType;
+
+Communicator::Communicator(CommOptions opts) : opts_(std::move(opts)) {}
+
+Communicator::~Communicator() {
+  stop_progress_thread();
+}
+
+void Communicator::stop_progress_thread() {
+  {
+    std::unique_lock lk(mu_);
+    if (!progress_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  progress_.join();
+}
+
+void Communicator::drain() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+}
+
+static std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::exception_ptr Communicator::record_failure(std::exception_ptr e, const OpDesc& d) {
+  (void)d;
+  bool first = false;
+  {
+    std::lock_guard lk(mu_);
+    if (!failure_) {
+      failure_ = e;
+      first = true;
+    }
+  }
+  if (first) on_failure(e);
+  return e;
+}
+
+void Communicator::validate(const OpDesc& d) const {
+  const int n = size();
+  auto fail = [&](const std::string& why) {
+    throw CommUsageError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
+                                        rank(), "/", n, ": ", why));
+  };
+  if ((d.type == OpType::AllReduce || d.type == OpType::ReduceScatter) &&
+      !detail::reduction_supported(d.dtype))
+    fail(detail::concat("reductions support F32, BF16, I32 and I64, not ", dtype_name(d.dtype)));
+  if (d.type == OpType::Broadcast && (d.root < 0 || d.root >= n))
+    fail(detail::concat("root ", d.root, " is not a rank of a communicator of size ", n));
+  if (d.type == OpType::Send || d.type == OpType::Recv) {
+    if (d.root < 0 || d.root >= n || d.root == rank())
+      fail(detail::concat("peer ", d.root, " is not another rank of a communicator of size ", n));
+    if (d.tag < 0) fail("tags must be non-negative");
+  }
+  if (d.type == OpType::AllToAllV &&
+      (static_cast<int>(d.send_counts.size()) != n || static_cast<int>(d.recv_counts.size()) != n))
+    fail(detail::concat("send_counts and recv_counts need one entry per rank (", n, ")"));
+  bool needs_data = d.count > 0 && d.type != OpType::AllToAllV;
+  if (needs_data && d.type != OpType::Recv && d.send == nullptr) fail("null send buffer");
+  if (needs_data && d.type != OpType::Send && d.recv == nullptr) fail("null recv buffer");
+}
+
+void Communicator::run_local(const OpDesc& d) {
+  const size_t es = dtype_size(d.dtype);
+  auto copy = [&](size_t elems) {
+    if (elems && d.send != d.recv) std::memcpy(d.recv, d.send, elems * es);
+  };
+  switch (d.type) {
+    case OpType::AllReduce:
+    case OpType::AllGather:
+    case OpType::ReduceScatter:
+    case OpType::AllToAll:
+      copy(d.count);
+      break;
+    case OpType::AllToAllV:
+      if (d.send_counts[0] != d.recv_counts[0])
+        throw MismatchError(detail::concat("all_to_allv on communicator '", name(),
+                                           "': rank 0 sends ", d.send_counts[0],
+                                           " elements to itself but expects ", d.recv_counts[0]));
+      copy(d.send_counts[0]);
+      break;
+    default:
+      break;  // Broadcast (in place), Barrier: nothing to do
+  }
+}
+
+Work Communicator::submit(OpDesc d, bool async) {
+  validate(d);
+  d.timeout = resolve_timeout(d.timeout);
+  if (detail::is_collective(d.type)) d.seq = ++seq_;
+  if (size() == 1) {
+    try {
+      run_local(d);
+      return Work();
+    } catch (...) {
+      return Work::failed(std::current_exception());
+    }
+  }
+  std::unique_lock lk(mu_);
+  if (failure_) {
+    return Work::failed(std::make_exception_ptr(PeerFailedError(detail::concat(
+        d.describe(), " on communicator '", name(), "' rank ", rank(), "/", size(),
+        " not run: the communicator is unusable after an earlier failure: ", what_of(failure_)))));
+  }
+  if (!async && queue_.empty() && !busy_) {
+    lk.unlock();
+    try {
+      execute(d);
+      return Work();
+    } catch (...) {
+      return Work::failed(record_failure(std::current_exception(), d));
+    }
+  }
+  Work w = Work::pending(
+      detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank(), "/", size()));
+  queue_.push_back(Task{std::move(d), w});
+  if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
+  lk.unlock();
+  cv_.notify_all();
+  if (!async) {
+    try {
+      w.wait();
+    } catch (...) {
+    }
+  }
+  return w;
+}
+
+void Communicator::progress_loop() {
+  for (;;) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping and drained
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    std::exception_ptr failed = failure_;
+    lk.unlock();
+    std::exception_ptr err;
+    if (failed) {
+      err = std::make_exception_ptr(PeerFailedError(detail::concat(
+          t.desc.describe(), " on communicator '", name(), "' rank ", rank(), "/", size(),
+          " not run: the communicator is unusable after an earlier failure: ", what_of(failed))));
+    } else {
+      try {
+        execute(t.desc);
+      } catch (...) {
+        err = record_failure(std::current_exception(), t.desc);
+      }
+    }
+    t.work.complete(err);
+    lk.lock();
+    busy_ = false;
+    lk.unlock();
+    cv_.notify_all();
+  }
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, Timeout timeout) {
+  drain();
+  {
+    std::lock_guard lk(mu_);
+    if (failure_)
+      throw PeerFailedError(detail::concat("split on communicator '", name(), "' rank ", rank(),
+                                           " not run: the communicator is unusable after an "
+                                           "earlier failure: ",
+                                           what_of(failure_)));
+  }
+  ++seq_;
+  OpDesc d;
+  d.type = OpType::Split;
+  try {
+    return do_split(color, key, resolve_timeout(timeout));
+  } catch (...) {
+    record_failure(std::current_exception(), d);
+    throw;
+  }
+}
+
+// ---- argument packing -------------------------------------------------------------------------
+
+Work Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                              const AllReduceOptions& o) {
+  OpDesc d;
+  d.type = OpType::AllReduce;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.op = o.op;
+  d.algorithm = o.algorithm;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype,
+                              const AllGatherOptions& o) {
+  OpDesc d;
+  d.type = OpType::AllGather;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                  const ReduceScatterOptions& o) {
+  OpDesc d;
+  d.type = OpType::ReduceScatter;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.op = o.op;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::broadcast(void* buf, size_t count, DType dtype, const BroadcastOptions& o) {
+  OpDesc d;
+  d.type = OpType::Broadcast;
+  d.send = buf;
+  d.recv = buf;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = o.root;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::all_to_all(const void* send, void* recv, size_t count, DType dtype,
+                              const AllToAllOptions& o) {
+  OpDesc d;
+  d.type = OpType::AllToAll;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
+                               std::span<const size_t> recv_counts, DType dtype,
+                               const AllToAllOptions& o) {
+  OpDesc d;
+  d.type = OpType::AllToAllV;
+  d.send = send;
+  d.recv = recv;
+  d.dtype = dtype;
+  d.send_counts.assign(send_counts.begin(), send_counts.end());
+  d.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  d.count = std::accumulate(d.send_counts.begin(), d.send_counts.end(), size_t{0});
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::send(const void* buf, size_t count, DType dtype, int peer,
+                        const SendOptions& o) {
+  OpDesc d;
+  d.type = OpType::Send;
+  d.send = buf;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = peer;
+  d.tag = o.tag;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::recv(void* buf, size_t count, DType dtype, int peer, const RecvOptions& o) {
+  OpDesc d;
+  d.type = OpType::Recv;
+  d.recv = buf;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = peer;
+  d.tag = o.tag;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+Work Communicator::barrier(const BarrierOptions& o) {
+  OpDesc d;
+  d.type = OpType::Barrier;
+  d.timeout = o.timeout;
+  return submit(std::move(d), o.async);
+}
+
+// ---- Tensor overloads -------------------------------------------------------------------------
+
+static void check_sizes(bool ok, std::string_view op, const Tensor& a, const Tensor& b,
+                        const std::string& want) {
+  if (!ok)
+    throw CommUsageError(detail::concat(op, ": tensors ", shape_str(a.shape()), " ",
+                                        dtype_name(a.dtype()), " and ", shape_str(b.shape()), " ",
+                                        dtype_name(b.dtype()), " do not fit: ", want));
+}
+
+Work Communicator::all_reduce(Tensor& inout, const AllReduceOptions& o) {
+  return all_reduce(inout.raw(), inout.raw(), static_cast<size_t>(inout.numel()), inout.dtype(), o);
+}
+
+Work Communicator::all_gather(const Tensor& send, Tensor& recv, const AllGatherOptions& o) {
+  check_sizes(send.dtype() == recv.dtype() && recv.numel() == send.numel() * size(), "all_gather",
+              send, recv, "recv needs size() x the elements of send and the same dtype");
+  return all_gather(send.raw(), recv.raw(), static_cast<size_t>(send.numel()), send.dtype(), o);
+}
+
+Work Communicator::reduce_scatter(const Tensor& send, Tensor& recv, const ReduceScatterOptions& o) {
+  check_sizes(send.dtype() == recv.dtype() && send.numel() == recv.numel() * size(),
+              "reduce_scatter", send, recv,
+              "send needs size() x the elements of recv and the same dtype");
+  return reduce_scatter(send.raw(), recv.raw(), static_cast<size_t>(recv.numel()), recv.dtype(), o);
+}
+
+Work Communicator::broadcast(Tensor& buf, const BroadcastOptions& o) {
+  return broadcast(buf.raw(), static_cast<size_t>(buf.numel()), buf.dtype(), o);
+}
+
+Work Communicator::all_to_all(const Tensor& send, Tensor& recv, const AllToAllOptions& o) {
+  check_sizes(
+      send.dtype() == recv.dtype() && send.numel() == recv.numel() && send.numel() % size() == 0,
+      "all_to_all", send, recv, "same elements and dtype, divisible by size()");
+  return all_to_all(send.raw(), recv.raw(), static_cast<size_t>(send.numel() / size()),
+                    send.dtype(), o);
+}
+
+Work Communicator::send(const Tensor& buf, int peer, const SendOptions& o) {
+  return send(buf.raw(), static_cast<size_t>(buf.numel()), buf.dtype(), peer, o);
+}
+
+Work Communicator::recv(Tensor& buf, int peer, const RecvOptions& o) {
+  return recv(buf.raw(), static_cast<size_t>(buf.numel()), buf.dtype(), peer, o);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,134 @@
+// Communicator: the collective-communication interface every parallel method stands on.
+//
+// Contract (DESIGN.md 3.7): all ranks of a communicator call collectives in the same order. Every
+// call has a deadline (the communicator's default, or OpOptions::timeout). A failed call poisons
+// the communicator: later calls on it fail at once with PeerFailedError. On the inproc backend a
+// failure (error, timeout, rank that throws or returns early) also poisons every communicator of
+// the world, so every rank fails fast instead of hanging.
+//
+// Buffers are raw pointers + element count + dtype (later layers reduce slices of flat gradient
+// buffers); Tensor overloads forward to them. Reductions support F32, BF16, I32 and I64 (Mean on
+// integers truncates); data movement supports every dtype. In place: pass the same pointer as
+// send and recv (AllReduce), or send == recv + rank*count (AllGather), or recv == send +
+// rank*count (ReduceScatter), or send == recv (AllToAll).
+//
+// A size-1 communicator short-circuits every call (a copy at most). Thread safety: one thread
+// calls into a given Communicator at a time; different communicators (e.g. the results of split)
+// may be used concurrently from different threads, and asynchronous calls on different
+// communicators progress concurrently.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "tessera/comm/errors.h"
+#include "tessera/comm/op.h"
+#include "tessera/comm/options.h"
+#include "tessera/comm/work.h"
+#include "tessera/core/tensor.h"
+
+namespace tessera::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "inproc" or "mpi"
+  const std::string& name() const { return opts_.name; }
+  const CommOptions& options() const { return opts_; }
+
+  // Collective over this communicator: ranks passing the same color form a new communicator,
+  // ranked by (key, rank here). color < 0 joins none and returns nullptr. The new communicator
+  // inherits the options; its name is "<name>.<color>".
+  std::unique_ptr<Communicator> split(int color, int key, Timeout timeout = kDefaultTimeout);
+
+  // recv[i] = op over ranks of send[i]; count elements.
+  Work all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                  const AllReduceOptions& o = {});
+  Work all_reduce(void* inout, size_t count, DType dtype, const AllReduceOptions& o = {}) {
+    return all_reduce(inout, inout, count, dtype, o);
+  }
+  Work all_reduce(Tensor& inout, const AllReduceOptions& o = {});
+  // recv[r*count .. (r+1)*count) = send of rank r. send: count elements, recv: size()*count.
+  Work all_gather(const void* send, void* recv, size_t count, DType dtype,
+                  const AllGatherOptions& o = {});
+  Work all_gather(const Tensor& send, Tensor& recv, const AllGatherOptions& o = {});
+  // recv (count elements) = op over ranks of send[rank*count .. (rank+1)*count); send:
+  // size()*count.
+  Work reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                      const ReduceScatterOptions& o = {});
+  Work reduce_scatter(const Tensor& send, Tensor& recv, const ReduceScatterOptions& o = {});
+  // buf (count elements) of every rank = buf of o.root.
+  Work broadcast(void* buf, size_t count, DType dtype, const BroadcastOptions& o = {});
+  Work broadcast(Tensor& buf, const BroadcastOptions& o = {});
+  // Equal splits: block j of send (count elements) goes to rank j, arriving as block r of its recv.
+  Work all_to_all(const void* send, void* recv, size_t count, DType dtype,
+                  const AllToAllOptions& o = {});
+  Work all_to_all(const Tensor& send, Tensor& recv, const AllToAllOptions& o = {});
+  // Variable splits, packed: send holds send_counts[0] elements for rank 0, then send_counts[1]
+  // for rank 1, ...; recv receives recv_counts[j] elements from rank j, packed in rank order.
+  // recv_counts[j] on this rank must equal send_counts[rank] on rank j (else MismatchError).
+  Work all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
+                   std::span<const size_t> recv_counts, DType dtype, const AllToAllOptions& o = {});
+  // Point to point, tagged. Messages between a pair with the same tag arrive in order; a recv
+  // takes the oldest message from `peer` with its tag, which must have the same dtype and count.
+  Work send(const void* buf, size_t count, DType dtype, int peer, const SendOptions& o = {});
+  Work send(const Tensor& buf, int peer, const SendOptions& o = {});
+  Work recv(void* buf, size_t count, DType dtype, int peer, const RecvOptions& o = {});
+  Work recv(Tensor& buf, int peer, const RecvOptions& o = {});
+  Work barrier(const BarrierOptions& o = {});
+
+  // Number of collectives issued so far (the next one gets seq_issued() + 1).
+  uint64_t seq_issued() const { return seq_; }
+
+ protected:
+  explicit Communicator(CommOptions opts);
+  // Runs one operation to completion on the calling thread; throws on failure. `d` is validated,
+  // has a resolved timeout and (for collectives) a sequence number. Never called for size() == 1.
+  virtual void execute(const detail::OpDesc& d) = 0;
+  // Backend split: collective over this communicator; never called concurrently with execute().
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) = 0;
+  // Called once when an operation on this communicator fails (inproc poisons its world).
+  virtual void on_failure(const std::exception_ptr&) {}
+  // Derived destructors call this first: finishes queued work and joins the progress thread.
+  void stop_progress_thread();
+  Timeout resolve_timeout(Timeout t) const { return t == kDefaultTimeout ? opts_.timeout : t; }
+
+ private:
+  Work submit(detail::OpDesc d, bool async);
+  void run_local(const detail::OpDesc& d);  // size-1 short-circuit
+  void validate(const detail::OpDesc& d) const;
+  void progress_loop();
+  void drain();  // waits until the async queue is empty
+  std::exception_ptr record_failure(std::exception_ptr e, const detail::OpDesc& d);
+
+  CommOptions opts_;
+  uint64_t seq_ = 0;
+  std::exception_ptr failure_;  // first failure; guarded by mu_
+
+  struct Task {
+    detail::OpDesc desc;
+    Work work;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;  // the progress thread is executing a task
+  bool stopping_ = false;
+  std::thread progress_;
+};
+
+}  // namespace tessera::comm

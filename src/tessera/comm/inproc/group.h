@@ -1,0 +1,118 @@
+// Internal state of the in-process backend: the world (poison flag, exited ranks) and a group (the
+// shared half of one communicator: per-rank slots with published buffer pointers, progress
+// counters, small-message staging areas and point-to-point mailboxes).
+//
+// Synchronisation: each rank owns cache-line-padded monotonic counters (arrived, step, done) that
+// only it writes, with release stores; peers read them with acquire loads. A rank publishes its
+// buffers in its slot (double-buffered by sequence parity), then bumps `arrived` to the
+// collective's sequence number. Waits spin briefly, then yield, then sleep on the group's condition
+// variable in short slices; every slow-path iteration checks the world's poison flag, exited peers
+// and the deadline, so no wait can hang.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/op.h"
+#include "tessera/comm/options.h"
+
+namespace tessera::comm::inproc {
+
+struct WorldState {
+  int size = 0;
+  CommOptions opts;
+  std::atomic<bool> poisoned{false};
+  mutable std::mutex mu;
+  std::string reason;  // first poison reason; guarded by mu
+  std::unique_ptr<std::atomic<bool>[]> exited;
+  bool oversubscribed = false;  // more ranks than hardware threads: spin less
+
+  void poison(const std::string& why);
+  std::string poison_reason() const;
+};
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> v{0};
+};
+
+struct SlotData {
+  detail::Fingerprint fp;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  const size_t* send_counts = nullptr;  // AllToAllV
+  const size_t* recv_counts = nullptr;
+  int color = 0, key = 0;  // Split
+  int algo = -1;           // AllReduce: the algorithm this rank chose
+  std::shared_ptr<struct Group> split_result;
+  unsigned char* staging = nullptr;  // small_max_bytes, 64-byte aligned
+};
+
+struct Message {
+  int src = 0;
+  int tag = 0;
+  DType dtype = DType::F32;
+  size_t count = 0;
+  std::vector<unsigned char> data;
+};
+
+struct Mailbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Message> q;
+};
+
+struct Group {
+  Group(std::shared_ptr<WorldState> world, std::vector<int> world_ranks, std::string name);
+
+  std::shared_ptr<WorldState> world;
+  int n = 0;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  CommOptions opts;              // opts.name is this group's name
+  size_t staging_bytes = 0;
+
+  std::unique_ptr<Counter[]> arrived, step, done;
+  std::vector<SlotData> slots;  // [rank * 2 + parity]
+  std::unique_ptr<unsigned char[]> staging_mem;
+  std::unique_ptr<Mailbox[]> mail;  // by destination rank
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> sleepers{0};
+
+  SlotData& slot(int rank, uint64_t seq) {
+    return slots[static_cast<size_t>(rank) * 2 + (seq & 1)];
+  }
+  // Publishes a counter value and wakes sleeping waiters.
+  void publish(Counter& c, uint64_t value) {
+    c.v.store(value, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard lk(mu); }
+      cv.notify_all();
+    }
+  }
+};
+
+// What a wait is for, to name it in errors.
+struct WaitCtx {
+  Group* g;
+  int rank;
+  const detail::OpDesc* desc;  // may be null (split)
+  std::string_view what;       // used when desc is null
+  std::chrono::steady_clock::time_point deadline;
+  std::string describe() const;  // "all_reduce #3 (F32 x 8, sum) on 'world' rank 1/4"
+};
+
+// Waits until counters[p].v >= target for every rank p of the group (skipping `skip`, if >= 0),
+// or only for `only` when only >= 0. Throws PeerFailedError (poisoned world, exited peer) or
+// TimeoutError naming the missing ranks.
+void wait_counters(const WaitCtx& ctx, const Counter* counters, uint64_t target, int only = -1,
+                   std::string_view phase = "to arrive");
+
+}  // namespace tessera::comm::inproc

@@ -1,0 +1,490 @@
+// The in-process backend: ranks are threads; collectives read peers' buffers in place.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "tessera/comm/errors.h"
+#include "tessera/comm/inproc/group.h"
+#include "tessera/comm/inproc/world.h"
+#include "tessera/comm/reduce.h"
+
+namespace tessera::comm {
+namespace inproc {
+namespace {
+
+using detail::OpDesc;
+using detail::OpType;
+using Clock = std::chrono::steady_clock;
+
+// Balanced partition of `count` elements into n chunks: chunk c is [begin(c), begin(c+1)).
+struct Chunks {
+  size_t count;
+  int n;
+  size_t begin(int c) const { return count / n * c + std::min<size_t>(c, count % n); }
+  size_t len(int c) const { return begin(c + 1) - begin(c); }
+};
+
+// Values of the per-rank `step` counter inside collective `seq`: seq << 24 plus completed units.
+constexpr int kStepShift = 24;
+inline uint64_t step_base(uint64_t seq) {
+  return seq << kStepShift;
+}
+
+class InprocCommunicator final : public Communicator {
+ public:
+  InprocCommunicator(std::shared_ptr<Group> g, int rank)
+      : Communicator(g->opts), g_(std::move(g)), rank_(rank) {}
+  ~InprocCommunicator() override { stop_progress_thread(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return g_->n; }
+  std::string_view backend() const override { return "inproc"; }
+
+ protected:
+  void execute(const OpDesc& d) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) override;
+  void on_failure(const std::exception_ptr& e) override;
+
+ private:
+  void collective(const OpDesc& d);
+  void all_reduce_small(const OpDesc& d);
+  void all_reduce_direct(const OpDesc& d, const WaitCtx& ctx);
+  void all_reduce_ring(const OpDesc& d, const WaitCtx& ctx);
+  void all_gather(const OpDesc& d);
+  void reduce_scatter(const OpDesc& d);
+  void broadcast(const OpDesc& d);
+  void all_to_all(const OpDesc& d);
+  void all_to_allv(const OpDesc& d);
+  void send(const OpDesc& d);
+  void recv(const OpDesc& d);
+  // After a failure inside collective `seq`: waits (bounded) until every peer that has arrived at
+  // `seq` has left it, so no peer still reads this rank's buffers when the error reaches the
+  // caller.
+  void quiesce(uint64_t seq);
+  const SlotData& peer(int p, uint64_t seq) const { return g_->slot(p, seq); }
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+  std::vector<unsigned char> tmp_;  // in-place all_to_all(v) copy of the input
+};
+
+void InprocCommunicator::on_failure(const std::exception_ptr& e) {
+  std::string what;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {
+    what = "unknown error";
+  }
+  g_->world->poison(detail::concat("rank ", rank_, " of communicator '", name(), "' (world rank ",
+                                   g_->world_ranks[rank_], ") failed: ", what));
+}
+
+void InprocCommunicator::execute(const OpDesc& d) {
+  if (g_->world->poisoned.load(std::memory_order_acquire))  // entering a poisoned world
+    throw PeerFailedError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
+                                         rank_, "/", g_->n,
+                                         " not run: ", g_->world->poison_reason()));
+  if (d.type == OpType::Send) return send(d);
+  if (d.type == OpType::Recv) return recv(d);
+  try {
+    collective(d);
+  } catch (...) {
+    on_failure(std::current_exception());
+    g_->publish(g_->done[rank_], d.seq);
+    quiesce(d.seq);
+    throw;
+  }
+}
+
+void InprocCommunicator::quiesce(uint64_t seq) {
+  auto until = Clock::now() + std::chrono::seconds(10);
+  for (int p = 0; p < g_->n; ++p) {
+    while (g_->arrived[p].v.load(std::memory_order_acquire) >= seq &&
+           g_->done[p].v.load(std::memory_order_acquire) < seq && Clock::now() < until)
+      std::this_thread::yield();
+  }
+}
+
+void InprocCommunicator::collective(const OpDesc& d) {
+  Group& g = *g_;
+  const uint64_t s = d.seq;
+  WaitCtx ctx{&g, rank_, &d, {}, Clock::now() + d.timeout};
+  SlotData& me = g.slot(rank_, s);
+  me.fp = detail::fingerprint_of(d);
+  me.send = d.send;
+  me.recv = d.recv;
+  me.send_counts = d.send_counts.data();
+  me.recv_counts = d.recv_counts.data();
+  me.algo = -1;
+  const size_t bytes = d.count * dtype_size(d.dtype);
+
+  Algorithm algo = d.algorithm;
+  if (d.type == OpType::AllReduce) {
+    if (algo == Algorithm::Auto)
+      algo = bytes <= g.staging_bytes
+                 ? Algorithm::Small
+                 : (g.n <= g.opts.direct_max_ranks ? Algorithm::Direct : Algorithm::Ring);
+    if (algo == Algorithm::Small && bytes > g.staging_bytes) algo = Algorithm::Direct;
+    if (algo == Algorithm::Small && bytes) std::memcpy(me.staging, d.send, bytes);
+    me.algo = static_cast<int>(algo);
+  }
+  if ((d.type == OpType::AllToAll || d.type == OpType::AllToAllV) && d.send == d.recv &&
+      d.count > 0) {
+    const size_t in_bytes =
+        d.count * dtype_size(d.dtype) * (d.type == OpType::AllToAll ? static_cast<size_t>(g.n) : 1);
+    tmp_.resize(in_bytes);
+    std::memcpy(tmp_.data(), d.send, in_bytes);
+    me.send = tmp_.data();
+  }
+
+  g.publish(g.arrived[rank_], s);
+  wait_counters(ctx, g.arrived.get(), s);
+
+  std::vector<detail::Fingerprint> fps(g.n);
+  for (int p = 0; p < g.n; ++p) fps[p] = peer(p, s).fp;
+  detail::check_fingerprints(fps, g.opts.name, rank_);
+  for (int p = 0; p < g.n; ++p)
+    if (peer(p, s).algo != me.algo)
+      throw MismatchError(detail::concat(d.describe(), " on communicator '", name(),
+                                         "': ranks chose different algorithms (rank ", p, ": ",
+                                         algorithm_name(static_cast<Algorithm>(peer(p, s).algo)),
+                                         ", rank ", rank_, ": ", algorithm_name(algo), ")"));
+
+  bool zero_copy = true;
+  switch (d.type) {
+    case OpType::AllReduce:
+      if (algo == Algorithm::Small) {
+        all_reduce_small(d);
+        zero_copy = false;
+      } else if (algo == Algorithm::Ring) {
+        all_reduce_ring(d, ctx);
+      } else {
+        all_reduce_direct(d, ctx);
+      }
+      break;
+    case OpType::AllGather:
+      all_gather(d);
+      break;
+    case OpType::ReduceScatter:
+      reduce_scatter(d);
+      break;
+    case OpType::Broadcast:
+      broadcast(d);
+      break;
+    case OpType::AllToAll:
+      all_to_all(d);
+      break;
+    case OpType::AllToAllV:
+      all_to_allv(d);
+      break;
+    case OpType::Barrier:
+      zero_copy = false;
+      break;
+    default:
+      throw CommUsageError("unexpected op");
+  }
+  g.publish(g.done[rank_], s);
+  // Zero-copy ops: peers may still read this rank's buffers until they are done.
+  if (zero_copy) wait_counters(ctx, g.done.get(), s, -1, "to finish reading this rank's buffers");
+}
+
+void InprocCommunicator::all_reduce_small(const OpDesc& d) {
+  const int n = g_->n;
+  std::vector<const void*> srcs(n);
+  for (int p = 0; p < n; ++p) srcs[p] = peer(p, d.seq).staging;
+  detail::reduce_n(d.recv, srcs.data(), n, d.count, d.dtype, d.op, n);
+}
+
+void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) {
+  Group& g = *g_;
+  const int n = g.n;
+  const size_t es = dtype_size(d.dtype);
+  Chunks ch{d.count, n};
+  // Reduce-scatter: this rank reduces its chunk reading every peer's input in place.
+  std::vector<const void*> srcs(n);
+  const size_t b = ch.begin(rank_);
+  for (int p = 0; p < n; ++p)
+    srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + b * es;
+  detail::reduce_n(static_cast<unsigned char*>(d.recv) + b * es, srcs.data(), n, ch.len(rank_),
+                   d.dtype, d.op, n);
+  // Every chunk is reduced before anyone overwrites its (possibly in-place) input with results.
+  g.publish(g.step[rank_], step_base(d.seq) + 1);
+  wait_counters(ctx, g.step.get(), step_base(d.seq) + 1, -1, "to finish the reduce-scatter phase");
+  // All-gather: copy every other chunk from its owner's output.
+  for (int k = 1; k < n; ++k) {
+    const int p = (rank_ + k) % n;
+    const size_t pb = ch.begin(p);
+    if (ch.len(p))
+      std::memcpy(static_cast<unsigned char*>(d.recv) + pb * es,
+                  static_cast<const unsigned char*>(peer(p, d.seq).recv) + pb * es, ch.len(p) * es);
+  }
+}
+
+// Ring ReduceScatter then ring AllGather, every chunk cut into segments so that a rank works on
+// segment i of step g while its right neighbour already consumes segment i-1 of step g-1. At step
+// g (0 <= g < 2n-2) rank r works on chunk (r - g - 1) mod n: for g < n-1 it adds its input to the
+// left neighbour's partial sum; for g >= n-1 it copies the left neighbour's finished chunk.
+void InprocCommunicator::all_reduce_ring(const OpDesc& d, const WaitCtx& ctx) {
+  Group& g = *g_;
+  const int n = g.n;
+  const int r = rank_;
+  const int left = (r + n - 1) % n, right = (r + 1) % n;
+  const size_t es = dtype_size(d.dtype);
+  Chunks ch{d.count, n};
+  const size_t max_chunk_bytes = ch.len(0) * es;
+  const size_t nseg = std::max<size_t>(1, (max_chunk_bytes + g.opts.ring_segment_bytes - 1) /
+                                              std::max<size_t>(1, g.opts.ring_segment_bytes));
+  const uint64_t base = step_base(d.seq);
+  const auto* my_send = static_cast<const unsigned char*>(d.send);
+  auto* my_recv = static_cast<unsigned char*>(d.recv);
+  const auto* left_send = static_cast<const unsigned char*>(peer(left, d.seq).send);
+  const auto* left_recv = static_cast<const unsigned char*>(peer(left, d.seq).recv);
+  for (int step = 0; step < 2 * n - 2; ++step) {
+    const int c = ((r - step - 1) % n + n) % n;
+    const size_t cb = ch.begin(c), cl = ch.len(c);
+    for (size_t i = 0; i < nseg; ++i) {
+      const size_t a = cb + cl * i / nseg, e = cb + cl * (i + 1) / nseg;
+      const uint64_t unit = static_cast<uint64_t>(step) * nseg + i;
+      if (step > 0)  // the left neighbour has produced this segment
+        wait_counters(ctx, g.step.get(), base + unit - nseg + 1, left, "(ring neighbour)");
+      if (step >= n - 1)  // the right neighbour has consumed what this segment overwrites
+        wait_counters(ctx, g.step.get(), base + unit - static_cast<uint64_t>(n - 1) * nseg + 1,
+                      right, "(ring neighbour)");
+      if (e > a) {
+        if (step < n - 1) {
+          const void* srcs[2] = {(step == 0 ? left_send : left_recv) + a * es, my_send + a * es};
+          detail::reduce_n(my_recv + a * es, srcs, 2, e - a, d.dtype, d.op, step == n - 2 ? n : 0);
+        } else {
+          std::memcpy(my_recv + a * es, left_recv + a * es, (e - a) * es);
+        }
+      }
+      g.publish(g.step[r], base + unit + 1);
+    }
+  }
+}
+
+void InprocCommunicator::all_gather(const OpDesc& d) {
+  const size_t bytes = d.count * dtype_size(d.dtype);
+  auto* out = static_cast<unsigned char*>(d.recv);
+  for (int k = 0; k < g_->n; ++k) {
+    const int p = (rank_ + k) % g_->n;
+    const void* src = p == rank_ ? d.send : peer(p, d.seq).send;
+    if (bytes && src != out + p * bytes) std::memcpy(out + p * bytes, src, bytes);
+  }
+}
+
+void InprocCommunicator::reduce_scatter(const OpDesc& d) {
+  const int n = g_->n;
+  const size_t bytes = d.count * dtype_size(d.dtype);
+  std::vector<const void*> srcs(n);
+  for (int p = 0; p < n; ++p)
+    srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + rank_ * bytes;
+  detail::reduce_n(d.recv, srcs.data(), n, d.count, d.dtype, d.op, n);
+}
+
+void InprocCommunicator::broadcast(const OpDesc& d) {
+  if (rank_ != d.root && d.count)
+    std::memcpy(d.recv, peer(d.root, d.seq).send, d.count * dtype_size(d.dtype));
+}
+
+void InprocCommunicator::all_to_all(const OpDesc& d) {
+  const size_t bytes = d.count * dtype_size(d.dtype);
+  auto* out = static_cast<unsigned char*>(d.recv);
+  for (int k = 0; k < g_->n; ++k) {
+    const int p = (rank_ + k) % g_->n;
+    if (bytes)
+      std::memcpy(out + p * bytes,
+                  static_cast<const unsigned char*>(peer(p, d.seq).send) + rank_ * bytes, bytes);
+  }
+}
+
+void InprocCommunicator::all_to_allv(const OpDesc& d) {
+  const int n = g_->n;
+  const size_t es = dtype_size(d.dtype);
+  // Every rank checks every pair, so all ranks agree on whether to fail.
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      if (peer(i, d.seq).send_counts[j] != peer(j, d.seq).recv_counts[i])
+        throw MismatchError(detail::concat("all_to_allv #", d.seq, " on communicator '", name(),
+                                           "' (seen by rank ", rank_, "): rank ", i, " sends ",
+                                           peer(i, d.seq).send_counts[j], " elements to rank ", j,
+                                           ", which expects ", peer(j, d.seq).recv_counts[i]));
+  auto* out = static_cast<unsigned char*>(d.recv);
+  size_t out_off = 0;
+  for (int p = 0; p < n; ++p) {
+    const SlotData& ps = peer(p, d.seq);
+    size_t in_off = 0;
+    for (int j = 0; j < rank_; ++j) in_off += ps.send_counts[j];
+    const size_t len = ps.send_counts[rank_];
+    if (len)
+      std::memcpy(out + out_off * es, static_cast<const unsigned char*>(ps.send) + in_off * es,
+                  len * es);
+    out_off += len;
+  }
+}
+
+// Point to point: eager. send copies into the destination's mailbox and completes at once.
+void InprocCommunicator::send(const OpDesc& d) {
+  Message m;
+  m.src = rank_;
+  m.tag = d.tag;
+  m.dtype = d.dtype;
+  m.count = d.count;
+  const size_t bytes = d.count * dtype_size(d.dtype);
+  m.data.resize(bytes);
+  if (bytes) std::memcpy(m.data.data(), d.send, bytes);
+  if (g_->world->poisoned.load(std::memory_order_acquire))
+    throw PeerFailedError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
+                                         rank_, " aborted: ", g_->world->poison_reason()));
+  Mailbox& mb = g_->mail[d.root];
+  {
+    std::lock_guard lk(mb.mu);
+    mb.q.push_back(std::move(m));
+  }
+  mb.cv.notify_all();
+}
+
+void InprocCommunicator::recv(const OpDesc& d) {
+  Mailbox& mb = g_->mail[rank_];
+  const auto deadline = Clock::now() + d.timeout;
+  WorldState& w = *g_->world;
+  auto where = [&] {
+    return detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank_, "/", g_->n);
+  };
+  std::unique_lock lk(mb.mu);
+  for (;;) {
+    for (auto it = mb.q.begin(); it != mb.q.end(); ++it) {
+      if (it->src != d.root || it->tag != d.tag) continue;
+      if (it->dtype != d.dtype || it->count != d.count)
+        throw MismatchError(detail::concat(where(), ": rank ", d.root, " sent ",
+                                           dtype_name(it->dtype), " x ", it->count,
+                                           " with this tag"));
+      if (!it->data.empty()) std::memcpy(d.recv, it->data.data(), it->data.size());
+      mb.q.erase(it);
+      return;
+    }
+    if (w.poisoned.load(std::memory_order_acquire))
+      throw PeerFailedError(where() + " aborted: " + w.poison_reason());
+    if (w.exited[g_->world_ranks[d.root]].load(std::memory_order_acquire)) {
+      bool again = false;  // the message may have arrived just before the peer exited
+      for (auto& m : mb.q) again = again || (m.src == d.root && m.tag == d.tag);
+      if (!again)
+        throw PeerFailedError(detail::concat(where(), ": rank ", d.root,
+                                             " returned from its function without sending"));
+      continue;
+    }
+    auto now = Clock::now();
+    if (now >= deadline)
+      throw TimeoutError(detail::concat(where(), ": timed out after ", d.timeout.count(),
+                                        " ms waiting for rank ", d.root, " to send"));
+    mb.cv.wait_for(lk, std::min<Clock::duration>(std::chrono::milliseconds(2), deadline - now));
+  }
+}
+
+std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key, Timeout timeout) {
+  Group& g = *g_;
+  const uint64_t s = seq_issued();
+  OpDesc d;
+  d.type = OpType::Split;
+  d.seq = s;
+  d.timeout = timeout;
+  WaitCtx ctx{&g, rank_, &d, {}, Clock::now() + timeout};
+  SlotData& me = g.slot(rank_, s);
+  me.fp = detail::fingerprint_of(d);
+  me.color = color;
+  me.key = key;
+  std::shared_ptr<Group> result;
+  int new_rank = -1;
+  try {
+    g.publish(g.arrived[rank_], s);
+    wait_counters(ctx, g.arrived.get(), s);
+    std::vector<detail::Fingerprint> fps(g.n);
+    for (int p = 0; p < g.n; ++p) fps[p] = peer(p, s).fp;
+    detail::check_fingerprints(fps, g.opts.name, rank_);
+    if (color >= 0) {
+      std::vector<std::pair<int, int>> members;  // (key, old rank)
+      for (int p = 0; p < g.n; ++p)
+        if (peer(p, s).color == color) members.push_back({peer(p, s).key, p});
+      std::sort(members.begin(), members.end());
+      const int leader = members[0].second;
+      for (size_t i = 0; i < members.size(); ++i)
+        if (members[i].second == rank_) new_rank = static_cast<int>(i);
+      if (leader == rank_) {
+        std::vector<int> world_ranks;
+        for (auto& m : members) world_ranks.push_back(g.world_ranks[m.second]);
+        me.split_result = std::make_shared<Group>(g.world, std::move(world_ranks),
+                                                  detail::concat(g.opts.name, ".", color));
+        g.publish(g.step[rank_], step_base(s) + 1);
+        result = me.split_result;
+      } else {
+        wait_counters(ctx, g.step.get(), step_base(s) + 1, leader, "to create the new group");
+        result = peer(leader, s).split_result;
+      }
+    }
+    g.publish(g.done[rank_], s);
+    wait_counters(ctx, g.done.get(), s, -1, "to finish the split");
+    me.split_result.reset();
+  } catch (...) {
+    on_failure(std::current_exception());
+    g.publish(g.done[rank_], s);
+    quiesce(s);
+    throw;
+  }
+  if (!result) return nullptr;
+  return std::make_unique<InprocCommunicator>(std::move(result), new_rank);
+}
+
+}  // namespace
+}  // namespace inproc
+
+// ---- InprocWorld --------------------------------------------------------------------------------
+
+std::shared_ptr<InprocWorld> InprocWorld::create(int size, const CommOptions& opts) {
+  if (size < 1)
+    throw CommUsageError(detail::concat("an inproc world needs at least one rank, not ", size));
+  auto s = std::make_shared<inproc::WorldState>();
+  s->size = size;
+  s->opts = resolve_options(opts);
+  s->exited = std::make_unique<std::atomic<bool>[]>(size);
+  for (int i = 0; i < size; ++i) s->exited[i].store(false);
+  unsigned hw = std::thread::hardware_concurrency();
+  s->oversubscribed = hw == 0 || static_cast<unsigned>(size) > hw;
+  return std::make_shared<InprocWorld>(std::move(s));
+}
+
+int InprocWorld::size() const {
+  return state_->size;
+}
+const CommOptions& InprocWorld::options() const {
+  return state_->opts;
+}
+
+std::unique_ptr<Communicator> InprocWorld::communicator(int rank) {
+  if (rank < 0 || rank >= state_->size)
+    throw CommUsageError(
+        detail::concat("rank ", rank, " is not in an inproc world of size ", state_->size));
+  std::lock_guard lk(state_->mu);
+  if (!world_group_) {
+    std::vector<int> ranks(state_->size);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    world_group_ = std::make_shared<inproc::Group>(state_, std::move(ranks), state_->opts.name);
+  }
+  return std::make_unique<inproc::InprocCommunicator>(world_group_, rank);
+}
+
+void InprocWorld::fail(int rank, const std::string& reason) {
+  state_->poison(detail::concat("world rank ", rank, " failed: ", reason));
+}
+
+void InprocWorld::exited(int rank) {
+  state_->exited[rank].store(true, std::memory_order_release);
+}
+
+bool InprocWorld::poisoned() const {
+  return state_->poisoned.load();
+}
+
+}  // namespace tessera::comm

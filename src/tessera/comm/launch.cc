@@ -1,0 +1,117 @@
+// Backend factory: the only file that knows whether the MPI backend was compiled in.
+#include "tessera/comm/launch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "tessera/comm/inproc/world.h"
+
+#ifdef TESSERA_HAVE_MPI
+#include "tessera/comm/mpi/mpi_comm.h"
+#endif
+
+namespace tessera::comm {
+
+std::vector<std::exception_ptr> run_inproc_each(int world_size,
+                                                const std::function<void(Communicator&)>& fn,
+                                                const CommOptions& opts) {
+  auto world = InprocWorld::create(world_size, opts);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world_size; ++r) comms.push_back(world->communicator(r));
+  std::vector<std::exception_ptr> errors(world_size);
+  std::vector<std::thread> threads;
+  threads.reserve(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(*comms[r]);
+        comms[r].reset();  // finishes queued asynchronous work first
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        world->fail(r, e.what());
+      } catch (...) {
+        errors[r] = std::current_exception();
+        world->fail(r, "unknown exception");
+      }
+      world->exited(r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
+                const CommOptions& opts) {
+  // Order errors by time: the first failure is usually the cause, the others its consequences.
+  std::atomic<int> clock{0};
+  std::vector<int> when(world_size, -1);
+  auto errors = run_inproc_each(
+      world_size,
+      [&](Communicator& c) {
+        try {
+          fn(c);
+        } catch (...) {
+          when[c.rank()] = clock.fetch_add(1);
+          throw;
+        }
+      },
+      opts);
+  int first = -1;
+  for (int r = 0; r < world_size; ++r)
+    if (errors[r] && (first < 0 || when[r] < when[first])) first = r;
+  if (first >= 0) std::rethrow_exception(errors[first]);
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+bool mpi_available() {
+#ifdef TESSERA_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> mpi_world(const CommOptions& opts) {
+#ifdef TESSERA_HAVE_MPI
+  return mpi::make_world(resolve_options(opts));
+#else
+  (void)opts;
+  throw CommError(
+      "the MPI backend is not available: tessera was built without MPI (install libopenmpi-dev "
+      "and reconfigure with -DTESSERA_MPI=ON)");
+#endif
+}
+
+Backend parse_backend(std::string_view s) {
+  if (s == "auto") return Backend::Auto;
+  if (s == "inproc") return Backend::Inproc;
+  if (s == "mpi") return Backend::Mpi;
+  throw ConfigError(detail::concat("unknown backend '", s, "' (expected auto, inproc or mpi)"));
+}
+
+Backend resolve_backend(Backend b) {
+  if (b == Backend::Auto)
+    return launched_by_mpi() && mpi_available() ? Backend::Mpi : Backend::Inproc;
+  if (b == Backend::Mpi && !mpi_available())
+    throw CommError("--backend mpi: tessera was built without MPI");
+  return b;
+}
+
+void run_ranks(Backend b, int inproc_ranks, const std::function<void(Communicator&)>& fn,
+               const CommOptions& opts) {
+  if (resolve_backend(b) == Backend::Mpi) {
+    auto comm = mpi_world(opts);
+    fn(*comm);
+    return;
+  }
+  run_inproc(inproc_ranks, fn, opts);
+}
+
+}  // namespace tessera::comm

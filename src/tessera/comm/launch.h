@@ -1,0 +1,49 @@
+// Starting ranks: threads of this process (inproc) or the processes of an mpirun job (mpi).
+//
+//   tessera::comm::run_inproc(4, [](Communicator& comm) { ... comm.all_reduce(t).wait(); ... });
+//
+//   // one code path for both: threads unless started by mpirun
+//   run_ranks(Backend::Auto, 4, fn);
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "tessera/comm/communicator.h"
+
+namespace tessera::comm {
+
+// Runs fn(comm) on `world_size` threads, one per rank, and returns each rank's exception (null
+// when it returned normally). A rank that throws poisons the world, so the others fail fast with
+// PeerFailedError instead of waiting for it; a rank that returns is marked exited, so peers still
+// waiting for it fail at once.
+std::vector<std::exception_ptr> run_inproc_each(int world_size,
+                                                const std::function<void(Communicator&)>& fn,
+                                                const CommOptions& opts = {});
+// As run_inproc_each, then rethrows the first exception (in time) after all threads end.
+void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
+                const CommOptions& opts = {});
+
+// true when the process was started by mpirun / mpiexec (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK is set).
+bool launched_by_mpi();
+// true when tessera was built with the MPI backend (TESSERA_HAVE_MPI).
+bool mpi_available();
+// This process's communicator over MPI_COMM_WORLD (a duplicate). Initialises MPI with
+// MPI_THREAD_MULTIPLE on first use and finalises it at process exit. Throws CommError when built
+// without MPI or when the MPI library does not provide MPI_THREAD_MULTIPLE.
+std::unique_ptr<Communicator> mpi_world(const CommOptions& opts = {});
+
+enum class Backend { Auto, Inproc, Mpi };
+Backend parse_backend(std::string_view s);  // "auto" | "inproc" | "mpi"; throws ConfigError
+// Auto -> Mpi when launched_by_mpi(), else Inproc. Mpi without MPI support throws CommError.
+Backend resolve_backend(Backend b);
+// Runs fn on this process's ranks: inproc -> `inproc_ranks` threads (run_inproc); mpi -> once, on
+// this process's rank of MPI_COMM_WORLD (exceptions propagate).
+void run_ranks(Backend b, int inproc_ranks, const std::function<void(Communicator&)>& fn,
+               const CommOptions& opts = {});
+
+}  // namespace tessera::comm

@@ -1,0 +1,420 @@
+#include "tessera/comm/mpi/mpi_comm.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "tessera/comm/reduce.h"
+
+namespace tessera::comm::mpi {
+namespace {
+
+using detail::OpDesc;
+using detail::OpType;
+using Clock = std::chrono::steady_clock;
+
+void check_mpi(int rc, const std::string& where) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CommError(where + ": MPI error: " + std::string(msg, len));
+}
+
+// bf16 reductions: MPI has no bf16 type, so bf16 travels as MPI_UINT16_T with user-defined ops.
+template <ReduceOp Op>
+void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const void* srcs[2] = {inout, in};
+  detail::reduce_n(inout, srcs, 2, static_cast<size_t>(*len), DType::BF16, Op, 0);
+}
+
+// MPI is initialised once per process (MPI_THREAD_MULTIPLE) and finalised at exit.
+struct Runtime {
+  bool we_initialised = false;
+  MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL, bf16_min = MPI_OP_NULL;
+  Runtime() {
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+                "MPI_Init_thread");
+      we_initialised = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_MULTIPLE)
+      throw CommError(
+          "the MPI library does not provide MPI_THREAD_MULTIPLE, which the tessera MPI backend "
+          "requires (its communicators progress asynchronous calls on their own threads)");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Op_create(&bf16_op<ReduceOp::Sum>, 1, &bf16_sum);
+    MPI_Op_create(&bf16_op<ReduceOp::Max>, 1, &bf16_max);
+    MPI_Op_create(&bf16_op<ReduceOp::Min>, 1, &bf16_min);
+  }
+  ~Runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Op_free(&bf16_sum);
+    MPI_Op_free(&bf16_max);
+    MPI_Op_free(&bf16_min);
+    if (we_initialised) MPI_Finalize();
+  }
+};
+
+Runtime& runtime() {
+  static Runtime rt;
+  return rt;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::BF16:
+    case DType::F16:
+    case DType::U16:
+      return MPI_UINT16_T;
+    case DType::U8:
+      return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::BF16) {
+    Runtime& rt = runtime();
+    return op == ReduceOp::Max ? rt.bf16_max : op == ReduceOp::Min ? rt.bf16_min : rt.bf16_sum;
+  }
+  return op == ReduceOp::Max ? MPI_MAX : op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
+}
+
+int to_int(size_t v, const std::string& where) {
+  if (v > static_cast<size_t>(INT_MAX))
+    throw CommUsageError(where + ": more than INT_MAX elements in one MPI call");
+  return static_cast<int>(v);
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, CommOptions opts) : Communicator(std::move(opts)), comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    check_mpi(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
+  }
+  ~MpiCommunicator() override {
+    stop_progress_thread();
+    // Unreceived eager sends: give the receivers the communicator's timeout, then cancel.
+    const auto until = Clock::now() + options().timeout;
+    for (auto& p : pending_) {
+      int done = 0;
+      while (!done && Clock::now() < until) {
+        MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+        if (!done) std::this_thread::yield();
+      }
+      if (!done) {
+        MPI_Cancel(&p.req);
+        MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+      }
+    }
+    // Requests abandoned after a timeout may still be in flight: leak rather than free.
+    if (abandoned_) return;
+    MPI_Comm_free(&control_);
+    MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+
+ protected:
+  void execute(const OpDesc& d) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) override;
+
+ private:
+  std::string where(const OpDesc& d) const {
+    return detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank_, "/", size_);
+  }
+  // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
+  // (point to point) and throws TimeoutError naming `missing(reqs)`.
+  void wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline, const OpDesc& d,
+                const std::string& waiting_for, bool cancellable = false);
+  void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
+
+  // Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
+  // the requests finish in the background (progressed by later MPI calls) and are reaped here.
+  struct PendingSend {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<unsigned char> data;
+    std::string what;
+  };
+  void reap_sends(const OpDesc* d);
+  std::deque<PendingSend> pending_;
+
+  MPI_Comm comm_;
+  MPI_Comm control_;  // fingerprints (debug mode)
+  int rank_ = 0, size_ = 1;
+  bool abandoned_ = false;
+};
+
+void MpiCommunicator::wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline,
+                               const OpDesc& d, const std::string& waiting_for, bool cancellable) {
+  int flag = 0;
+  for (long iter = 0;; ++iter) {
+    check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
+              where(d));
+    if (flag) return;
+    if ((iter & 255) == 255) {
+      if (Clock::now() >= deadline) break;
+      std::this_thread::yield();
+    }
+  }
+  if (cancellable) {
+    for (auto& r : reqs)
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      }
+  } else {
+    abandoned_ = true;
+  }
+  throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
+                                    " ms waiting for ", waiting_for));
+}
+
+void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
+  detail::Fingerprint mine = detail::fingerprint_of(d);
+  std::vector<detail::Fingerprint> all(size_);
+  all[rank_] = mine;
+  std::vector<MPI_Request> sends, recvs;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    MPI_Request r;
+    check_mpi(MPI_Irecv(&all[p], sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r),
+              where(d));
+    recvs.push_back(r);
+    check_mpi(MPI_Isend(&mine, sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r),
+              where(d));
+    sends.push_back(r);
+  }
+  int flag = 0;
+  for (long iter = 0;; ++iter) {
+    check_mpi(MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &flag, MPI_STATUSES_IGNORE),
+              where(d));
+    if (flag) break;
+    if ((iter & 255) == 255) {
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        int k = 0;
+        for (int p = 0; p < size_; ++p) {
+          if (p == rank_) continue;
+          int done = 0;
+          if (recvs[k] != MPI_REQUEST_NULL) MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE);
+          if (recvs[k] != MPI_REQUEST_NULL) {
+            if (!missing.empty()) missing += ',';
+            missing += std::to_string(p);
+          }
+          ++k;
+        }
+        for (auto* v : {&recvs, &sends})
+          for (auto& r : *v)
+            if (r != MPI_REQUEST_NULL) {
+              MPI_Cancel(&r);
+              MPI_Wait(&r, MPI_STATUS_IGNORE);
+            }
+        throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
+                                          " ms waiting for rank(s) ", missing,
+                                          " to reach this collective"));
+      }
+      std::this_thread::yield();
+    }
+  }
+  wait_all(sends, deadline, d, "fingerprint sends", true);
+  detail::check_fingerprints(all, name(), rank_);
+}
+
+void MpiCommunicator::reap_sends(const OpDesc* d) {
+  (void)d;
+  while (!pending_.empty()) {
+    int done = 0;
+    check_mpi(MPI_Test(&pending_.front().req, &done, MPI_STATUS_IGNORE), pending_.front().what);
+    if (!done) return;
+    pending_.pop_front();
+  }
+}
+
+void MpiCommunicator::execute(const OpDesc& d) {
+  if (!pending_.empty()) reap_sends(&d);
+  const auto deadline = Clock::now() + d.timeout;
+  if (options().debug && detail::is_collective(d.type)) exchange_fingerprints(d, deadline);
+  const std::string w = where(d);
+  const int count = to_int(d.count, w);
+  const MPI_Datatype type = mpi_type(d.dtype);
+  const size_t es = dtype_size(d.dtype);
+  const std::string all_peers = "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
+  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
+  std::vector<unsigned char> tmp;
+  switch (d.type) {
+    case OpType::AllReduce: {
+      const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
+      check_mpi(MPI_Iallreduce(in, d.recv, count, type, mpi_op(d.op, d.dtype), comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, all_peers);
+      if (d.op == ReduceOp::Mean) detail::divide(d.recv, d.count, d.dtype, size_);
+      return;
+    }
+    case OpType::AllGather: {
+      const void* in = d.send == static_cast<unsigned char*>(d.recv) + rank_ * d.count * es
+                           ? MPI_IN_PLACE
+                           : d.send;
+      check_mpi(MPI_Iallgather(in, count, type, d.recv, count, type, comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, all_peers);
+      return;
+    }
+    case OpType::ReduceScatter: {
+      // Our in-place convention (recv inside send) differs from MPI's; use a scratch output.
+      const bool in_place =
+          d.recv == static_cast<const unsigned char*>(d.send) + rank_ * d.count * es;
+      void* out = d.recv;
+      if (in_place) {
+        tmp.resize(d.count * es);
+        out = tmp.data();
+      }
+      check_mpi(MPI_Ireduce_scatter_block(d.send, out, count, type, mpi_op(d.op, d.dtype), comm_,
+                                          &reqs[0]),
+                w);
+      wait_all(reqs, deadline, d, all_peers);
+      if (in_place && d.count) std::memcpy(d.recv, tmp.data(), d.count * es);
+      if (d.op == ReduceOp::Mean) detail::divide(d.recv, d.count, d.dtype, size_);
+      return;
+    }
+    case OpType::Broadcast:
+      check_mpi(MPI_Ibcast(d.recv, count, type, d.root, comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, detail::concat("root rank ", d.root, " or the other ranks"));
+      return;
+    case OpType::AllToAll: {
+      const void* in = d.send;
+      if (d.send == d.recv && d.count) {
+        tmp.assign(static_cast<const unsigned char*>(d.send),
+                   static_cast<const unsigned char*>(d.send) + d.count * es * size_);
+        in = tmp.data();
+      }
+      check_mpi(MPI_Ialltoall(in, count, type, d.recv, count, type, comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, all_peers);
+      return;
+    }
+    case OpType::AllToAllV: {
+      // Check the counts first, so a mismatch fails on every rank instead of truncating.
+      std::vector<int64_t> mine(d.send_counts.begin(), d.send_counts.end()), theirs(size_);
+      check_mpi(MPI_Ialltoall(mine.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, comm_,
+                              &reqs[0]),
+                w);
+      wait_all(reqs, deadline, d, all_peers);
+      int bad = -1;
+      for (int p = 0; p < size_; ++p)
+        if (static_cast<size_t>(theirs[p]) != d.recv_counts[p]) bad = rank_;
+      int worst = -1;
+      check_mpi(MPI_Iallreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, all_peers);
+      if (worst >= 0)
+        throw MismatchError(detail::concat(w, ": send and receive counts disagree (rank ", worst,
+                                           " expects different counts than its peers send it)"));
+      std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
+      int so = 0, ro = 0;
+      for (int p = 0; p < size_; ++p) {
+        sc[p] = to_int(d.send_counts[p], w);
+        rc[p] = to_int(d.recv_counts[p], w);
+        sd[p] = so;
+        rd[p] = ro;
+        so += sc[p];
+        ro += rc[p];
+      }
+      const void* in = d.send;
+      if (d.send == d.recv && so) {
+        tmp.assign(static_cast<const unsigned char*>(d.send),
+                   static_cast<const unsigned char*>(d.send) + so * es);
+        in = tmp.data();
+      }
+      check_mpi(MPI_Ialltoallv(in, sc.data(), sd.data(), type, d.recv, rc.data(), rd.data(), type,
+                               comm_, &reqs[0]),
+                w);
+      wait_all(reqs, deadline, d, all_peers);
+      return;
+    }
+    case OpType::Barrier:
+      check_mpi(MPI_Ibarrier(comm_, &reqs[0]), w);
+      wait_all(reqs, deadline, d, all_peers);
+      return;
+    case OpType::Send: {
+      PendingSend p;
+      p.data.assign(static_cast<const unsigned char*>(d.send),
+                    static_cast<const unsigned char*>(d.send) + d.count * es);
+      p.what = w;
+      check_mpi(MPI_Isend(p.data.data(), count, type, d.root, d.tag, comm_, &p.req), w);
+      pending_.push_back(std::move(p));
+      reap_sends(&d);
+      return;
+    }
+    case OpType::Recv: {
+      MPI_Status st;
+      check_mpi(MPI_Irecv(d.recv, count, type, d.root, d.tag, comm_, &reqs[0]), w);
+      int flag = 0;
+      for (long iter = 0;; ++iter) {
+        check_mpi(MPI_Test(&reqs[0], &flag, &st), w);
+        if (flag) break;
+        if ((iter & 255) == 255) {
+          if (Clock::now() >= deadline)
+            wait_all(reqs, deadline, d, detail::concat("rank ", d.root, " to send"), true);
+          std::this_thread::yield();
+        }
+      }
+      int got = 0;
+      MPI_Get_count(&st, type, &got);
+      if (got != count)
+        throw MismatchError(detail::concat(w, ": rank ", d.root, " sent ", got, " elements"));
+      return;
+    }
+    case OpType::Split:
+      break;
+  }
+  throw CommUsageError(w + ": unexpected op");
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, Timeout timeout) {
+  OpDesc d;
+  d.type = OpType::Split;
+  d.seq = seq_issued();
+  d.timeout = timeout;
+  const auto deadline = Clock::now() + timeout;
+  // Make sure every rank is here (with a deadline) before the blocking MPI_Comm_split.
+  if (options().debug) exchange_fingerprints(d, deadline);
+  std::vector<MPI_Request> reqs(1);
+  int ck[2] = {color, key};
+  std::vector<int> all(2 * size_);
+  check_mpi(MPI_Iallgather(ck, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &reqs[0]), where(d));
+  wait_all(reqs, deadline, d, "the other ranks");
+  MPI_Comm out = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), where(d));
+  if (out == MPI_COMM_NULL) return nullptr;
+  CommOptions o = options();
+  o.name = detail::concat(name(), ".", color);
+  return std::make_unique<MpiCommunicator>(out, std::move(o));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_world(const CommOptions& opts) {
+  runtime();
+  MPI_Comm c;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup(MPI_COMM_WORLD)");
+  return std::make_unique<MpiCommunicator>(c, opts);
+}
+
+}  // namespace tessera::comm::mpi

@@ -1,0 +1,30 @@
+#include "tessera/comm/options.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "tessera/comm/errors.h"
+
+namespace tessera::comm {
+
+CommOptions resolve_options(CommOptions opts) {
+  if (opts.timeout == kDefaultTimeout) {
+    opts.timeout = std::chrono::seconds(300);
+    if (const char* s = std::getenv("TESSERA_COMM_TIMEOUT_S"); s && *s) {
+      char* end = nullptr;
+      double v = std::strtod(s, &end);
+      if (end == s || *end != '\0' || !(v > 0) || !std::isfinite(v))
+        throw ConfigError(
+            detail::concat("TESSERA_COMM_TIMEOUT_S='", s, "' is not a positive number of seconds"));
+      opts.timeout = Timeout(static_cast<int64_t>(std::ceil(v * 1000.0)));
+    }
+  }
+  if (const char* s = std::getenv("TESSERA_COMM_DEBUG"); s && *s && std::string(s) != "0")
+    opts.debug = true;
+  if (opts.timeout < Timeout::zero())
+    throw ConfigError("CommOptions::timeout must be kDefaultTimeout or non-negative");
+  return opts;
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,83 @@
+// Options of the collective calls (c10d style): every call takes an options struct carrying its
+// reduce op, algorithm, timeout and whether it runs asynchronously.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::comm {
+
+using Timeout = std::chrono::milliseconds;
+// "Use the communicator's default timeout" (CommOptions::timeout).
+inline constexpr Timeout kDefaultTimeout{-1};
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max, Min };
+std::string_view reduce_op_name(ReduceOp op);
+
+// AllReduce algorithm. Auto picks by message size; the others force one (tests cover each).
+//   Small:  copy into a per-rank staging slot, one barrier, every rank reduces all slots
+//           (lowest latency; only for messages up to CommOptions::small_max_bytes).
+//   Direct: zero-copy; rank r reduces chunk r reading every peer's buffer in place, then copies
+//           the other chunks from their owners (one pass over memory; inproc only).
+//   Ring:   chunked, pipelined ring ReduceScatter followed by ring AllGather.
+// The MPI backend always uses the MPI library's own algorithm and ignores this field.
+enum class Algorithm : uint8_t { Auto, Small, Direct, Ring };
+std::string_view algorithm_name(Algorithm a);
+
+// Fields common to every call.
+struct OpOptions {
+  Timeout timeout = kDefaultTimeout;  // per-call deadline; kDefaultTimeout = the communicator's
+  // false: the call runs to completion on the caller's thread and returns a completed Work.
+  // true: the call is queued on the communicator's progress thread (in call order) and returns
+  // at once; Work::wait() blocks until it completes. Either way errors come out of wait().
+  bool async = false;
+};
+
+struct AllReduceOptions : OpOptions {
+  ReduceOp op = ReduceOp::Sum;
+  Algorithm algorithm = Algorithm::Auto;
+};
+struct ReduceScatterOptions : OpOptions {
+  ReduceOp op = ReduceOp::Sum;
+};
+struct AllGatherOptions : OpOptions {};
+struct BroadcastOptions : OpOptions {
+  int root = 0;
+};
+struct AllToAllOptions : OpOptions {};
+struct BarrierOptions : OpOptions {};
+struct SendOptions : OpOptions {
+  int tag = 0;
+};
+struct RecvOptions : OpOptions {
+  int tag = 0;
+};
+
+// Group-wide settings, fixed when a world is created and inherited by split().
+struct CommOptions {
+  // Default deadline of every wait. Overridden by the environment variable
+  // TESSERA_COMM_TIMEOUT_S (seconds, may be fractional) when it is set and `timeout` is left at
+  // kDefaultTimeout; otherwise 300 s.
+  Timeout timeout = kDefaultTimeout;
+  // Debug mode: before each collective the ranks exchange a fingerprint (sequence number, op,
+  // dtype, count, root, reduce op) and every rank fails with a MismatchError naming the op and the
+  // disagreeing ranks. Also enabled by TESSERA_COMM_DEBUG=1. The inproc backend always checks
+  // (it costs nothing there); on MPI it costs one extra small allgather per collective.
+  bool debug = false;
+  // Messages up to this many bytes use the Small AllReduce algorithm under Algorithm::Auto.
+  size_t small_max_bytes = 16 * 1024;
+  // Under Algorithm::Auto the inproc backend uses Direct for up to this many ranks, Ring above.
+  int direct_max_ranks = 8;
+  // Ring pipelining: each of the n chunks is cut into segments of at most this many bytes.
+  size_t ring_segment_bytes = 256 * 1024;
+  std::string name = "world";  // appears in error messages
+};
+
+// Resolves kDefaultTimeout against TESSERA_COMM_TIMEOUT_S and the 300 s default, and debug
+// against TESSERA_COMM_DEBUG.
+CommOptions resolve_options(CommOptions opts);
+
+}  // namespace tessera::comm

@@ -1,0 +1,21 @@
+// Internal: elementwise reduction kernels used by the in-process backend (and for Mean on MPI).
+#pragma once
+
+#include <cstddef>
+
+#include "tessera/comm/options.h"
+#include "tessera/core/dtype.h"
+
+namespace tessera::comm::detail {
+
+// dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[k-1][i]) for i < count, combining in source order
+// (so every rank computing the same element gets the same bits). Mean combines as Sum and, when
+// mean_divisor > 0, divides the result by it. dst may alias a source exactly (in place).
+// bf16 is accumulated in fp32 across the k sources and rounded once.
+void reduce_n(void* dst, const void* const* srcs, int k, size_t count, DType dtype, ReduceOp op,
+              int mean_divisor);
+
+// buf[i] /= divisor (integers truncate).
+void divide(void* buf, size_t count, DType dtype, int divisor);
+
+}  // namespace tessera::comm::detail

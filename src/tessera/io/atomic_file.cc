@@ -1,0 +1,136 @@
+#include "tessera/io/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "tessera/core/error.h"
+
+namespace tessera::io {
+namespace {
+
+std::filesystem::path temp_name_for(const std::filesystem::path& target) {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
+                static_cast<unsigned long long>(r));
+  std::filesystem::path p = target;
+  p += suffix;
+  return p;
+}
+
+std::filesystem::path parent_or_dot(const std::filesystem::path& p) {
+  std::filesystem::path parent = p.parent_path();
+  return parent.empty() ? std::filesystem::path(".") : parent;
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::filesystem::path target)
+    : target_(std::move(target)), temp_(temp_name_for(target_)) {
+  do {
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  } while (fd_ < 0 && errno == EINTR);
+  if (fd_ < 0) {
+    const int err = errno;
+    done_ = true;  // nothing to clean up
+    throw IoError(detail::concat("Cannot write ", target_.string(),
+                                 ": creating the temporary file ", temp_.string(),
+                                 " failed: ", std::strerror(err), "."));
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!done_) discard();
+}
+
+void AtomicFileWriter::discard() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temp_.c_str());
+  done_ = true;
+}
+
+void AtomicFileWriter::fail(const std::string& what, int err) {
+  discard();
+  throw IoError(detail::concat("Cannot write ", target_.string(), ": ", what, " failed: ",
+                               std::strerror(err), ". The previous file, if any, is unchanged."));
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  TESSERA_CHECK_AS(IoError, !done_, "Cannot write ", target_.string(),
+                   ": the atomic writer was already committed or abandoned.");
+  digest_.crc32 = crc32_update(digest_.crc32, data, bytes);
+  digest_.bytes += bytes;
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const size_t chunk = std::min<size_t>(bytes, size_t{1} << 30);
+    const ssize_t n = ::write(fd_, p, chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("writing the temporary file " + temp_.string(), errno);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+FileDigest AtomicFileWriter::commit() {
+  TESSERA_CHECK_AS(IoError, !done_, "Cannot write ", target_.string(),
+                   ": the atomic writer was already committed or abandoned.");
+  if (::fsync(fd_) != 0) fail("fsync of the temporary file " + temp_.string(), errno);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    fail("closing the temporary file " + temp_.string(), errno);
+  }
+  fd_ = -1;
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+    fail("renaming " + temp_.string() + " over it", errno);
+  }
+  done_ = true;
+  fsync_directory(parent_or_dot(target_));
+  return digest_;
+}
+
+FileDigest write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+  AtomicFileWriter w(path);
+  w.write(contents);
+  return w.commit();
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot open directory ", dir.string(),
+                   " to make its entries durable: ", std::strerror(errno), ".");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems cannot fsync a directory (EINVAL); their renames are as durable as they get.
+  TESSERA_CHECK_AS(IoError, rc == 0 || err == EINVAL, "fsync of directory ", dir.string(),
+                   " failed: ", std::strerror(err), ".");
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  TESSERA_CHECK_AS(IoError, f != nullptr, "Cannot open ", path.string(),
+                   " for reading: ", std::strerror(errno), ".");
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  TESSERA_CHECK_AS(IoError, !failed, "Reading ", path.string(), " failed: ", std::strerror(err),
+                   ".");
+  return out;
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,172 @@
+#include "tessera/io/hf_config.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tessera/core/error.h"
+#include "tessera/io/atomic_file.h"
+
+namespace tessera::io {
+namespace {
+
+using nlohmann::json;
+
+int positive_int(const json& j, const char* key, const std::string& source) {
+  const json& v = j.at(key);
+  const bool ok = v.is_number_integer() && v.get<int64_t>() > 0 &&
+                  v.get<int64_t>() <= std::numeric_limits<int>::max();
+  TESSERA_CHECK_AS(ConfigError, ok, "In ", source, ", \"", key,
+                   "\" must be a positive integer, got ", v.dump(), ".");
+  return static_cast<int>(v.get<int64_t>());
+}
+
+int required_int(const json& j, const char* key, const std::string& source) {
+  TESSERA_CHECK_AS(ConfigError, j.contains(key), "The GPT-2 config ", source, " has no \"", key,
+                   "\" field.");
+  return positive_int(j, key, source);
+}
+
+std::string strip(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const std::string& p : prefixes) {
+    if (name.starts_with(p)) return name.substr(p.size());
+  }
+  return name;
+}
+
+}  // namespace
+
+HfGptConfig parse_hf_config(const json& j, const std::string& source) {
+  TESSERA_CHECK_AS(ConfigError, j.is_object(), "The GPT-2 config ", source,
+                   " must be a JSON object, but it is a JSON ", j.type_name(), ".");
+  if (j.contains("model_type")) {
+    const json& mt = j["model_type"];
+    TESSERA_CHECK_AS(ConfigError, mt.is_string() && mt.get<std::string>() == "gpt2", "In ", source,
+                     ", \"model_type\" is ", mt.dump(),
+                     "; tessera reads GPT-2 configs (model_type \"gpt2\").");
+  }
+  HfGptConfig c;
+  c.n_layer = required_int(j, "n_layer", source);
+  c.n_head = required_int(j, "n_head", source);
+  c.n_embd = required_int(j, "n_embd", source);
+  c.vocab_size = required_int(j, "vocab_size", source);
+  if (j.contains("n_positions")) {
+    c.n_positions = positive_int(j, "n_positions", source);
+  } else {
+    TESSERA_CHECK_AS(ConfigError, j.contains("n_ctx"), "The GPT-2 config ", source,
+                     " has neither \"n_positions\" nor \"n_ctx\" (the context length).");
+    c.n_positions = positive_int(j, "n_ctx", source);
+  }
+  if (j.contains("layer_norm_epsilon")) {
+    const json& e = j["layer_norm_epsilon"];
+    const bool ok = e.is_number() && std::isfinite(e.get<double>()) && e.get<double>() > 0;
+    TESSERA_CHECK_AS(ConfigError, ok, "In ", source,
+                     ", \"layer_norm_epsilon\" must be a positive number, got ", e.dump(), ".");
+    c.layer_norm_epsilon = e.get<double>();
+  }
+  if (j.contains("n_inner") && !j["n_inner"].is_null()) {
+    const int inner = positive_int(j, "n_inner", source);
+    TESSERA_CHECK_AS(ConfigError, inner == 4 * c.n_embd, "In ", source, ", \"n_inner\" is ", inner,
+                     "; tessera's GPT-2 MLP is 4 * n_embd = ", 4 * c.n_embd, " wide.");
+  }
+  TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "In ", source, ", n_embd ", c.n_embd,
+                   " is not divisible by n_head ", c.n_head, ".");
+  return c;
+}
+
+HfGptConfig read_hf_config(const std::filesystem::path& path) {
+  const std::string text = read_file(path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ConfigError(
+        detail::concat("The GPT-2 config ", path.string(), " is not valid JSON (", e.what(), ")."));
+  }
+  return parse_hf_config(j, path.string());
+}
+
+json hf_config_to_json(const HfGptConfig& c) {
+  return json{{"model_type", "gpt2"},
+              {"architectures", {"GPT2LMHeadModel"}},
+              {"n_layer", c.n_layer},
+              {"n_head", c.n_head},
+              {"n_embd", c.n_embd},
+              {"n_positions", c.n_positions},
+              {"n_ctx", c.n_positions},
+              {"vocab_size", c.vocab_size},
+              {"layer_norm_epsilon", c.layer_norm_epsilon},
+              {"activation_function", "gelu_new"}};
+}
+
+void write_hf_config(const std::filesystem::path& path, const HfGptConfig& c) {
+  write_file_atomic(path, hf_config_to_json(c).dump(2) + "\n");
+}
+
+GptShape infer_gpt_shape(const SafetensorsFile& file,
+                         const std::vector<std::string>& strip_prefixes) {
+  const std::string where = file.path().string();
+  std::map<std::string, std::string> names;  // stripped -> file name
+  std::set<int> layers;
+  for (const std::string& fname : file.names()) {
+    const std::string name = strip(fname, strip_prefixes);
+    names[name] = fname;
+    if (name.starts_with("h.")) {
+      const size_t dot = name.find('.', 2);
+      const std::string idx = name.substr(2, dot == std::string::npos ? dot : dot - 2);
+      const bool numeric = !idx.empty() && idx.size() < 9 &&
+                           idx.find_first_not_of("0123456789") == std::string::npos;
+      TESSERA_CHECK_AS(IoError, numeric, "Tensor '", fname, "' in ", where,
+                       " does not follow the GPT-2 naming h.<layer>.<...>.");
+      layers.insert(std::stoi(idx));
+    }
+  }
+  auto shape2 = [&](const char* name) {
+    auto it = names.find(name);
+    TESSERA_CHECK_AS(IoError, it != names.end(), "Cannot infer the GPT-2 shape of ", where,
+                     ": it has no '", name, "' tensor.");
+    const Shape& s = file.shape(it->second);
+    TESSERA_CHECK_AS(IoError, s.size() == 2 && s[0] > 0 && s[1] > 0, "Tensor '", it->second,
+                     "' in ", where, " has shape ", shape_str(s), "; expected two dimensions.");
+    return s;
+  };
+  const Shape wte = shape2("wte.weight");
+  const Shape wpe = shape2("wpe.weight");
+  TESSERA_CHECK_AS(IoError, wte[1] == wpe[1], "In ", where, ", wte.weight ", shape_str(wte),
+                   " and wpe.weight ", shape_str(wpe), " disagree on the embedding width.");
+  GptShape g;
+  g.vocab_size = static_cast<int>(wte[0]);
+  g.n_embd = static_cast<int>(wte[1]);
+  g.n_positions = static_cast<int>(wpe[0]);
+  g.n_layer = static_cast<int>(layers.size());
+  TESSERA_CHECK_AS(IoError, layers.empty() || *layers.rbegin() == g.n_layer - 1, "In ", where,
+                   ", tensors of ", g.n_layer, " layer(s) are present but the highest index is h.",
+                   layers.empty() ? 0 : *layers.rbegin(), "; some layers are missing.");
+  return g;
+}
+
+std::vector<ExpectedTensor> gpt2_expected_tensors(const HfGptConfig& c) {
+  const int64_t C = c.n_embd;
+  std::vector<ExpectedTensor> e = {{"wte.weight", {c.vocab_size, C}},
+                                   {"wpe.weight", {c.n_positions, C}}};
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    e.push_back({h + "ln_1.weight", {C}});
+    e.push_back({h + "ln_1.bias", {C}});
+    e.push_back({h + "attn.c_attn.weight", {C, 3 * C}});
+    e.push_back({h + "attn.c_attn.bias", {3 * C}});
+    e.push_back({h + "attn.c_proj.weight", {C, C}});
+    e.push_back({h + "attn.c_proj.bias", {C}});
+    e.push_back({h + "ln_2.weight", {C}});
+    e.push_back({h + "ln_2.bias", {C}});
+    e.push_back({h + "mlp.c_fc.weight", {C, 4 * C}});
+    e.push_back({h + "mlp.c_fc.bias", {4 * C}});
+    e.push_back({h + "mlp.c_proj.weight", {4 * C, C}});
+    e.push_back({h + "mlp.c_proj.bias", {C}});
+  }
+  e.push_back({"ln_f.weight", {C}});
+  e.push_back({"ln_f.bias", {C}});
+  return e;
+}
+
+}  // namespace tessera::io

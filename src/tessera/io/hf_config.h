@@ -1,0 +1,48 @@
+// Hugging Face GPT-2 config.json: read, validate, write; and the GPT-2 tensor names and shapes.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/io/safetensors.h"
+#include "tessera/io/tensor_set.h"
+
+namespace tessera::io {
+
+struct HfGptConfig {
+  int n_layer = 12;
+  int n_head = 12;
+  int n_embd = 768;
+  int n_positions = 1024;  // "n_ctx" in older files
+  int vocab_size = 50257;
+  double layer_norm_epsilon = 1e-5;
+  bool operator==(const HfGptConfig&) const = default;
+};
+
+// Reads the fields above from a config object; `source` names it in errors (a file path).
+// n_layer, n_head, n_embd, vocab_size and n_positions (or n_ctx) are required; each must be a
+// positive integer and n_embd divisible by n_head. Throws ConfigError.
+HfGptConfig parse_hf_config(const nlohmann::json& j, const std::string& source);
+HfGptConfig read_hf_config(const std::filesystem::path& path);  // IoError if unreadable
+
+// The fields plus model_type "gpt2", architectures ["GPT2LMHeadModel"], n_ctx and
+// activation_function, so Hugging Face transformers can load the directory.
+nlohmann::json hf_config_to_json(const HfGptConfig& c);
+void write_hf_config(const std::filesystem::path& path, const HfGptConfig& c);  // atomic
+
+// What a GPT-2 safetensors file's shapes say (the head count cannot be inferred).
+struct GptShape {
+  int n_layer = 0;
+  int n_embd = 0;
+  int vocab_size = 0;
+  int n_positions = 0;
+};
+GptShape infer_gpt_shape(const SafetensorsFile& file,
+                         const std::vector<std::string>& strip_prefixes = {"transformer."});
+
+// Hugging Face names and shapes of every GPT-2 parameter (no lm_head: it is tied to wte).
+std::vector<ExpectedTensor> gpt2_expected_tensors(const HfGptConfig& c);
+
+}  // namespace tessera::io

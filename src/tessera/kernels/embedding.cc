@@ -1,0 +1,36 @@
+#include "tessera/kernels/embedding.h"
+
+namespace tessera::kernels {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const int64_t row = static_cast<int64_t>(b) * T + t;
+      float* o = out + row * C;
+      const float* e = wte + static_cast<int64_t>(tokens[row]) * C;
+      const float* p = wpe + static_cast<int64_t>(t) * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const int64_t row = static_cast<int64_t>(b) * T + t;
+      const float* d = dout + row * C;
+      if (dwte != nullptr) {
+        float* g = dwte + static_cast<int64_t>(tokens[row]) * C;
+        for (int c = 0; c < C; ++c) g[c] += d[c];
+      }
+      if (dwpe != nullptr) {
+        float* g = dwpe + static_cast<int64_t>(t) * C;
+        for (int c = 0; c < C; ++c) g[c] += d[c];
+      }
+    }
+  }
+}
+
+}  // namespace tessera::kernels

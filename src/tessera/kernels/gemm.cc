@@ -1,0 +1,66 @@
+#include "tessera/kernels/gemm.h"
+
+#include <cblas.h>
+
+#include <cstring>
+
+namespace tessera::kernels {
+
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS would still scale C; keep the same contract without calling it.
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) C[static_cast<int64_t>(i) * ldc + j] *= beta;
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_forward(float* out, const float* in, const float* weight, const float* bias,
+                    const float* residual, int M, int K, int N) {
+  // Seed the output with residual + bias and let the GEMM accumulate (beta = 1): one memory pass,
+  // the same that BLAS would spend zeroing C for beta = 0.
+  float beta = 0.0f;
+  if (bias != nullptr || residual != nullptr) {
+    beta = 1.0f;
+    for (int64_t i = 0; i < M; ++i) {
+      float* o = out + i * N;
+      const float* r = residual ? residual + i * N : nullptr;
+      if (r && bias) {
+        for (int j = 0; j < N; ++j) o[j] = r[j] + bias[j];
+      } else if (r) {
+        if (r != o) std::memcpy(o, r, sizeof(float) * N);
+      } else {
+        std::memcpy(o, bias, sizeof(float) * N);
+      }
+    }
+  }
+  sgemm(false, false, M, N, K, 1.0f, in, K, weight, N, beta, out, N);
+}
+
+void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                     const float* weight, int M, int K, int N, bool accumulate_din) {
+  if (din != nullptr)
+    sgemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
+  sgemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
+  if (dbias != nullptr) {
+    for (int64_t i = 0; i < M; ++i) {
+      const float* d = dout + i * N;
+      for (int j = 0; j < N; ++j) dbias[j] += d[j];
+    }
+  }
+}
+
+void matmul_nt_forward(float* out, const float* in, const float* weight, int M, int K, int N) {
+  sgemm(false, true, M, N, K, 1.0f, in, K, weight, K, 0.0f, out, N);
+}
+
+void matmul_nt_backward(float* din, float* dweight, const float* dout, const float* in,
+                        const float* weight, int M, int K, int N) {
+  if (din != nullptr) sgemm(false, false, M, K, N, 1.0f, dout, N, weight, K, 0.0f, din, K);
+  sgemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,42 @@
+// GPT-2 hyper-parameters and the per-step inputs of the model.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::nn {
+
+struct GPTConfig {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 256;
+  int block_size = 128;  // context length (rows of wpe)
+  int vocab_size = 512;
+  float ln_eps = 1e-5f;
+  // One probability for all of Hugging Face's dropout sites: embeddings ("drop"), attention
+  // probabilities ("attn_dropout"), and the two residual branches ("resid_dropout", "mlp.dropout").
+  float dropout = 0.0f;
+};
+
+// Throws ConfigError naming the offending field: non-positive sizes, heads not dividing the
+// width, eps <= 0, dropout outside [0, 1).
+void validate(const GPTConfig& cfg);
+
+// A micro-batch: rows are global samples [first_sample, first_sample + B) of this step's global
+// batch (dropout masks are drawn from global coordinates). tokens/targets are [B, T] row-major;
+// targets -1 are ignored; targets == nullptr means inference (no loss).
+struct Batch {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  int B = 0;
+  int T = 0;
+  int64_t first_sample = 0;
+};
+
+struct StepContext {
+  uint64_t seed = 0;        // dropout seed
+  uint64_t step = 0;        // optimizer step (dropout stream)
+  bool training = true;     // false: dropout is the identity
+  float loss_scale = 1.0f;  // 1 / global target-token count
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,17 @@
+// Small collectives built on a Communicator for bookkeeping: strings (memory reports, timelines)
+// and a double-precision sum.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.h"
+
+namespace tessera::parallel {
+
+// Every rank's string, in rank order, on every rank.
+std::vector<std::string> all_gather_strings(comm::Communicator& c, const std::string& s);
+// The sum over ranks of `x`, carried as two floats so it keeps about double precision.
+double all_reduce_sum(comm::Communicator& c, double x);
+
+}  // namespace tessera::parallel

@@ -1,0 +1,51 @@
+// The device mesh: world ranks arranged as a dp x pp x tp grid, with a sub-communicator per axis.
+// Rank order (as Megatron-LM): tp fastest, then dp, then pp, so a tensor-parallel group is a run
+// of neighbouring ranks (one machine), and
+//   world rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/comm/communicator.h"
+
+namespace tessera::parallel {
+
+struct MeshShape {
+  int dp = 1;
+  int pp = 1;
+  int tp = 1;
+  int world() const { return dp * pp * tp; }
+  std::string str() const;  // "dp=2 pp=1 tp=2"
+};
+
+// Throws ConfigError when a size is not positive or the product differs from world_size.
+void validate_mesh(const MeshShape& s, int world_size);
+
+class Mesh {
+ public:
+  // Collective over `world`: splits it into the three axis groups. `world` must outlive the Mesh.
+  Mesh(comm::Communicator& world, const MeshShape& shape);
+
+  const MeshShape& shape() const { return shape_; }
+  comm::Communicator& world() const { return world_; }
+  comm::Communicator& dp() const { return *dp_; }
+  comm::Communicator& pp() const { return *pp_; }
+  comm::Communicator& tp() const { return *tp_; }
+  int rank() const { return world_.rank(); }
+  int dp_rank() const { return dp_->rank(); }
+  int pp_rank() const { return pp_->rank(); }
+  int tp_rank() const { return tp_->rank(); }
+
+  // The world rank at grid coordinates (dp_rank, pp_rank, tp_rank).
+  static int world_rank(const MeshShape& s, int dp_rank, int pp_rank, int tp_rank) {
+    return (pp_rank * s.dp + dp_rank) * s.tp + tp_rank;
+  }
+
+ private:
+  comm::Communicator& world_;
+  MeshShape shape_;
+  std::unique_ptr<comm::Communicator> dp_, pp_, tp_;
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,276 @@
+// Backend-independent correctness checks (used by test_comm and test_comm_mpi).
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+#include "helpers.h"
+
+namespace tessera::comm::test {
+namespace {
+
+const DType kDtypes[] = {DType::F32, DType::BF16, DType::I32, DType::I64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
+
+// Small integers, exact in every dtype, differing by rank and position.
+double value(int rank, size_t i) {
+  return static_cast<double>((rank + 1) * static_cast<int>(i % 3 + 1) + static_cast<int>(i % 5));
+}
+
+struct Buf {
+  DType t;
+  std::vector<unsigned char> b;
+  Buf(DType t_, size_t n) : t(t_), b(n * dtype_size(t_) + 1) {}
+  void* p() { return b.data(); }
+  void set(size_t i, double v) {
+    switch (t) {
+      case DType::F32:
+        reinterpret_cast<float*>(p())[i] = static_cast<float>(v);
+        break;
+      case DType::BF16:
+        reinterpret_cast<bf16*>(p())[i] = to_bf16(static_cast<float>(v));
+        break;
+      case DType::I32:
+        reinterpret_cast<int32_t*>(p())[i] = static_cast<int32_t>(v);
+        break;
+      case DType::I64:
+        reinterpret_cast<int64_t*>(p())[i] = static_cast<int64_t>(v);
+        break;
+      default:
+        break;
+    }
+  }
+  double get(size_t i) {
+    switch (t) {
+      case DType::F32:
+        return reinterpret_cast<float*>(p())[i];
+      case DType::BF16:
+        return from_bf16(reinterpret_cast<bf16*>(p())[i]);
+      case DType::I32:
+        return reinterpret_cast<int32_t*>(p())[i];
+      case DType::I64:
+        return static_cast<double>(reinterpret_cast<int64_t*>(p())[i]);
+      default:
+        return 0;
+    }
+  }
+};
+
+double reduce_expected(ReduceOp op, DType t, int n, const std::function<double(int)>& v) {
+  double acc = v(0);
+  for (int r = 1; r < n; ++r) {
+    double x = v(r);
+    acc = op == ReduceOp::Max ? std::max(acc, x) : op == ReduceOp::Min ? std::min(acc, x) : acc + x;
+  }
+  if (op == ReduceOp::Mean) {
+    if (t == DType::I32 || t == DType::I64) return std::trunc(acc / n);
+    return acc / n;
+  }
+  return acc;
+}
+
+void expect_eq(double got, double want, DType t, const std::string& what, size_t i) {
+  double tol = t == DType::BF16  ? std::abs(want) * 1e-2
+               : t == DType::F32 ? std::abs(want) * 1e-6
+                                 : 0;
+  if (std::abs(got - want) > tol) {
+    std::ostringstream os;
+    os << what << " (" << dtype_name(t) << "): element " << i << " is " << got << ", expected "
+       << want;
+    throw std::runtime_error(os.str());
+  }
+}
+
+std::string ctx(const Communicator& c, const char* op, size_t count) {
+  std::ostringstream os;
+  os << op << " rank " << c.rank() << "/" << c.size() << " count " << count;
+  return os.str();
+}
+
+}  // namespace
+
+void check_all_reduce(Communicator& c, size_t count, bool full) {
+  const int n = c.size(), me = c.rank();
+  for (DType t : kDtypes) {
+    if (!full && (t == DType::I32 || t == DType::I64)) continue;
+    for (ReduceOp op : kOps) {
+      if (!full && (op == ReduceOp::Min || op == ReduceOp::Max) && t != DType::F32) continue;
+      for (bool in_place : {false, true}) {
+        for (Algorithm a :
+             {Algorithm::Auto, Algorithm::Small, Algorithm::Direct, Algorithm::Ring}) {
+          if (!full && a == Algorithm::Small) continue;
+          Buf in(t, count), out(t, count);
+          for (size_t i = 0; i < count; ++i) in.set(i, value(me, i));
+          AllReduceOptions o;
+          o.op = op;
+          o.algorithm = a;
+          o.async = (count % 2) == 1;  // exercise the progress thread too
+          Buf& res = in_place ? in : out;
+          Work w = in_place ? c.all_reduce(in.p(), count, t, o)
+                            : c.all_reduce(in.p(), out.p(), count, t, o);
+          w.wait();
+          if (!w.is_completed()) throw std::runtime_error("Work not completed after wait()");
+          std::string what = ctx(c, "all_reduce", count) + " " + std::string(reduce_op_name(op)) +
+                             " " + std::string(algorithm_name(a)) + (in_place ? " in place" : "");
+          for (size_t i = 0; i < count; ++i)
+            expect_eq(res.get(i), reduce_expected(op, t, n, [&](int r) { return value(r, i); }), t,
+                      what, i);
+        }
+      }
+    }
+  }
+}
+
+void check_all_gather(Communicator& c, size_t count, bool full) {
+  const int n = c.size(), me = c.rank();
+  for (DType t : kDtypes) {
+    if (!full && t != DType::F32 && t != DType::BF16) continue;
+    for (bool in_place : {false, true}) {
+      Buf in(t, count), out(t, count * n);
+      for (size_t i = 0; i < count; ++i) in.set(i, value(me, i));
+      if (in_place) {
+        for (size_t i = 0; i < count; ++i) out.set(me * count + i, value(me, i));
+        c.all_gather(static_cast<unsigned char*>(out.p()) + me * count * dtype_size(t), out.p(),
+                     count, t)
+            .wait();
+      } else {
+        c.all_gather(in.p(), out.p(), count, t).wait();
+      }
+      const std::string w = ctx(c, "all_gather", count);
+      for (size_t i = 0; i < count * n; ++i)
+        expect_eq(out.get(i), value(static_cast<int>(i / count), i % count), t, w, i);
+    }
+  }
+}
+
+void check_reduce_scatter(Communicator& c, size_t count, bool full) {
+  const int n = c.size(), me = c.rank();
+  for (DType t : kDtypes) {
+    if (!full && t != DType::F32 && t != DType::BF16) continue;
+    for (ReduceOp op : kOps) {
+      if (!full && op != ReduceOp::Sum) continue;
+      for (bool in_place : {false, true}) {
+        Buf in(t, count * n), out(t, count);
+        for (size_t i = 0; i < count * n; ++i) in.set(i, value(me, i));
+        ReduceScatterOptions o;
+        o.op = op;
+        void* dst =
+            in_place ? static_cast<unsigned char*>(in.p()) + me * count * dtype_size(t) : out.p();
+        c.reduce_scatter(in.p(), dst, count, t, o).wait();
+        const std::string w =
+            ctx(c, "reduce_scatter", count) + " " + std::string(reduce_op_name(op));
+        for (size_t i = 0; i < count; ++i) {
+          double got = in_place ? in.get(me * count + i) : out.get(i);
+          expect_eq(got, reduce_expected(op, t, n, [&](int r) { return value(r, me * count + i); }),
+                    t, w, i);
+        }
+      }
+    }
+  }
+}
+
+void check_broadcast(Communicator& c, size_t count, bool full) {
+  const int n = c.size(), me = c.rank();
+  for (DType t : kDtypes) {
+    if (!full && t != DType::F32) continue;
+    for (int root = 0; root < n; ++root) {
+      Buf b(t, count);
+      for (size_t i = 0; i < count; ++i) b.set(i, value(me, i));
+      BroadcastOptions o;
+      o.root = root;
+      c.broadcast(b.p(), count, t, o).wait();
+      const std::string w = ctx(c, "broadcast", count);
+      for (size_t i = 0; i < count; ++i) expect_eq(b.get(i), value(root, i), t, w, i);
+    }
+  }
+}
+
+void check_all_to_all(Communicator& c, size_t count, bool full) {
+  const int n = c.size(), me = c.rank();
+  for (DType t : kDtypes) {
+    if (!full && t != DType::F32) continue;
+    for (bool in_place : {false, true}) {
+      Buf in(t, count * n), out(t, count * n);
+      for (size_t i = 0; i < count * n; ++i) in.set(i, value(me, i));
+      Buf& res = in_place ? in : out;
+      c.all_to_all(in.p(), res.p(), count, t).wait();
+      const std::string w = ctx(c, "all_to_all", count);
+      for (size_t j = 0; j < count * n; ++j) {
+        const int src = static_cast<int>(j / count);
+        expect_eq(res.get(j), value(src, me * count + j % count), t, w, j);
+      }
+    }
+  }
+}
+
+void check_all_to_allv(Communicator& c, size_t count) {
+  const int n = c.size(), me = c.rank();
+  // Rank i sends (count + i + 2*j) % (count + 3) elements to rank j: unequal and sometimes zero.
+  // In place needs equal send and receive totals on every rank: a symmetric pattern.
+  for (DType t : {DType::F32, DType::I64}) {
+    for (bool in_place : {false, true}) {
+      auto cnt = [&](int i, int j) {
+        return in_place ? (count + i + j) % (count + 3) : (count + i + 2 * j) % (count + 3);
+      };
+      std::vector<size_t> sc(n), rc(n);
+      size_t st = 0, rt = 0;
+      for (int j = 0; j < n; ++j) {
+        sc[j] = cnt(me, j);
+        rc[j] = cnt(j, me);
+        st += sc[j];
+        rt += rc[j];
+      }
+      Buf in(t, std::max(st, rt)), out(t, rt);
+      for (size_t i = 0; i < st; ++i) in.set(i, value(me, i));
+      Buf& res = in_place ? in : out;
+      c.all_to_allv(in.p(), sc, res.p(), rc, t).wait();
+      size_t off = 0;
+      const std::string w = ctx(c, "all_to_allv", count);
+      for (int j = 0; j < n; ++j) {
+        size_t src_off = 0;
+        for (int k = 0; k < me; ++k) src_off += cnt(j, k);
+        for (size_t e = 0; e < rc[j]; ++e)
+          expect_eq(res.get(off + e), value(j, src_off + e), t, w, off + e);
+        off += rc[j];
+      }
+    }
+  }
+}
+
+void check_send_recv(Communicator& c, size_t count) {
+  const int n = c.size(), me = c.rank();
+  if (n == 1) return;
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  for (DType t : kDtypes) {
+    Buf a(t, count), b(t, count), got_a(t, count), got_b(t, count);
+    for (size_t i = 0; i < count; ++i) {
+      a.set(i, value(me, i));
+      b.set(i, value(me + 1, i));
+    }
+    // Two tags, posted in one order and received in the other.
+    SendOptions s1, s2;
+    s1.tag = 1;
+    s2.tag = 2;
+    s1.async = s2.async = true;
+    Work w1 = c.send(a.p(), count, t, right, s1);
+    Work w2 = c.send(b.p(), count, t, right, s2);
+    RecvOptions r1, r2;
+    r1.tag = 1;
+    r2.tag = 2;
+    r1.async = r2.async = true;
+    Work w4 = c.recv(got_b.p(), count, t, left, r2);
+    Work w3 = c.recv(got_a.p(), count, t, left, r1);
+    w1.wait();
+    w2.wait();
+    w3.wait();
+    w4.wait();
+    const std::string w = ctx(c, "send/recv", count);
+    for (size_t i = 0; i < count; ++i) {
+      expect_eq(got_a.get(i), value(left, i), t, w, i);
+      expect_eq(got_b.get(i), value(left + 1, i), t, w, i);
+    }
+  }
+  c.barrier().wait();
+}
+
+}  // namespace tessera::comm::test

@@ -1,0 +1,187 @@
+// The MPI backend, run by CTest under `mpiexec -n 2` and `-n 3`. Every rank runs the same tests in
+// the same order. Skips (saying why) when built without MPI or not launched by mpiexec.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "helpers.h"
+
+namespace tessera::comm::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+#if defined(TESSERA_COMM_SANITIZED)
+constexpr size_t kLarge = (size_t{1} << 16) + 3;
+#else
+constexpr size_t kLarge = (size_t{1} << 20) + 3;
+#endif
+
+Communicator& world() {
+  static std::unique_ptr<Communicator> w = [] {
+    CommOptions o;
+    o.timeout = 60s;
+    return mpi_world(o);
+  }();
+  return *w;
+}
+
+class Mpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!mpi_available()) GTEST_SKIP() << "SKIPPED: tessera was built without MPI";
+    if (!launched_by_mpi()) GTEST_SKIP() << "SKIPPED: not launched by mpiexec/mpirun";
+    world().barrier().wait();
+  }
+  void TearDown() override {
+    if (mpi_available() && launched_by_mpi()) world().barrier().wait();
+  }
+};
+
+TEST_F(Mpi, WorldIsMpi) {
+  EXPECT_EQ(world().backend(), "mpi");
+  EXPECT_GE(world().size(), 2);
+}
+
+TEST_F(Mpi, AllOpsSmallCounts) {
+  Communicator& c = world();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{13}, 100 * static_cast<size_t>(c.size()) + 1}) {
+    check_all_reduce(c, count, true);
+    check_all_gather(c, count, true);
+    check_reduce_scatter(c, count, true);
+    check_broadcast(c, count, true);
+    check_all_to_all(c, count, true);
+    check_all_to_allv(c, count);
+    check_send_recv(c, count);
+  }
+}
+
+TEST_F(Mpi, AllOpsLarge) {
+  Communicator& c = world();
+  const size_t block = kLarge / c.size() + 1;
+  check_all_reduce(c, kLarge, false);
+  check_all_gather(c, block, false);
+  check_reduce_scatter(c, block, false);
+  check_broadcast(c, kLarge, false);
+  check_all_to_all(c, block, false);
+  check_send_recv(c, kLarge);
+}
+
+TEST_F(Mpi, SplitAndConcurrentCollectives) {
+  Communicator& w = world();
+  auto half = w.split(w.rank() % 2, w.rank());
+  ASSERT_NE(half, nullptr);
+  const int expect_size = (w.size() + 1 - w.rank() % 2) / 2;
+  EXPECT_EQ(half->size(), expect_size);
+  check_all_reduce(*half, 13, true);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<float> a(50000, 1.0f), b(50000, 1.0f);
+    AllReduceOptions o;
+    o.async = true;
+    Work wa = half->all_reduce(a.data(), a.size(), DType::F32, o);  // sub-communicator's thread
+    w.all_reduce(b.data(), b.size(), DType::F32).wait();            // world, this thread
+    wa.wait();
+    EXPECT_EQ(a[49999], static_cast<float>(expect_size));
+    EXPECT_EQ(b[0], static_cast<float>(w.size()));
+  }
+  auto none = w.split(w.rank() == 0 ? -1 : 0, 0);
+  EXPECT_EQ(none == nullptr, w.rank() == 0);
+}
+
+TEST_F(Mpi, DebugModeMismatchFailsOnEveryRank) {
+  CommOptions o;
+  o.debug = true;
+  o.timeout = 5s;
+  auto c = mpi_world(o);
+  float x[8] = {};
+  Work wk =
+      c->rank() == 1 ? c->all_gather(x, x + 4, 1, DType::F32) : c->all_reduce(x, 2, DType::F32);
+  try {
+    wk.wait();
+    ADD_FAILURE() << "expected a MismatchError";
+  } catch (const MismatchError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 1 called all_gather #1"), std::string::npos) << m;
+    EXPECT_NE(m.find("all_reduce #1 (F32 x 2, sum)"), std::string::npos) << m;
+  }
+}
+
+TEST_F(Mpi, DebugModeTimeoutNamesMissingRank) {
+  CommOptions o;
+  o.debug = true;
+  o.timeout = 300ms;
+  auto c = mpi_world(o);
+  float x = 1;
+  if (c->rank() == 1) {
+    std::this_thread::sleep_for(600ms);  // never joins
+    return;
+  }
+  auto t0 = Clock::now();
+  try {
+    c->all_reduce(&x, 1, DType::F32).wait();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("all_reduce #1 (F32 x 1, sum)"), std::string::npos) << m;
+    EXPECT_NE(m.find("waiting for rank(s) 1"), std::string::npos) << m;
+  }
+  EXPECT_LT(since_ms(t0), 2000);
+  EXPECT_THROW(c->barrier().wait(), PeerFailedError);  // poisoned
+}
+
+TEST_F(Mpi, PeerThatThrowsMakesOthersTimeOut) {
+  auto c = world().split(0, world().rank());
+  // MPI cannot cancel a collective: the abandoned request may still write into x after the
+  // timeout, so x must outlive it (the library documents this).
+  static std::vector<float> x(1000, 1.0f);
+  if (c->rank() == 1) {
+    // "Throws" before the collective: the others must fail within their timeout.
+    std::this_thread::sleep_for(700ms);
+    // Complete the abandoned collective so that no request is left in flight at exit.
+    AllReduceOptions late;
+    late.timeout = 30s;
+    c->all_reduce(x.data(), x.size(), DType::F32, late).wait();
+    return;
+  }
+  AllReduceOptions o;
+  o.timeout = 300ms;
+  auto t0 = Clock::now();
+  try {
+    c->all_reduce(x.data(), x.size(), DType::F32, o).wait();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce #1 (F32 x 1000, sum)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(since_ms(t0), 2000);
+}
+
+TEST_F(Mpi, RecvTimeoutNamesPeer) {
+  auto c = world().split(0, world().rank());
+  if (c->rank() != 0) return;
+  float x;
+  RecvOptions o;
+  o.timeout = 200ms;
+  o.tag = 3;
+  try {
+    c->recv(&x, 1, DType::F32, 1, o).wait();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for rank 1 to send"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::comm::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (!tessera::comm::mpi_available())
+    std::printf("SKIPPED: tessera was built without MPI; test_comm_mpi has nothing to test\n");
+  else if (!tessera::comm::launched_by_mpi())
+    std::printf("SKIPPED: test_comm_mpi must be started by mpiexec (CTest does this)\n");
+  return RUN_ALL_TESTS();
+}

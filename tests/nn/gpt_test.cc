@@ -1,0 +1,324 @@
+#include "tessera/nn/gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gpt_reference.h"
+#include "tessera/core/error.h"
+
+namespace tessera::nn {
+namespace {
+
+using testing::RefBatch;
+using testing::RefModel;
+
+GPTConfig tiny(float dropout = 0.0f, int n_embd = 16) {
+  GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = n_embd;
+  c.block_size = 8;
+  c.vocab_size = 37;
+  c.dropout = dropout;
+  return c;
+}
+
+// Initialises, then adds noise to every parameter so that biases, gains and every path carry
+// non-trivial values (a freshly initialised GPT has zero biases and unit gains).
+void init_noisy(GPT& m, uint64_t seed) {
+  m.initialize(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  float* w = m.params().flat_params().f32();
+  for (const ParamInfo& p : m.params().infos())
+    for (int64_t i = 0; i < p.local_numel(); ++i) w[p.offset + i] += d(rng);
+}
+
+RefBatch make_batch(const GPTConfig& c, int B, int T, uint32_t seed, float p) {
+  RefBatch b;
+  b.B = B;
+  b.T = T;
+  b.seed = 77;
+  b.step = 5;
+  b.p = p;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(tok(rng));
+    b.targets.push_back(i % 7 == 3 ? -1 : tok(rng));  // some ignored targets
+  }
+  return b;
+}
+
+int count_targets(const RefBatch& b) {
+  int n = 0;
+  for (int32_t t : b.targets) n += t >= 0;
+  return n;
+}
+
+Batch as_batch(const RefBatch& r) {
+  return Batch{r.tokens.data(), r.targets.empty() ? nullptr : r.targets.data(), r.B, r.T,
+               r.first_sample};
+}
+
+StepContext ctx_for(const RefBatch& r, float scale) {
+  return StepContext{r.seed, r.step, true, scale};
+}
+
+struct RefCase {
+  float dropout;
+  int B, T;
+  int C;
+  int stride;  // check every stride-th element of each parameter (1: all); keeps the test fast
+};
+
+class ReferenceTest : public ::testing::TestWithParam<RefCase> {};
+
+// Loss and every gradient against the float64 reference (width 8 checks every element; the
+// width-16 case checks every 9th element of every parameter, to stay fast under sanitizers).
+// Reference gradients are central differences of the float64 loss (h = 1e-6; their error, ~1e-9
+// absolute, is far below the tolerance). Metric per element: |g - r| <= 1e-4 * (|r| + 0.01 * max|r|
+// over the tensor): a relative 1e-4 bound with an absolute floor at 1% of the tensor's largest
+// gradient, since fp32 rounding makes near-zero elements (cancellation) relatively inexact.
+TEST_P(ReferenceTest, LossAndGradientsMatchFloat64Reference) {
+  const auto [p, B, T, C, stride] = GetParam();
+  const GPTConfig cfg = tiny(p, C);
+  Allocator alloc("test");
+  GPT model(cfg, 3, alloc);
+  init_noisy(model, 1234);
+  RefBatch rb = make_batch(cfg, B, T, 42, p);
+  const float scale = 1.0f / static_cast<float>(count_targets(rb));
+  const double loss = model.forward(as_batch(rb), ctx_for(rb, scale));
+  model.backward();
+  RefModel ref = RefModel::from(model);
+  const double ref_loss = testing::ref_loss_sum(ref, rb);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+  double worst = 0.0;
+  std::string worst_name;
+  for (int i = 0; i < model.params().size(); ++i) {
+    const std::string& name = model.params().infos()[i].name;
+    const auto g = model.params().grad(i).to_vector();
+    testing::Vec& w = ref.w.at(name);
+    testing::Vec r(w.size(), 0.0);
+    const double h = 1e-6;
+    for (size_t j = 0; j < w.size(); j += stride) {
+      const double saved = w[j];
+      w[j] = saved + h;
+      const double lp = testing::ref_loss_sum(ref, rb);
+      w[j] = saved - h;
+      const double lm = testing::ref_loss_sum(ref, rb);
+      w[j] = saved;
+      r[j] = scale * (lp - lm) / (2 * h);
+    }
+    double rmax = 0.0;
+    for (double v : r) rmax = std::max(rmax, std::abs(v));
+    for (size_t j = 0; j < w.size(); j += stride) {
+      const double denom = std::abs(r[j]) + 0.01 * rmax;
+      const double rel = std::abs(g[j] - r[j]) / (denom > 0 ? denom : 1.0);
+      if (rel > worst) worst = rel, worst_name = name + "[" + std::to_string(j) + "]";
+      ASSERT_LE(rel, 1e-4) << name << "[" << j << "]: model " << g[j] << " vs reference " << r[j];
+    }
+  }
+  RecordProperty("worst_gradient_error", std::to_string(worst) + " at " + worst_name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ReferenceTest,
+                         ::testing::Values(RefCase{0.0f, 3, 8, 8, 1}, RefCase{0.0f, 2, 5, 8, 1},
+                                           RefCase{0.1f, 3, 8, 8, 1}, RefCase{0.1f, 3, 8, 16, 9}));
+
+// Central differences of the fp32 model itself (dropout on, fixed masks) at a few elements of
+// every parameter, as a check independent of the reference. fp32 noise limits this to ~1%.
+TEST(GPT, FiniteDifferencesOfTheFp32ModelWithDropout) {
+  const GPTConfig cfg = tiny(0.1f);
+  Allocator alloc("test");
+  GPT model(cfg, 3, alloc);
+  init_noisy(model, 7);
+  RefBatch rb = make_batch(cfg, 3, 8, 9, cfg.dropout);
+  const float scale = 1.0f / static_cast<float>(count_targets(rb));
+  model.forward(as_batch(rb), ctx_for(rb, scale));
+  model.backward();
+  std::mt19937 rng(3);
+  int checked = 0;
+  for (int i = 0; i < model.params().size(); ++i) {
+    const auto g = model.params().grad(i).to_vector();
+    float* w = model.params().param(i).f32();
+    size_t big = 0;
+    for (size_t j = 0; j < g.size(); ++j)
+      if (std::abs(g[j]) > std::abs(g[big])) big = j;
+    for (size_t j : {big, static_cast<size_t>(rng() % g.size())}) {
+      if (std::abs(g[j]) < 1e-3) continue;
+      const float saved = w[j], h = 1e-2f;
+      w[j] = saved + h;
+      const double lp = scale * model.forward(as_batch(rb), ctx_for(rb, scale));
+      w[j] = saved - h;
+      const double lm = scale * model.forward(as_batch(rb), ctx_for(rb, scale));
+      w[j] = saved;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g[j], fd, 2e-2 * std::abs(fd) + 2e-4)
+          << model.params().infos()[i].name << "[" << j << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(GPT, InferenceLogitsMatchReference) {
+  const GPTConfig cfg = tiny();
+  Allocator alloc("test");
+  GPT model(cfg, 3, alloc);
+  init_noisy(model, 5);
+  RefBatch rb = make_batch(cfg, 2, 6, 1, 0.0f);
+  rb.targets.clear();
+  EXPECT_EQ(model.forward(as_batch(rb), StepContext{0, 0, false, 1.0f}), 0.0);
+  testing::Vec ref_logits;
+  testing::ref_loss_sum(RefModel::from(model), rb, &ref_logits);
+  for (size_t i = 0; i < ref_logits.size(); ++i)
+    ASSERT_NEAR(model.logits()[i], ref_logits[i], 1e-5 * (1 + std::abs(ref_logits[i])));
+  EXPECT_THROW(model.backward(), Error);  // no targets
+}
+
+TEST(GPT, EvalModeIgnoresDropout) {
+  Allocator alloc("test");
+  GPT with(tiny(0.3f), 3, alloc), without(tiny(0.0f), 3, alloc);
+  with.initialize(1);
+  without.initialize(1);
+  RefBatch rb = make_batch(tiny(), 3, 8, 2, 0.0f);
+  StepContext eval{7, 3, false, 1.0f};
+  EXPECT_EQ(with.forward(as_batch(rb), eval), without.forward(as_batch(rb), eval));
+}
+
+TEST(GPT, DeterministicAcrossRunsAndInstances) {
+  const GPTConfig cfg = tiny(0.1f);
+  Allocator alloc("test");
+  RefBatch rb = make_batch(cfg, 3, 8, 11, cfg.dropout);
+  auto run = [&](GPT& m) {
+    m.params().zero_grads();
+    const double l = m.forward(as_batch(rb), ctx_for(rb, 0.01f));
+    m.backward();
+    return std::make_pair(l, m.params().flat_grads().to_vector());
+  };
+  GPT a(cfg, 3, alloc), b(cfg, 3, alloc);
+  a.initialize(99);
+  b.initialize(99);
+  const auto ra = run(a), ra2 = run(a), rb2 = run(b);
+  EXPECT_EQ(ra.first, ra2.first);
+  EXPECT_EQ(ra.first, rb2.first);
+  EXPECT_TRUE(ra.second == ra2.second);
+  EXPECT_TRUE(ra.second == rb2.second);
+  EXPECT_EQ(a.params().flat_params().to_vector(), b.params().flat_params().to_vector());
+}
+
+// Rows are global samples: two micro-batches (samples [0,1) and [1,3)) accumulate the same loss
+// and gradients as the whole batch, dropout included.
+TEST(GPT, MicroBatchesAccumulateToTheFullBatch) {
+  const GPTConfig cfg = tiny(0.2f);
+  Allocator alloc("test");
+  GPT model(cfg, 3, alloc);
+  model.initialize(4);
+  RefBatch full = make_batch(cfg, 3, 8, 12, cfg.dropout);
+  const float scale = 1.0f / static_cast<float>(count_targets(full));
+  const double l_full = model.forward(as_batch(full), ctx_for(full, scale));
+  model.backward();
+  const auto g_full = model.params().flat_grads().to_vector();
+  model.params().zero_grads();
+  double l_parts = 0.0;
+  for (auto [s0, n] : {std::pair{0, 1}, std::pair{1, 2}}) {
+    RefBatch part = full;
+    part.B = n;
+    part.first_sample = s0;
+    part.tokens.assign(full.tokens.begin() + s0 * 8, full.tokens.begin() + (s0 + n) * 8);
+    part.targets.assign(full.targets.begin() + s0 * 8, full.targets.begin() + (s0 + n) * 8);
+    l_parts += model.forward(as_batch(part), ctx_for(part, scale));
+    model.backward();
+  }
+  EXPECT_NEAR(l_parts, l_full, 1e-6 * l_full);
+  const auto g_parts = model.params().flat_grads().to_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g_full.size(); ++i) {
+    num += (g_parts[i] - g_full[i]) * (g_parts[i] - g_full[i]);
+    den += g_full[i] * g_full[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+}
+
+TEST(GPT, ParameterNamesShapesAndFlops) {
+  GPTConfig c;  // L=4, C=256, heads=4, T=128, V=512
+  Allocator alloc("test");
+  GPT m(c, 1, alloc);
+  const ParameterSet& ps = m.params();
+  EXPECT_EQ(ps.size(), 2 + 12 * 4 + 2);
+  EXPECT_EQ(ps.param("h.3.attn.c_attn.weight").shape(), (Shape{256, 768}));
+  EXPECT_EQ(ps.param("h.0.mlp.c_proj.weight").shape(), (Shape{1024, 256}));
+  EXPECT_EQ(ps.param("wpe.weight").shape(), (Shape{128, 256}));
+  const int64_t per_layer = 12 * 256 * 256 + 13 * 256;
+  EXPECT_EQ(m.num_params_without_wpe(), 4 * per_layer + 512 * 256 + 2 * 256);
+  EXPECT_DOUBLE_EQ(m.flops_per_token(128), 6.0 * m.num_params_without_wpe() + 12.0 * 4 * 256 * 128);
+  EXPECT_FALSE(ps.infos()[ps.index("h.0.ln_1.weight")].weight_decay);
+  EXPECT_TRUE(ps.infos()[ps.index("wte.weight")].weight_decay);
+}
+
+TEST(GPT, FirstNonFiniteNamesTheTensor) {
+  Allocator alloc("test");
+  GPT m(tiny(), 3, alloc);
+  m.initialize(1);
+  RefBatch rb = make_batch(tiny(), 3, 8, 2, 0.0f);
+  m.forward(as_batch(rb), ctx_for(rb, 0.1f));
+  m.backward();
+  EXPECT_EQ(m.first_non_finite(), "");
+  m.params().grad("h.1.mlp.c_fc.weight").f32()[3] = NAN;
+  EXPECT_EQ(m.first_non_finite(), "h.1.mlp.c_fc.weight (gradient)");
+  m.params().param("h.0.ln_2.bias").f32()[0] = INFINITY;
+  EXPECT_EQ(m.first_non_finite(), "h.0.ln_2.bias");
+  m.params().zero_grads();
+  m.params().param("h.0.ln_2.bias").f32()[0] = 0.0f;
+  m.params().param("h.1.attn.c_proj.weight").f32()[0] = NAN;
+  EXPECT_EQ(m.first_non_finite(), "h.1.attn.c_proj.weight");
+}
+
+TEST(GPT, BadConfigsAndBatchesAreClearErrors) {
+  GPTConfig c = tiny();
+  c.n_head = 3;
+  EXPECT_THROW(validate(c), ConfigError);
+  try {
+    validate(c);
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_head (3) must divide n_embd (16)"), std::string::npos);
+  }
+  for (auto bad :
+       {&GPTConfig::n_layer, &GPTConfig::n_embd, &GPTConfig::block_size, &GPTConfig::vocab_size}) {
+    GPTConfig b = tiny();
+    b.*bad = 0;
+    EXPECT_THROW(validate(b), ConfigError);
+  }
+  GPTConfig d = tiny(1.0f);
+  EXPECT_THROW(validate(d), ConfigError);
+  Allocator alloc("test");
+  EXPECT_THROW(GPT(c, 1, alloc), ConfigError);
+
+  GPT m(tiny(), 2, alloc);
+  m.initialize(1);
+  std::vector<int32_t> tokens(2 * 9, 1), targets(2 * 9, 1);
+  StepContext ctx;
+  EXPECT_THROW(m.forward(Batch{tokens.data(), targets.data(), 2, 9}, ctx), ShapeError);  // T > 8
+  EXPECT_THROW(m.forward(Batch{tokens.data(), targets.data(), 3, 8}, ctx), ShapeError);  // B > 2
+  tokens[1 * 8 + 2] = 37;
+  try {
+    m.forward(Batch{tokens.data(), targets.data(), 2, 8, 10}, ctx);
+    ADD_FAILURE() << "no error for an out-of-range token";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("token id 37"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("sample 11"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("position 2"), std::string::npos) << msg;
+  }
+  tokens[1 * 8 + 2] = 1;
+  targets[5] = -2;
+  EXPECT_THROW(m.forward(Batch{tokens.data(), targets.data(), 2, 8}, ctx), ConfigError);
+  GPT fresh(tiny(), 2, alloc);
+  EXPECT_THROW(fresh.backward(), Error);
+}
+
+}  // namespace
+}  // namespace tessera::nn
