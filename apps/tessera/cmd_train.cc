@@ -95,7 +95,15 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "beta1", v.beta1, "AdamW beta1");
   flag(cmd, *f, "beta2", v.beta2, "AdamW beta2");
   flag(cmd, *f, "seed", v.seed, "Seed of initialisation, data order, dropout and sampling");
-  flag(cmd, *f, "threads", v.threads, "Compute threads (BLAS); 0 = one per core");
+  flag(cmd, *f, "dp", v.dp, "Data-parallel ranks: threads of this process, or under mpirun the number of processes");
+  flag(cmd, *f, "zero", v.zero, "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)")
+      ->check(CLI::Range(0, 3));
+  flag(cmd, *f, "bucket_mb", v.bucket_mb, "Gradient bucket size in MiB (communication granularity)");
+  flag(cmd, *f, "overlap", v.overlap, "Overlap gradient communication with backward (true/false)");
+  flag(cmd, *f, "backend", v.backend, "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
+      ->check(CLI::IsMember({"auto", "inproc", "mpi"}));
+  flag(cmd, *f, "trace", v.trace, "Write the timeline (Chrome trace-event JSON, one track per rank) to this file");
+  flag(cmd, *f, "threads", v.threads, "Compute (BLAS) threads per rank; 0 = the cores divided among the ranks");
   flag(cmd, *f, "memory_limit", v.memory_limit, "Emulated device memory per rank, e.g. 2GiB (empty: unlimited)");
   flag(cmd, *f, "save", v.save, "Checkpoint directory (also exports model.safetensors, config.json, tokenizer.json)");
   flag(cmd, *f, "resume", v.resume, "Resume from this checkpoint directory");

@@ -313,7 +313,7 @@ void DataParallel::ensure_grads(int bi) {
   if (o_.zero < 2) return;
   Bucket& b = buckets_[bi];
   if (b.grads.defined()) return;
-  b.grads = Tensor::zeros({b.end - b.begin}, DType::F32, MemCategory::Gradients, "zero.grad_bucket",
+  b.grads = Tensor::zeros({b.end - b.begin}, DType::F32, MemCategory::Buffers, "zero.grad_bucket",
                           &alloc_);
   point_grads(b, b.grads.f32());
 }

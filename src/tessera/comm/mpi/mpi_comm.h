@@ -10,6 +10,9 @@
 // timeout the request is abandoned and the communicator is poisoned (later calls fail at once);
 // the process should report the error and exit, which makes mpirun terminate the job.
 //
+// Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
+// the MPI requests finish in the background and are reaped by later calls and the destructor.
+//
 // Debug mode (CommOptions::debug or TESSERA_COMM_DEBUG=1): before each collective every rank
 // sends its fingerprint to every other rank on a private duplicate communicator. Mismatches fail
 // on every rank with a MismatchError naming the ranks; a timeout names the ranks whose

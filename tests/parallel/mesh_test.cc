@@ -1,0 +1,59 @@
+#include "tessera/parallel/mesh.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "tessera/comm/launch.h"
+#include "tessera/core/error.h"
+
+namespace tessera::parallel {
+namespace {
+
+// Rank order: tp fastest, then dp, then pp. Each axis group holds the ranks that share the other
+// two coordinates, and a collective on it sums over exactly those ranks.
+TEST(Mesh, AxisGroupsFollowMegatronOrder) {
+  const MeshShape shape{2, 2, 2};  // dp, pp, tp
+  std::mutex mu;
+  std::vector<std::array<int, 6>> seen(8);
+  comm::run_inproc(8, [&](comm::Communicator& world) {
+    Mesh m(world, shape);
+    const int r = world.rank();
+    EXPECT_EQ(Mesh::world_rank(shape, m.dp_rank(), m.pp_rank(), m.tp_rank()), r);
+    EXPECT_EQ(m.tp_rank(), r % 2);
+    EXPECT_EQ(m.dp_rank(), (r / 2) % 2);
+    EXPECT_EQ(m.pp_rank(), r / 4);
+    // Sum of world ranks over each axis group.
+    int sums[3] = {r, r, r};
+    m.tp().all_reduce(&sums[0], 1, DType::I32).wait();
+    m.dp().all_reduce(&sums[1], 1, DType::I32).wait();
+    m.pp().all_reduce(&sums[2], 1, DType::I32).wait();
+    std::lock_guard<std::mutex> lock(mu);
+    seen[r] = {sums[0], sums[1], sums[2], m.tp().size(), m.dp().size(), m.pp().size()};
+  });
+  for (int r = 0; r < 8; ++r) {
+    const int tp = r % 2, dp = (r / 2) % 2, pp = r / 4;
+    EXPECT_EQ(seen[r][0], (r - tp) * 2 + 1) << r;                   // r and its tp partner
+    EXPECT_EQ(seen[r][1], 2 * (pp * 4 + tp) + 2) << r;              // dp partners differ by 2
+    EXPECT_EQ(seen[r][2], 2 * (dp * 2 + tp) + 4) << r;              // pp partners differ by 4
+    EXPECT_EQ(seen[r][3], 2);
+  }
+}
+
+TEST(Mesh, InvalidLayoutsAreErrors) {
+  EXPECT_THROW(validate_mesh(MeshShape{2, 2, 2}, 4), ConfigError);
+  EXPECT_THROW(validate_mesh(MeshShape{0, 1, 1}, 0), ConfigError);
+  EXPECT_THROW(validate_mesh(MeshShape{-1, -1, 1}, 1), ConfigError);
+  validate_mesh(MeshShape{3, 1, 2}, 6);
+  try {
+    validate_mesh(MeshShape{2, 1, 1}, 3);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dp=2 pp=1 tp=1 needs 2 ranks but the world has 3"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
