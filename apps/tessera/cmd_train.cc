@@ -53,12 +53,13 @@ void run(TrainFlags& f, int& exit_code) {
   merged["resume"] = resume;
   train::TrainConfig cfg = train::train_config_from_json(merged);
   train::TrainResult r = train::run_training(cfg, stdout);
+  exit_code = 0;
+  if (r.rank != 0) return;  // under mpirun, rank 0 reports
   if (r.last_val_loss >= 0)
     std::printf("done: %lld steps, final val_loss %.4f (unigram entropy %.4f), %.0f tokens/s\n",
                 static_cast<long long>(r.steps), r.last_val_loss, r.unigram_entropy, r.tokens_per_s);
   else
     std::printf("done: %lld steps, %.0f tokens/s\n", static_cast<long long>(r.steps), r.tokens_per_s);
-  exit_code = 0;
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include "commands.h"
 #include "tessera/core/error.h"
+#include "tessera/kernels/blas_setup.h"
 
 int main(int argc, char** argv) {
+  tessera::kernels::use_fast_blas_kernels(argv);
   CLI::App root{"tessera: train transformer language models on many devices"};
   root.require_subcommand(1);
   root.set_version_flag("--version", "tessera 0.1.0");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/allocator.h"
+#include "tessera/kernels/blas_setup.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 
@@ -146,6 +147,7 @@ Result bench_gpt(const char* name, const tessera::nn::GPTConfig& cfg, int B, int
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::kernels::use_fast_blas_kernels(argv);
   int steps = 10, warmup = 2;
   std::string only;  // "small" or "large": profile one configuration
   for (int i = 1; i + 1 < argc; i += 2) {

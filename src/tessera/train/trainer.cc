@@ -150,6 +150,7 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
   const bool lead = world.rank() == 0;
   std::FILE* log = lead ? log_all_ranks : nullptr;
   TrainResult result;
+  result.rank = world.rank();
   result.unigram_entropy = plan.unigram_entropy;
   Allocator alloc("rank " + std::to_string(world.rank()),
                   cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit));

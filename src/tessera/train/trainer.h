@@ -12,6 +12,7 @@
 namespace tessera::train {
 
 struct TrainResult {
+  int rank = 0;                  // world rank that produced this result
   int64_t first_step = 0;        // the step the run started at (> 0 when resumed)
   int64_t steps = 0;             // the step count reached
   std::vector<double> losses;    // training loss of each step run, in order
