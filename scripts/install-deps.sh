@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages tessera needs to build, test and train. Run as root.
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git python3
   libopenblas-dev            # BLAS (CBLAS) for GEMM
   libopenmpi-dev openmpi-bin # MPI backend and mpirun
   nlohmann-json3-dev         # JSON: configs, safetensors headers, metrics

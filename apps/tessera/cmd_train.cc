@@ -79,7 +79,7 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "cache_dir", v.cache_dir, "Where tokenizers and token files prepared from text are cached");
   flag(cmd, *f, "layers", v.layers, "Transformer blocks");
   flag(cmd, *f, "dim", v.dim, "Model width (embedding size)");
-  flag(cmd, *f, "heads", v.heads, "Attention heads (must divide --dim)");
+  flag(cmd, *f, "heads", v.heads, "Attention heads (must divide --dim); 0: 4 for a new model, from config.json beside --init-from weights");
   flag(cmd, *f, "seq", v.seq, "Sequence length (tokens per sample; the model's context)");
   flag(cmd, *f, "dropout", v.dropout, "Dropout probability");
   flag(cmd, *f, "init_from", v.init_from, "Start from these safetensors weights (HF GPT-2 names); the architecture comes from them");

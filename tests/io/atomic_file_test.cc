@@ -4,6 +4,9 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "test_util.h"
 
@@ -96,6 +99,36 @@ TEST_F(AtomicFileTest, RenameFailureKeepsTargetAndRemovesTemporary) {
   expect_error<IoError>([&] { write_file_atomic(path, "x"); }, {path.string(), "renaming"});
   EXPECT_TRUE(fs::is_directory(path / "child"));
   EXPECT_TRUE(others("d").empty());
+}
+
+TEST_F(AtomicFileTest, TemporaryNamesAreUniquePerCallAndThread) {
+  const auto path = dir_ / "f.txt";
+  std::vector<std::string> names(64);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < names.size(); ++i) {
+    threads.emplace_back([&, i] {
+      AtomicFileWriter w(path);
+      names[i] = w.temp_path().string();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
+  EXPECT_TRUE(others("f.txt").empty());
+}
+
+TEST_F(AtomicFileTest, ConcurrentWritersOfTheSameContent) {
+  // E.g. ranks preparing the same cache: every writer succeeds, the file is complete.
+  const auto path = dir_ / "f.txt";
+  const std::string contents(10000, 'c');
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      for (int j = 0; j < 10; ++j) write_file_atomic(path, contents);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(read_file(path), contents);
+  EXPECT_TRUE(others("f.txt").empty());
 }
 
 TEST_F(AtomicFileTest, ReadFileErrorsNameThePath) {

@@ -94,6 +94,28 @@ TEST(Trainer, ExportedWeightsReloadWithHuggingFaceNames) {
   EXPECT_EQ(r.losses.size(), 1u);
 }
 
+// Weights alone do not say how many heads the model has: config.json beside them does, or --heads.
+TEST(Trainer, InitFromWeightsWithoutConfigNeedsHeads) {
+  auto dir = temp_dir("heads");
+  TrainConfig c = tiny_config(dir);
+  c.save = (dir / "run").string();
+  c.steps = 1;
+  run_training(c, nullptr);
+  std::filesystem::remove(dir / "run" / "config.json");
+  TrainConfig ft = tiny_config(dir);
+  ft.heads = 0;
+  ft.init_from = (dir / "run" / "model.safetensors").string();
+  ft.steps = 1;
+  try {
+    run_training(ft, nullptr);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--heads"), std::string::npos) << e.what();
+  }
+  ft.heads = 2;
+  EXPECT_EQ(run_training(ft, nullptr).losses.size(), 1u);
+}
+
 TEST(Trainer, NonFiniteWeightsStopNamingStepAndTensor) {
   auto dir = temp_dir("nan");
   TrainConfig c = tiny_config(dir);

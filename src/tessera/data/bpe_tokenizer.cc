@@ -6,11 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
+#include <system_error>
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
-#include "tessera/data/atomic_write.h"
 #include "tessera/data/pretokenizer.h"
+#include "tessera/io/atomic_file.h"
 
 namespace tessera::data {
 namespace {
@@ -368,7 +369,10 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
 }
 
 void BpeTokenizer::save(const std::filesystem::path& path) const {
-  write_file_atomically(path, {to_json()});
+  // Parent directories first; if that fails, the writer below throws an IoError naming the path.
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  io::write_file_atomic(path, to_json());
 }
 
 BpeTokenizer BpeTokenizer::load(const std::filesystem::path& path) {

@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 #include <vector>
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
-#include "tessera/data/atomic_write.h"
+#include "tessera/io/atomic_file.h"
 
 namespace tessera::data {
 namespace {
@@ -83,9 +84,13 @@ void write_token_file(const std::filesystem::path& path, std::span<const uint32_
   put_u32(header + 32, vocab_size);
   put_u32(header + 36, static_cast<uint32_t>(kTokenFileHeaderBytes));
 
-  write_file_atomically(
-      path, {std::string_view(reinterpret_cast<const char*>(header), sizeof(header)),
-             std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size())});
+  // Parent directories first; if that fails, the writer below throws an IoError naming the path.
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  io::AtomicFileWriter w(path);
+  w.write(header, sizeof(header));
+  w.write(payload.data(), payload.size());
+  w.commit();
 }
 
 bool has_token_file_magic(const std::filesystem::path& path) {
@@ -99,7 +104,7 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::filesystem::path& path,
                                            const TokenFileOptions& options) {
   std::shared_ptr<TokenFile> tf(new TokenFile(MappedFile(path), Format::kTessera));
   const MappedFile& m = tf->file_;
-  const unsigned char* h = m.data();
+  const auto* h = reinterpret_cast<const unsigned char*>(m.data());
   if (m.size() < kTokenFileHeaderBytes)
     corrupt(path, detail::concat("it has ", m.size(), " bytes, fewer than the ",
                                  kTokenFileHeaderBytes, "-byte header"));
@@ -138,7 +143,7 @@ std::shared_ptr<TokenFile> TokenFile::open_raw_uint16(const std::filesystem::pat
   TESSERA_CHECK_AS(IoError, bytes % 2 == 0, "The raw token file ", path.string(), " has ", bytes,
                    " bytes, an odd number; a raw .bin file must hold little-endian uint16 token "
                    "ids (2 bytes each), as nanoGPT's prepare.py writes them.");
-  tf->payload_ = tf->file_.data();
+  tf->payload_ = reinterpret_cast<const unsigned char*>(tf->file_.data());
   tf->count_ = static_cast<int64_t>(bytes / 2);
   tf->token_bytes_ = 2;
   return tf;

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "tessera/data/mapped_file.h"
+#include "tessera/core/mapped_file.h"
 #include "tessera/data/token_source.h"
 
 namespace tessera::data {

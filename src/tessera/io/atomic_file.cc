@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,12 +16,18 @@
 namespace tessera::io {
 namespace {
 
+// Unique per call: the pid separates processes, the counter separates calls (from any thread)
+// within one, and the random part separates a process from a dead one that had the same pid and
+// left its temporary behind. Concurrent writers of one path (e.g. ranks preparing the same
+// cache) therefore never share a temporary; O_EXCL below would refuse one that exists anyway.
 std::filesystem::path temp_name_for(const std::filesystem::path& target) {
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t n = counter.fetch_add(1, std::memory_order_relaxed);
   std::random_device rd;
   const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  char suffix[64];
-  std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
-                static_cast<unsigned long long>(r));
+  char suffix[80];
+  std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%llu.%016llx", static_cast<long>(::getpid()),
+                static_cast<unsigned long long>(n), static_cast<unsigned long long>(r));
   std::filesystem::path p = target;
   p += suffix;
   return p;

@@ -1,6 +1,7 @@
 // Crash-safe file replacement. A reader of `path` sees either the old file or the complete new
 // one, never a partial write, even if the process or the machine dies mid-write:
-//   1. write into `path.tmp.<pid>.<random>` in the same directory (same file system),
+//   1. write into `path.tmp.<pid>.<counter>.<random>` in the same directory (same file
+//      system); the name is unique per call and thread, so concurrent writers never share it,
 //   2. fsync the temporary, 3. rename it over `path` (atomic on POSIX),
 //   4. fsync the directory so the rename itself is durable.
 // On any failure the temporary is removed and `path` keeps its old contents.

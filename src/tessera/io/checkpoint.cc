@@ -6,9 +6,9 @@
 #include <system_error>
 
 #include "tessera/core/error.h"
+#include "tessera/core/mapped_file.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/io/checksum.h"
-#include "tessera/io/mapped_file.h"
 
 namespace tessera::io {
 namespace fs = std::filesystem;

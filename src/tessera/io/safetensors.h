@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "tessera/core/dtype.h"
+#include "tessera/core/mapped_file.h"
 #include "tessera/core/tensor.h"
 #include "tessera/io/checksum.h"
-#include "tessera/io/mapped_file.h"
 
 namespace tessera::io {
 

@@ -63,7 +63,6 @@ void TrainConfig::validate() const {
   };
   positive("layers", layers);
   positive("dim", dim);
-  positive("heads", heads);
   positive("seq", seq);
   positive("batch", batch);
   positive("eval-batches", eval_batches);
@@ -72,8 +71,11 @@ void TrainConfig::validate() const {
   TESSERA_CHECK_AS(ConfigError, vocab >= 257 && vocab <= 65535,
                    "--vocab must be between 257 (the 256 bytes plus one merge) and 65535, got ",
                    vocab);
-  TESSERA_CHECK_AS(ConfigError, dim % heads == 0, "--heads ", heads, " does not divide --dim ",
-                   dim, "; choose heads so that dim/heads is a whole number");
+  TESSERA_CHECK_AS(ConfigError, heads >= 0, "--heads must be positive (or 0: automatic), got ",
+                   heads);
+  TESSERA_CHECK_AS(ConfigError, dim % new_model_heads() == 0, "--heads ", new_model_heads(),
+                   " does not divide --dim ", dim,
+                   "; choose heads so that dim/heads is a whole number");
   positive("dp", dp);
   TESSERA_CHECK_AS(ConfigError, batch % dp == 0, "--batch ", batch, " does not split over --dp ",
                    dp, " ranks; choose a batch that is a multiple of dp");

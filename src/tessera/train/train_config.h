@@ -19,7 +19,7 @@ struct TrainConfig {
   // Model (ignored where --init-from weights determine them).
   int layers = 4;
   int dim = 192;
-  int heads = 4;
+  int heads = 0;              // 0: 4 for a new model, config.json's for --init-from
   int seq = 128;              // context length used for training; also the model's block size
   float dropout = 0.0f;
   std::string init_from;      // safetensors weights to start from
@@ -63,6 +63,7 @@ struct TrainConfig {
 
   // Throws ConfigError naming the offending key and what is accepted.
   void validate() const;
+  int new_model_heads() const { return heads > 0 ? heads : 4; }
 };
 
 nlohmann::json to_json(const TrainConfig& c);

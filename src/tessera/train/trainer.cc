@@ -106,7 +106,9 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   const bool from_weights = plan.ckpt.has_value() || !cfg.init_from.empty();
   if (plan.ckpt) mcfg = from_hf_config(plan.ckpt->config, cfg.dropout);
   else if (!cfg.init_from.empty())
-    mcfg = from_hf_config(config_of_weights(cfg.init_from, std::nullopt), cfg.dropout);
+    mcfg = from_hf_config(
+        config_of_weights(cfg.init_from, cfg.heads > 0 ? std::optional<int>(cfg.heads) : std::nullopt),
+        cfg.dropout);
 
   // Data. With existing weights, token ids are bounded by their vocabulary.
   data::DataOptions dopt;
@@ -121,7 +123,7 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   if (!from_weights) {
     mcfg.n_layer = cfg.layers;
     mcfg.n_embd = cfg.dim;
-    mcfg.n_head = cfg.heads;
+    mcfg.n_head = cfg.new_model_heads();
     mcfg.block_size = cfg.seq;
     mcfg.vocab_size = static_cast<int>(plan.pd.vocab_size);
     mcfg.dropout = cfg.dropout;
