@@ -61,13 +61,19 @@ void run(const EvalFlags& f, int& exit_code) {
 void register_eval(CLI::App& root, int& exit_code) {
   auto f = std::make_shared<EvalFlags>();
   CLI::App* cmd = root.add_subcommand(
-      "eval", "Mean cross-entropy per token (nats) of weights over data, on consecutive "
-              "non-overlapping windows of --seq tokens");
-  cmd->add_option("--weights", f->weights, "model.safetensors, or a directory holding it")->required();
-  cmd->add_option("--data", f->data, "Text, tessera token file, or raw uint16 .bin; empty: the default corpus");
-  cmd->add_option("--tokenizer", f->tokenizer, "tokenizer.json (default: the one beside the weights)");
+      "eval",
+      "Mean cross-entropy per token (nats) of weights over data, on consecutive "
+      "non-overlapping windows of --seq tokens");
+  cmd->add_option("--weights", f->weights, "model.safetensors, or a directory holding it")
+      ->required();
+  cmd->add_option("--data", f->data,
+                  "Text, tessera token file, or raw uint16 .bin; empty: the default corpus");
+  cmd->add_option("--tokenizer", f->tokenizer,
+                  "tokenizer.json (default: the one beside the weights)");
   cmd->add_option("--seq", f->seq, "Window length (default: the model's context)");
-  cmd->add_option("--batch", f->batch, "Windows per forward pass")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--batch", f->batch, "Windows per forward pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--heads", f->heads, "Attention heads when no config.json is beside the weights");
   cmd->add_option("--max-windows", f->max_windows, "Evaluate at most this many windows (0: all)");
   cmd->add_option("--threads", f->threads, "Compute threads (0: one per core)");

@@ -43,12 +43,20 @@ void run(const SampleFlags& f, int& exit_code) {
 void register_sample(CLI::App& root, int& exit_code) {
   auto f = std::make_shared<SampleFlags>();
   CLI::App* cmd = root.add_subcommand("sample", "Generate text from trained weights");
-  cmd->add_option("--weights", f->weights, "model.safetensors, or a directory holding it")->required();
-  cmd->add_option("--tokenizer", f->tokenizer, "tokenizer.json (default: the one beside the weights)");
+  cmd->add_option("--weights", f->weights, "model.safetensors, or a directory holding it")
+      ->required();
+  cmd->add_option("--tokenizer", f->tokenizer,
+                  "tokenizer.json (default: the one beside the weights)");
   cmd->add_option("--prompt", f->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--tokens", f->tokens, "Tokens to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--temperature", f->temperature, "Sampling temperature (> 0)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--top-k", f->top_k, "Sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--tokens", f->tokens, "Tokens to generate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--temperature", f->temperature, "Sampling temperature (> 0)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-k", f->top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--seed", f->seed, "Random seed")->capture_default_str();
   cmd->add_option("--heads", f->heads, "Attention heads when no config.json is beside the weights");
   cmd->add_option("--threads", f->threads, "Compute threads (0: one per core)");

@@ -21,13 +21,14 @@ struct TrainFlags {
 };
 
 template <typename T>
-CLI::Option* flag(CLI::App* cmd, TrainFlags& f, const std::string& key, T& field, const std::string& help) {
+CLI::Option* flag(CLI::App* cmd, TrainFlags& f, const std::string& key, T& field,
+                  const std::string& help) {
   std::string name = "--" + key;
   for (char& c : name)
     if (c == '_') c = '-';
   return f.options[key] = cmd->add_option(name, field, help)
-                               ->capture_default_str()
-                               ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+                              ->capture_default_str()
+                              ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void run(TrainFlags& f, int& exit_code) {
@@ -57,9 +58,11 @@ void run(TrainFlags& f, int& exit_code) {
   if (r.rank != 0) return;  // under mpirun, rank 0 reports
   if (r.last_val_loss >= 0)
     std::printf("done: %lld steps, final val_loss %.4f (unigram entropy %.4f), %.0f tokens/s\n",
-                static_cast<long long>(r.steps), r.last_val_loss, r.unigram_entropy, r.tokens_per_s);
+                static_cast<long long>(r.steps), r.last_val_loss, r.unigram_entropy,
+                r.tokens_per_s);
   else
-    std::printf("done: %lld steps, %.0f tokens/s\n", static_cast<long long>(r.steps), r.tokens_per_s);
+    std::printf("done: %lld steps, %.0f tokens/s\n", static_cast<long long>(r.steps),
+                r.tokens_per_s);
 }
 
 }  // namespace
@@ -73,19 +76,27 @@ void register_train(CLI::App& root, int& exit_code) {
                   "JSON file with any of the keys below (flag names with '_' for '-'); flags "
                   "given on the command line win")
       ->check(CLI::ExistingFile);
-  flag(cmd, *f, "data", v.data, "Text file or directory, tessera token file, or raw uint16 .bin (nanoGPT); empty: Debian's fortunes");
+  flag(cmd, *f, "data", v.data,
+       "Text file or directory, tessera token file, or raw uint16 .bin (nanoGPT); empty: Debian's "
+       "fortunes");
   flag(cmd, *f, "vocab", v.vocab, "BPE vocabulary size to train on text data");
-  flag(cmd, *f, "val_fraction", v.val_fraction, "Fraction of tokens held out for validation (0 disables)");
-  flag(cmd, *f, "cache_dir", v.cache_dir, "Where tokenizers and token files prepared from text are cached");
+  flag(cmd, *f, "val_fraction", v.val_fraction,
+       "Fraction of tokens held out for validation (0 disables)");
+  flag(cmd, *f, "cache_dir", v.cache_dir,
+       "Where tokenizers and token files prepared from text are cached");
   flag(cmd, *f, "layers", v.layers, "Transformer blocks");
   flag(cmd, *f, "dim", v.dim, "Model width (embedding size)");
-  flag(cmd, *f, "heads", v.heads, "Attention heads (must divide --dim); 0: 4 for a new model, from config.json beside --init-from weights");
+  flag(cmd, *f, "heads", v.heads,
+       "Attention heads (must divide --dim); 0: 4 for a new model, from config.json beside "
+       "--init-from weights");
   flag(cmd, *f, "seq", v.seq, "Sequence length (tokens per sample; the model's context)");
   flag(cmd, *f, "dropout", v.dropout, "Dropout probability");
-  flag(cmd, *f, "init_from", v.init_from, "Start from these safetensors weights (HF GPT-2 names); the architecture comes from them");
+  flag(cmd, *f, "init_from", v.init_from,
+       "Start from these safetensors weights (HF GPT-2 names); the architecture comes from them");
   flag(cmd, *f, "steps", v.steps, "Optimizer steps (the total, also when resuming)");
   flag(cmd, *f, "batch", v.batch, "Global batch size in sequences");
-  flag(cmd, *f, "micro_batch", v.micro_batch, "Sequences per forward/backward (gradient accumulation); 0 = --batch");
+  flag(cmd, *f, "micro_batch", v.micro_batch,
+       "Sequences per forward/backward (gradient accumulation); 0 = --batch");
   flag(cmd, *f, "lr", v.lr, "Peak learning rate");
   flag(cmd, *f, "warmup", v.warmup, "Linear warmup steps (then cosine decay)");
   flag(cmd, *f, "min_lr_ratio", v.min_lr_ratio, "Final learning rate as a fraction of --lr");
@@ -96,17 +107,25 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "beta1", v.beta1, "AdamW beta1");
   flag(cmd, *f, "beta2", v.beta2, "AdamW beta2");
   flag(cmd, *f, "seed", v.seed, "Seed of initialisation, data order, dropout and sampling");
-  flag(cmd, *f, "dp", v.dp, "Data-parallel ranks: threads of this process, or under mpirun the number of processes");
-  flag(cmd, *f, "zero", v.zero, "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)")
+  flag(cmd, *f, "dp", v.dp,
+       "Data-parallel ranks: threads of this process, or under mpirun the number of processes");
+  flag(cmd, *f, "zero", v.zero,
+       "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::Range(0, 3));
-  flag(cmd, *f, "bucket_mb", v.bucket_mb, "Gradient bucket size in MiB (communication granularity)");
+  flag(cmd, *f, "bucket_mb", v.bucket_mb,
+       "Gradient bucket size in MiB (communication granularity)");
   flag(cmd, *f, "overlap", v.overlap, "Overlap gradient communication with backward (true/false)");
-  flag(cmd, *f, "backend", v.backend, "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
+  flag(cmd, *f, "backend", v.backend,
+       "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
       ->check(CLI::IsMember({"auto", "inproc", "mpi"}));
-  flag(cmd, *f, "trace", v.trace, "Write the timeline (Chrome trace-event JSON, one track per rank) to this file");
-  flag(cmd, *f, "threads", v.threads, "Compute (BLAS) threads per rank; 0 = the cores divided among the ranks");
-  flag(cmd, *f, "memory_limit", v.memory_limit, "Emulated device memory per rank, e.g. 2GiB (empty: unlimited)");
-  flag(cmd, *f, "save", v.save, "Checkpoint directory (also exports model.safetensors, config.json, tokenizer.json)");
+  flag(cmd, *f, "trace", v.trace,
+       "Write the timeline (Chrome trace-event JSON, one track per rank) to this file");
+  flag(cmd, *f, "threads", v.threads,
+       "Compute (BLAS) threads per rank; 0 = the cores divided among the ranks");
+  flag(cmd, *f, "memory_limit", v.memory_limit,
+       "Emulated device memory per rank, e.g. 2GiB (empty: unlimited)");
+  flag(cmd, *f, "save", v.save,
+       "Checkpoint directory (also exports model.safetensors, config.json, tokenizer.json)");
   flag(cmd, *f, "resume", v.resume, "Resume from this checkpoint directory");
   flag(cmd, *f, "save_every", v.save_every, "Save a checkpoint every N steps (0: only at the end)");
   flag(cmd, *f, "metrics", v.metrics, "Write metrics as JSON lines to this file");

@@ -9,13 +9,13 @@ LoadedModel load_model(const std::string& weights, int heads, const std::string&
                        int max_batch) {
   LoadedModel m;
   std::filesystem::path file = train::weights_file(weights);
-  io::HfGptConfig hc = train::config_of_weights(
-      weights, heads > 0 ? std::optional<int>(heads) : std::nullopt);
+  io::HfGptConfig hc =
+      train::config_of_weights(weights, heads > 0 ? std::optional<int>(heads) : std::nullopt);
   m.alloc = std::make_unique<Allocator>("rank 0");
   m.model = std::make_unique<nn::GPT>(train::from_hf_config(hc, 0.0f), max_batch, *m.alloc);
   train::load_weights(*m.model, io::SafetensorsFile(file));
-  std::filesystem::path tok = tokenizer.empty() ? file.parent_path() / "tokenizer.json"
-                                                : std::filesystem::path(tokenizer);
+  std::filesystem::path tok =
+      tokenizer.empty() ? file.parent_path() / "tokenizer.json" : std::filesystem::path(tokenizer);
   if (!tokenizer.empty() || std::filesystem::exists(tok)) {
     m.tokenizer = data::BpeTokenizer::load(tok);
     m.tokenizer_path = tok;

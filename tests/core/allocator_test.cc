@@ -24,7 +24,8 @@ TEST(Allocator, TracksInUseAndPeakPerCategory) {
 
 TEST(Allocator, CapacityErrorNamesRankRequestAndHolders) {
   Allocator a("rank 1", 10000);
-  Tensor big = Tensor::empty({2000}, DType::F32, MemCategory::Parameters, "h.0.mlp.c_fc.weight", &a);
+  Tensor big =
+      Tensor::empty({2000}, DType::F32, MemCategory::Parameters, "h.0.mlp.c_fc.weight", &a);
   try {
     Tensor more = Tensor::empty({1000}, DType::F32, MemCategory::Activations, "attn.scores", &a);
     FAIL() << "expected OutOfMemory";

@@ -11,8 +11,8 @@ namespace {
 TEST(Philox, KnownAnswers) {
   PhiloxBlock z = philox4x32({0, 0, 0, 0}, {0, 0});
   EXPECT_EQ(z, (PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  PhiloxBlock f = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                             {0xffffffffu, 0xffffffffu});
+  PhiloxBlock f =
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
   EXPECT_EQ(f, (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
 }
 

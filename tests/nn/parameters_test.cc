@@ -49,7 +49,8 @@ TEST(ParameterSet, ShardsReproduceSingleDeviceInitialisation) {
     for (int64_t i = 0; i < C; ++i)
       for (int64_t blk = 0; blk < 3; ++blk)
         for (int64_t j = 0; j < C / tp; ++j)
-          EXPECT_EQ(sp[i * (3 * C / tp) + blk * (C / tp) + j], w[i * 3 * C + blk * C + r * C / tp + j]);
+          EXPECT_EQ(sp[i * (3 * C / tp) + blk * (C / tp) + j],
+                    w[i * 3 * C + blk * C + r * C / tp + j]);
     std::vector<float> es = shard.param(1).to_vector();
     for (int64_t i = 0; i < 5 * C; ++i) EXPECT_EQ(es[i], e[r * 5 * C + i]);
   }
@@ -87,7 +88,8 @@ TEST(ParameterSet, InitialValuesOfAnyRangeMatchFullInitialisation) {
       if (end > ps.numel() || end < begin) continue;
       std::vector<float> part(end - begin, -1.0f);
       ps.initial_values(99, begin, end, part.data());
-      for (int64_t i = begin; i < end; ++i) ASSERT_EQ(part[i - begin], full[i]) << begin << ".." << end << " at " << i;
+      for (int64_t i = begin; i < end; ++i)
+        ASSERT_EQ(part[i - begin], full[i]) << begin << ".." << end << " at " << i;
     }
   }
   EXPECT_EQ(ps.params_in(0, ps.numel()), (std::pair<int, int>{0, 4}));

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "tessera/io/safetensors.h"

@@ -33,9 +33,9 @@ TEST(Mesh, AxisGroupsFollowMegatronOrder) {
   });
   for (int r = 0; r < 8; ++r) {
     const int tp = r % 2, dp = (r / 2) % 2, pp = r / 4;
-    EXPECT_EQ(seen[r][0], (r - tp) * 2 + 1) << r;                   // r and its tp partner
-    EXPECT_EQ(seen[r][1], 2 * (pp * 4 + tp) + 2) << r;              // dp partners differ by 2
-    EXPECT_EQ(seen[r][2], 2 * (dp * 2 + tp) + 4) << r;              // pp partners differ by 4
+    EXPECT_EQ(seen[r][0], (r - tp) * 2 + 1) << r;       // r and its tp partner
+    EXPECT_EQ(seen[r][1], 2 * (pp * 4 + tp) + 2) << r;  // dp partners differ by 2
+    EXPECT_EQ(seen[r][2], 2 * (dp * 2 + tp) + 4) << r;  // pp partners differ by 4
     EXPECT_EQ(seen[r][3], 2);
   }
 }

@@ -1,9 +1,9 @@
 // A tiny corpus and model so end-to-end training tests take a fraction of a second per step.
 #pragma once
 
-#include <filesystem>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 

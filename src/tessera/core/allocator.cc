@@ -11,12 +11,18 @@ namespace tessera {
 
 std::string_view mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::Parameters: return "parameters";
-    case MemCategory::Gradients: return "gradients";
-    case MemCategory::OptimizerState: return "optimizer state";
-    case MemCategory::Activations: return "activations";
-    case MemCategory::Buffers: return "buffers";
-    case MemCategory::Other: return "other";
+    case MemCategory::Parameters:
+      return "parameters";
+    case MemCategory::Gradients:
+      return "gradients";
+    case MemCategory::OptimizerState:
+      return "optimizer state";
+    case MemCategory::Activations:
+      return "activations";
+    case MemCategory::Buffers:
+      return "buffers";
+    case MemCategory::Other:
+      return "other";
   }
   return "?";
 }
@@ -31,10 +37,10 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
       std::vector<std::pair<size_t, std::string>> top;
       for (const auto& [t, b] : holders_) top.emplace_back(b, t);
       std::sort(top.rbegin(), top.rend());
-      std::string msg = detail::concat(name_, ": out of memory: requested ", format_bytes(bytes),
-                                       " for '", tag, "' (", mem_category_name(cat), ") with ",
-                                       format_bytes(in_use_), " of ", format_bytes(capacity_),
-                                       " in use. Largest holders:");
+      std::string msg =
+          detail::concat(name_, ": out of memory: requested ", format_bytes(bytes), " for '", tag,
+                         "' (", mem_category_name(cat), ") with ", format_bytes(in_use_), " of ",
+                         format_bytes(capacity_), " in use. Largest holders:");
       for (size_t i = 0; i < std::min<size_t>(5, top.size()); ++i)
         msg += detail::concat(" ", top[i].second, " ", format_bytes(top[i].first), ";");
       throw OutOfMemory(msg);
@@ -45,15 +51,17 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
     cat_in_use_[ci] += bytes;
     cat_peak_[ci] = std::max(cat_peak_[ci], cat_in_use_[ci]);
     auto it = holders_.find(tag);
-    if (it == holders_.end()) holders_.emplace(std::string(tag), bytes);
-    else it->second += bytes;
+    if (it == holders_.end())
+      holders_.emplace(std::string(tag), bytes);
+    else
+      it->second += bytes;
   }
   if (bytes == 0) return nullptr;
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
     deallocate(nullptr, bytes, cat, tag);
-    throw OutOfMemory(detail::concat(name_, ": the operating system refused ",
-                                     format_bytes(bytes), " for '", tag, "'"));
+    throw OutOfMemory(detail::concat(name_, ": the operating system refused ", format_bytes(bytes),
+                                     " for '", tag, "'"));
   }
   return p;
 }
@@ -120,12 +128,16 @@ Allocator& process_allocator() {
 thread_local Allocator* t_current = nullptr;
 }  // namespace
 
-Allocator& Allocator::current() { return t_current ? *t_current : process_allocator(); }
+Allocator& Allocator::current() {
+  return t_current ? *t_current : process_allocator();
+}
 
 CurrentAllocatorScope::CurrentAllocatorScope(Allocator& a) : previous_(t_current) {
   t_current = &a;
 }
-CurrentAllocatorScope::~CurrentAllocatorScope() { t_current = previous_; }
+CurrentAllocatorScope::~CurrentAllocatorScope() {
+  t_current = previous_;
+}
 
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -135,8 +147,10 @@ std::string format_bytes(double bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
   return buf;
 }
 
@@ -153,16 +167,25 @@ size_t parse_bytes(std::string_view text) {
   }
   std::string unit;
   for (size_t i = pos; i < s.size(); ++i)
-    if (!std::isspace(static_cast<unsigned char>(s[i]))) unit += static_cast<char>(std::tolower(s[i]));
+    if (!std::isspace(static_cast<unsigned char>(s[i])))
+      unit += static_cast<char>(std::tolower(s[i]));
   double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "kb" || unit == "k") mult = 1e3;
-  else if (unit == "mb" || unit == "m") mult = 1e6;
-  else if (unit == "gb" || unit == "g") mult = 1e9;
-  else if (unit == "kib") mult = 1024.0;
-  else if (unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "kb" || unit == "k")
+    mult = 1e3;
+  else if (unit == "mb" || unit == "m")
+    mult = 1e6;
+  else if (unit == "gb" || unit == "g")
+    mult = 1e9;
+  else if (unit == "kib")
+    mult = 1024.0;
+  else if (unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
   if (mult == 0 || value < 0)
     throw ConfigError(detail::concat("cannot read '", text,
                                      "' as a size: units are B, KB, MB, GB, KiB, MiB, GiB, TiB"));

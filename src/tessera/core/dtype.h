@@ -11,13 +11,20 @@ enum class DType : uint8_t { F32, BF16, F16, I32, I64, U16, U8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U16: return 2;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U16:
+      return 2;
+    case DType::U8:
+      return 1;
   }
   return 0;
 }
@@ -25,13 +32,20 @@ constexpr size_t dtype_size(DType t) {
 // Names as safetensors writes them.
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U16: return "U16";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U16:
+      return "U16";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }

@@ -50,13 +50,13 @@ std::string concat(Args&&... args) {
 }  // namespace tessera
 
 // TESSERA_CHECK(cond, "message ", value, ...) throws tessera::Error with the message.
-#define TESSERA_CHECK(cond, ...)                                    \
-  do {                                                              \
+#define TESSERA_CHECK(cond, ...)                                                 \
+  do {                                                                           \
     if (!(cond)) throw ::tessera::Error(::tessera::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // TESSERA_CHECK_AS(ExceptionType, cond, "message ", ...) throws the given Error subclass.
-#define TESSERA_CHECK_AS(Type, cond, ...)                               \
-  do {                                                                  \
-    if (!(cond)) throw Type(::tessera::detail::concat(__VA_ARGS__));    \
+#define TESSERA_CHECK_AS(Type, cond, ...)                            \
+  do {                                                               \
+    if (!(cond)) throw Type(::tessera::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -43,7 +43,9 @@ PhiloxBlock block_at(uint64_t seed, uint64_t stream, uint64_t index) {
                     {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 // (0, 1]: never 0, so log() is finite.
-inline float to_unit(uint32_t x) { return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f); }
+inline float to_unit(uint32_t x) {
+  return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f);
+}
 inline double to_unit_d(uint32_t a, uint32_t b) {
   uint64_t x = (static_cast<uint64_t>(a) << 21) ^ b;  // 53 bits
   x &= (1ull << 53) - 1;
@@ -62,8 +64,8 @@ float philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream,
-                        uint64_t first_index, float mean, float std) {
+void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first_index,
+                        float mean, float std) {
   for (int64_t i = 0; i < n; ++i)
     out[i] = mean + std * philox_normal(seed, stream, first_index + static_cast<uint64_t>(i));
 }

@@ -25,7 +25,7 @@ float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 float philox_normal(uint64_t seed, uint64_t stream, uint64_t index);
 
 // Fills out[0..n) with normal(mean, std) for global indices [first_index, first_index + n).
-void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream,
-                        uint64_t first_index, float mean, float std);
+void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first_index,
+                        float mean, float std);
 
 }  // namespace tessera

@@ -23,7 +23,9 @@ Storage::Storage(size_t bytes, Allocator& alloc, MemCategory cat, std::string ta
   data_ = alloc_->allocate(bytes_, cat_, tag_);
 }
 
-Storage::~Storage() { alloc_->deallocate(data_, bytes_, cat_, tag_); }
+Storage::~Storage() {
+  alloc_->deallocate(data_, bytes_, cat_, tag_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory cat, std::string tag,
                      Allocator* alloc) {
@@ -32,8 +34,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory cat, std::stri
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
-                                         alloc ? *alloc : Allocator::current(), cat, std::move(tag));
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
+                                alloc ? *alloc : Allocator::current(), cat, std::move(tag));
   return t;
 }
 
@@ -72,9 +75,9 @@ float* Tensor::f32() const {
 }
 
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
-  TESSERA_CHECK_AS(ShapeError, offset >= 0 && offset + shape_numel(shape) <= numel(),
-                   "view of ", shape_str(shape), " at offset ", offset,
-                   " does not fit in a tensor of shape ", shape_str(shape_));
+  TESSERA_CHECK_AS(ShapeError, offset >= 0 && offset + shape_numel(shape) <= numel(), "view of ",
+                   shape_str(shape), " at offset ", offset, " does not fit in a tensor of shape ",
+                   shape_str(shape_));
   Tensor t = *this;
   t.offset_ = offset_ + offset;
   t.shape_ = shape;
@@ -82,8 +85,8 @@ Tensor Tensor::view(int64_t offset, const Shape& shape) const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  TESSERA_CHECK_AS(ShapeError, shape_numel(shape) == numel(), "cannot reshape ",
-                   shape_str(shape_), " to ", shape_str(shape));
+  TESSERA_CHECK_AS(ShapeError, shape_numel(shape) == numel(), "cannot reshape ", shape_str(shape_),
+                   " to ", shape_str(shape));
   return view(0, shape);
 }
 
@@ -111,8 +114,8 @@ void Tensor::fill_(float v) {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  TESSERA_CHECK_AS(ShapeError, src.numel() == numel() && src.dtype() == dtype_,
-                   "copy from ", shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ",
+  TESSERA_CHECK_AS(ShapeError, src.numel() == numel() && src.dtype() == dtype_, "copy from ",
+                   shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ",
                    shape_str(shape_), " ", dtype_name(dtype_));
   if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
 }

@@ -65,13 +65,13 @@ class Tensor {
 
   // A view of `shape` starting `offset` elements into this tensor's elements.
   Tensor view(int64_t offset, const Shape& shape) const;
-  Tensor reshape(const Shape& shape) const;          // same elements, new shape
+  Tensor reshape(const Shape& shape) const;         // same elements, new shape
   Tensor slice0(int64_t begin, int64_t end) const;  // rows [begin, end) of dimension 0
   Tensor clone(MemCategory cat = MemCategory::Other, std::string tag = "") const;
 
   void zero_();
-  void fill_(float v);  // F32 only
-  void copy_from(const Tensor& src);  // same numel and dtype
+  void fill_(float v);                   // F32 only
+  void copy_from(const Tensor& src);     // same numel and dtype
   std::vector<float> to_vector() const;  // F32 only
   bool shares_storage_with(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
 

@@ -36,9 +36,15 @@ int64_t Tracer::to_us(TraceClock::time_point t) const {
   return std::chrono::duration_cast<std::chrono::microseconds>(t - origin_).count();
 }
 
-Tracer* Tracer::current() { return t_tracer; }
-TracerScope::TracerScope(Tracer* t) : previous_(t_tracer) { t_tracer = t; }
-TracerScope::~TracerScope() { t_tracer = previous_; }
+Tracer* Tracer::current() {
+  return t_tracer;
+}
+TracerScope::TracerScope(Tracer* t) : previous_(t_tracer) {
+  t_tracer = t;
+}
+TracerScope::~TracerScope() {
+  t_tracer = previous_;
+}
 
 std::vector<TraceEvent> with_idle_spans(std::vector<TraceEvent> events, int64_t min_gap_us) {
   std::vector<TraceEvent> compute;
@@ -65,27 +71,31 @@ std::string chrome_trace_json(const std::vector<std::pair<int, std::vector<Trace
   };
   char buf[512];
   for (const auto& [rank, events] : ranks) {
-    std::snprintf(buf, sizeof buf,
-                  "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-                  rank, rank);
+    std::snprintf(
+        buf, sizeof buf,
+        "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank,
+        rank);
     emit(buf);
-    std::snprintf(buf, sizeof buf,
-                  "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
-                  rank, rank);
+    std::snprintf(
+        buf, sizeof buf,
+        "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
+        rank, rank);
     emit(buf);
     const char* tracks[] = {"compute", "comm"};
     for (int t = 0; t < 2; ++t) {
       std::snprintf(buf, sizeof buf,
-                    "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                    "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{"
+                    "\"name\":\"%s\"}}",
                     rank, t, tracks[t]);
       emit(buf);
     }
     for (const TraceEvent& e : events) {
-      std::snprintf(buf, sizeof buf,
-                    "{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%lld,"
-                    "\"dur\":%lld}",
-                    json_escape(e.name).c_str(), json_escape(e.category).c_str(), rank, e.track,
-                    static_cast<long long>(e.start_us), static_cast<long long>(e.dur_us));
+      std::snprintf(
+          buf, sizeof buf,
+          "{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%lld,"
+          "\"dur\":%lld}",
+          json_escape(e.name).c_str(), json_escape(e.category).c_str(), rank, e.track,
+          static_cast<long long>(e.start_us), static_cast<long long>(e.dur_us));
       emit(buf);
     }
   }

@@ -303,7 +303,8 @@ std::string GPT::first_non_finite() const {
   }
   for (int i = 0; i < params_.size(); ++i) {
     const float* d = params_.grad_data(i);
-    if (d && bad(d, params_.infos()[i].local_numel())) return params_.infos()[i].name + " (gradient)";
+    if (d && bad(d, params_.infos()[i].local_numel()))
+      return params_.infos()[i].name + " (gradient)";
   }
   if (B_ == 0) return "";
   const int64_t BT = static_cast<int64_t>(B_) * T_;

@@ -73,7 +73,8 @@ void ParameterSet::pad_to_multiple(int64_t floats) {
 void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_grads) {
   TESSERA_CHECK(!materialized(), "parameters materialized twice");
   if (full_params)
-    flat_params_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);
+    flat_params_ =
+        Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);
   if (full_grads)
     flat_grads_ = Tensor::zeros({numel_}, DType::F32, MemCategory::Gradients, "gradients", &alloc);
   param_ptr_.assign(infos_.size(), nullptr);
@@ -110,8 +111,9 @@ void ParameterSet::initial_values(uint64_t seed, int64_t begin, int64_t end, flo
                              p.init_std);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            w[i] = p.init_std *
-                   philox_normal(seed, stream, static_cast<uint64_t>(p.global_index(first_local + i)));
+            w[i] =
+                p.init_std *
+                philox_normal(seed, stream, static_cast<uint64_t>(p.global_index(first_local + i)));
         }
         break;
     }

@@ -22,7 +22,8 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
 AdamW::AdamW(std::vector<Segment> segments, int64_t state_elems, const AdamWConfig& cfg,
              Allocator& alloc)
     : segments_(std::move(segments)), cfg_(cfg) {
-  m_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg", &alloc);
+  m_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg",
+                     &alloc);
   v_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg_sq",
                      &alloc);
 }

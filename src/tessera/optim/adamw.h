@@ -21,13 +21,16 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
 class AdamW final : public Optimizer {
  public:
   // Updates `segments`; the state buffers hold state_elems elements (>= every segment's end).
-  AdamW(std::vector<Segment> segments, int64_t state_elems, const AdamWConfig& cfg, Allocator& alloc);
+  AdamW(std::vector<Segment> segments, int64_t state_elems, const AdamWConfig& cfg,
+        Allocator& alloc);
   // Every parameter of `params`, state laid out like the flat buffer.
   AdamW(nn::ParameterSet& params, const AdamWConfig& cfg, Allocator& alloc);
   void step(float lr) override;
   int64_t steps() const override { return t_; }
   void set_steps(int64_t t) override { t_ = t; }
-  std::vector<NamedTensor> state_buffers() override { return {{"exp_avg", m_}, {"exp_avg_sq", v_}}; }
+  std::vector<NamedTensor> state_buffers() override {
+    return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  }
   const std::vector<Segment>& segments() const override { return segments_; }
   std::string name() const override { return "adamw"; }
   const AdamWConfig& config() const { return cfg_; }

@@ -6,7 +6,8 @@
 namespace tessera::optim {
 
 float LrSchedule::at(int64_t step) const {
-  if (warmup > 0 && step < warmup) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  if (warmup > 0 && step < warmup)
+    return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
   if (total <= warmup) return peak;
   double progress = static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
   progress = std::clamp(progress, 0.0, 1.0);

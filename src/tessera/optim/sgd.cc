@@ -2,8 +2,7 @@
 
 namespace tessera::optim {
 
-SGD::SGD(std::vector<Segment> segments, int64_t state_elems, const SGDConfig& cfg,
-         Allocator& alloc)
+SGD::SGD(std::vector<Segment> segments, int64_t state_elems, const SGDConfig& cfg, Allocator& alloc)
     : segments_(std::move(segments)), cfg_(cfg) {
   if (cfg_.momentum > 0.0f)
     momentum_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState,

@@ -19,7 +19,12 @@ nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size) {
 
 DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
                            Allocator& alloc)
-    : model_(model), ps_(model.params()), dp_(dp), o_(o), alloc_(alloc), rank_(dp.rank()),
+    : model_(model),
+      ps_(model.params()),
+      dp_(dp),
+      o_(o),
+      alloc_(alloc),
+      rank_(dp.rank()),
       size_(dp.size()) {
   TESSERA_CHECK_AS(ConfigError, o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ",
                    o.zero);
@@ -40,8 +45,8 @@ DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataPar
     auto [fp, lp] = ps_.params_in(b.begin, b.end);
     b.first_param = fp;
     b.last_param = lp;
-    TESSERA_CHECK(o.zero == 0 || (b.end - b.begin) % size_ == 0,
-                  "internal: bucket of ", b.end - b.begin, " elements does not split into ", size_,
+    TESSERA_CHECK(o.zero == 0 || (b.end - b.begin) % size_ == 0, "internal: bucket of ",
+                  b.end - b.begin, " elements does not split into ", size_,
                   " shards; build the model with gpt_layout_for()");
     b.shard = o.zero > 0 ? (b.end - b.begin) / size_ : 0;
     for (int u = lo; u <= hi; ++u) bucket_of_unit_[u] = static_cast<int>(buckets_.size());
@@ -103,8 +108,8 @@ std::vector<optim::Segment> DataParallel::shard_segments() const {
       seg.n = e - s;
       seg.state_offset = packed + (s - lo);
       seg.decay = info.weight_decay;
-      seg.value = o_.zero >= 3 ? param_shard_.f32() + seg.state_offset
-                               : ps_.flat_params().f32() + s;
+      seg.value =
+          o_.zero >= 3 ? param_shard_.f32() + seg.state_offset : ps_.flat_params().f32() + s;
       seg.grad = o_.zero >= 2 ? grad_shard_.f32() + seg.state_offset : ps_.flat_grads().f32() + s;
       segs.push_back(seg);
     }
@@ -113,8 +118,10 @@ std::vector<optim::Segment> DataParallel::shard_segments() const {
 }
 
 void DataParallel::create_optimizer(const OptimizerFactory& make) {
-  if (o_.zero == 0) opt_ = make(optim::whole_parameter_segments(ps_), ps_.numel());
-  else opt_ = make(shard_segments(), shard_elems_);
+  if (o_.zero == 0)
+    opt_ = make(optim::whole_parameter_segments(ps_), ps_.numel());
+  else
+    opt_ = make(shard_segments(), shard_elems_);
 }
 
 // ---- weights ---------------------------------------------------------------------------------
@@ -131,7 +138,8 @@ void DataParallel::initialize(uint64_t seed) {
 
 namespace {
 // The name under which `name` is stored in `file` ("transformer." prefix allowed), or throws.
-std::string stored_name(const io::SafetensorsFile& file, const std::string& name, const Shape& shape) {
+std::string stored_name(const io::SafetensorsFile& file, const std::string& name,
+                        const Shape& shape) {
   std::string n = file.contains(name) ? name : "transformer." + name;
   TESSERA_CHECK_AS(IoError, file.contains(n), "'", file.path().string(), "' has no tensor '", name,
                    "'");
@@ -178,8 +186,8 @@ io::NamedTensors DataParallel::full_weights() {
     for (int i = 0; i < ps_.size(); ++i) out.emplace_back(ps_.infos()[i].name, ps_.param(i));
     return out;
   }
-  Tensor full = Tensor::zeros({ps_.numel()}, DType::F32, MemCategory::Buffers, "checkpoint.weights",
-                              &alloc_);
+  Tensor full =
+      Tensor::zeros({ps_.numel()}, DType::F32, MemCategory::Buffers, "checkpoint.weights", &alloc_);
   for_each_shard_range([&](const Bucket& b, int64_t, int64_t, int64_t packed) {
     dp_.all_gather(param_shard_.f32() + packed, full.f32() + b.begin, b.shard, DType::F32).wait();
   });
@@ -210,7 +218,9 @@ void DataParallel::begin_step() {
   if (grad_shard_.defined()) grad_shard_.zero_();
 }
 
-void DataParallel::begin_micro_batch(bool last) { last_micro_ = last; }
+void DataParallel::begin_micro_batch(bool last) {
+  last_micro_ = last;
+}
 
 void DataParallel::end_backward() {
   for (int b : ready_) launch(b);
@@ -239,12 +249,14 @@ void DataParallel::clip(double norm, double max_norm) {
   auto scale_range = [&](float* g, int64_t n) {
     for (int64_t i = 0; i < n; ++i) g[i] *= scale;
   };
-  if (o_.zero == 0) scale_range(ps_.flat_grads().f32(), ps_.numel());
+  if (o_.zero == 0)
+    scale_range(ps_.flat_grads().f32(), ps_.numel());
   else if (o_.zero == 1)
     for_each_shard_range([&](const Bucket&, int64_t lo, int64_t hi, int64_t) {
       scale_range(ps_.flat_grads().f32() + lo, hi - lo);
     });
-  else scale_range(grad_shard_.f32(), shard_elems_);
+  else
+    scale_range(grad_shard_.f32(), shard_elems_);
 }
 
 void DataParallel::optimizer_step(float lr) {
@@ -280,12 +292,12 @@ void DataParallel::prefetch(int bi) {
   if (o_.zero < 3 || bi < 0 || bi >= num_buckets()) return;
   Bucket& b = buckets_[bi];
   if (b.params.defined()) return;
-  b.params = Tensor::empty({b.end - b.begin}, DType::F32, MemCategory::Buffers, "zero3.gathered",
-                           &alloc_);
+  b.params =
+      Tensor::empty({b.end - b.begin}, DType::F32, MemCategory::Buffers, "zero3.gathered", &alloc_);
   comm::AllGatherOptions ao;
   ao.async = true;
-  b.gather = dp_.all_gather(param_shard_.f32() + b.shard_offset, b.params.f32(), b.shard,
-                            DType::F32, ao);
+  b.gather =
+      dp_.all_gather(param_shard_.f32() + b.shard_offset, b.params.f32(), b.shard, DType::F32, ao);
   b.gathering = true;
   volume_.all_gather += 4.0 * (b.end - b.begin) * (size_ - 1) / size_;
 }
@@ -364,8 +376,10 @@ void DataParallel::bucket_backward_done(int bi) {
   release_params(b);
   const bool communicate = o_.zero >= 2 || last_micro_;
   if (!communicate) return;
-  if (o_.overlap) launch(bi);
-  else ready_.push_back(bi);
+  if (o_.overlap)
+    launch(bi);
+  else
+    ready_.push_back(bi);
   drain(2);  // keep at most two buckets in flight (bounds ZeRO-2/3 memory)
 }
 
@@ -385,7 +399,8 @@ void DataParallel::launch(int bi) {
     comm::ReduceScatterOptions ro;
     ro.async = true;
     float* base = o_.zero == 1 ? ps_.flat_grads().f32() + b.begin : b.grads.f32();
-    p.kind = o_.zero == 1 ? PendingKind::ReduceScatterInPlace : PendingKind::ReduceScatterAccumulate;
+    p.kind =
+        o_.zero == 1 ? PendingKind::ReduceScatterInPlace : PendingKind::ReduceScatterAccumulate;
     p.work = dp_.reduce_scatter(base, base + rank_ * b.shard, b.shard, DType::F32, ro);
     volume_.reduce_scatter += 4.0 * len * (size_ - 1) / size_;
     if (o_.zero >= 2) {
@@ -411,8 +426,7 @@ void DataParallel::finish(Pending& p) {
 }
 
 void DataParallel::drain(size_t keep) {
-  while (pending_.size() > keep ||
-         (!pending_.empty() && pending_.front().work.is_completed())) {
+  while (pending_.size() > keep || (!pending_.empty() && pending_.front().work.is_completed())) {
     finish(pending_.front());
     pending_.pop_front();
   }

@@ -94,11 +94,11 @@ class DataParallel final : public nn::UnitHooks {
 
  private:
   struct Bucket {
-    int first_unit = 0, last_unit = 0;  // inclusive
+    int first_unit = 0, last_unit = 0;    // inclusive
     int first_param = 0, last_param = 0;  // [first, last)
-    int64_t begin = 0, end = 0;         // flat range
-    int64_t shard = 0;                  // (end - begin) / dp
-    int64_t shard_offset = 0;           // into the packed shard buffers
+    int64_t begin = 0, end = 0;           // flat range
+    int64_t shard = 0;                    // (end - begin) / dp
+    int64_t shard_offset = 0;             // into the packed shard buffers
     // ZeRO-3 gathered parameters and ZeRO-2/3 gradient buffer while in use.
     Tensor params, grads;
     comm::Work gather;  // prefetch in flight

@@ -11,8 +11,8 @@ std::string MeshShape::str() const {
 void validate_mesh(const MeshShape& s, int world_size) {
   TESSERA_CHECK_AS(ConfigError, s.dp > 0 && s.pp > 0 && s.tp > 0,
                    "every mesh size must be positive, got ", s.str());
-  TESSERA_CHECK_AS(ConfigError, s.world() == world_size, "the mesh ", s.str(), " needs ",
-                   s.world(), " ranks but the world has ", world_size,
+  TESSERA_CHECK_AS(ConfigError, s.world() == world_size, "the mesh ", s.str(), " needs ", s.world(),
+                   " ranks but the world has ", world_size,
                    "; make dp * pp * tp equal the number of ranks");
 }
 

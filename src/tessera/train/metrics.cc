@@ -28,8 +28,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
   if (!f_) return;
   std::string line = record.dump() + "\n";
   bool ok = std::fwrite(line.data(), 1, line.size(), f_) == line.size() && std::fflush(f_) == 0;
-  TESSERA_CHECK_AS(IoError, ok, "cannot write to metrics file '", path_, "': ",
-                   std::strerror(errno));
+  TESSERA_CHECK_AS(IoError, ok, "cannot write to metrics file '", path_,
+                   "': ", std::strerror(errno));
 }
 
 }  // namespace tessera::train

@@ -44,19 +44,28 @@ void ProgressLine::finish() {
 std::string format_duration(double s) {
   char buf[32];
   if (!std::isfinite(s) || s < 0) return "?";
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600,
+                  (static_cast<int>(s) % 3600) / 60);
   return buf;
 }
 
 std::string format_rate(double v) {
   char buf[32];
-  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2fT", v / 1e12);
-  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  if (v >= 1e12)
+    std::snprintf(buf, sizeof buf, "%.2fT", v / 1e12);
+  else if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
 }
 

@@ -7,13 +7,14 @@
 namespace tessera::train {
 
 // One list of (key, member) pairs drives both directions of the JSON mapping.
-#define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                         \
-  X(data) X(vocab) X(val_fraction) X(cache_dir) X(layers) X(dim) X(heads) X(seq) X(dropout)   \
-  X(init_from) X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio)                \
-  X(weight_decay) X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed) X(dp)       \
-  X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(threads)                              \
-  X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every) X(eval_batches)    \
-  X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
+#define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                           \
+  X(data)                                                                                        \
+  X(vocab) X(val_fraction) X(cache_dir) X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from) \
+      X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
+          X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed) X(dp) X(zero)          \
+              X(bucket_mb) X(overlap) X(backend) X(trace) X(threads) X(memory_limit) X(save)     \
+                  X(resume) X(save_every) X(metrics) X(eval_every) X(eval_batches)               \
+                      X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 
 nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j;
@@ -32,15 +33,15 @@ TrainConfig train_config_from_json(const nlohmann::json& j) {
                      "'; run `tessera train --help` for the accepted keys");
     (void)value;
   }
-#define X(name)                                                                              \
-  if (j.contains(#name)) {                                                                   \
-    try {                                                                                    \
-      j.at(#name).get_to(c.name);                                                            \
-    } catch (const nlohmann::json::exception&) {                                             \
-      throw ConfigError(detail::concat("config key '" #name "' has the wrong type: got ",    \
-                                       j.at(#name).dump(), ", expected something like ",     \
-                                       known.at(#name).dump()));                             \
-    }                                                                                        \
+#define X(name)                                                                           \
+  if (j.contains(#name)) {                                                                \
+    try {                                                                                 \
+      j.at(#name).get_to(c.name);                                                         \
+    } catch (const nlohmann::json::exception&) {                                          \
+      throw ConfigError(detail::concat("config key '" #name "' has the wrong type: got ", \
+                                       j.at(#name).dump(), ", expected something like ",  \
+                                       known.at(#name).dump()));                          \
+    }                                                                                     \
   }
   TESSERA_TRAIN_CONFIG_FIELDS(X)
 #undef X

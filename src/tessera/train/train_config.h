@@ -3,63 +3,62 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace tessera::train {
 
 struct TrainConfig {
   // Data.
-  std::string data;           // text file/dir, token file, or nanoGPT .bin; "" = default corpus
-  int vocab = 512;            // BPE vocabulary size when training a tokenizer on text
-  double val_fraction = 0.05; // 0 disables validation
+  std::string data;            // text file/dir, token file, or nanoGPT .bin; "" = default corpus
+  int vocab = 512;             // BPE vocabulary size when training a tokenizer on text
+  double val_fraction = 0.05;  // 0 disables validation
   std::string cache_dir = "runs/cache";  // tokenizer and token files prepared from text
 
   // Model (ignored where --init-from weights determine them).
   int layers = 4;
   int dim = 192;
-  int heads = 0;              // 0: 4 for a new model, config.json's for --init-from
-  int seq = 128;              // context length used for training; also the model's block size
+  int heads = 0;  // 0: 4 for a new model, config.json's for --init-from
+  int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
-  std::string init_from;      // safetensors weights to start from
+  std::string init_from;  // safetensors weights to start from
 
   // Optimisation.
   int64_t steps = 600;
-  int batch = 16;             // global batch, in sequences
-  int micro_batch = 0;        // sequences per forward/backward; 0 = the whole batch
+  int batch = 16;       // global batch, in sequences
+  int micro_batch = 0;  // sequences per forward/backward; 0 = the whole batch
   float lr = 3e-3f;
   int64_t warmup = 50;
   float min_lr_ratio = 0.1f;
   float weight_decay = 0.1f;
-  float grad_clip = 1.0f;     // 0 disables
+  float grad_clip = 1.0f;           // 0 disables
   std::string optimizer = "adamw";  // adamw | sgd
-  float momentum = 0.9f;      // sgd only
+  float momentum = 0.9f;            // sgd only
   float beta1 = 0.9f, beta2 = 0.95f;
   uint64_t seed = 1337;
 
   // Parallelism.
-  int dp = 1;                 // data-parallel ranks (threads here, or the processes of mpirun)
-  int zero = 0;               // ZeRO stage 0..3
-  double bucket_mb = 25;      // gradient bucket size (MiB)
-  bool overlap = true;        // overlap bucket communication with backward
+  int dp = 1;                    // data-parallel ranks (threads here, or the processes of mpirun)
+  int zero = 0;                  // ZeRO stage 0..3
+  double bucket_mb = 25;         // gradient bucket size (MiB)
+  bool overlap = true;           // overlap bucket communication with backward
   std::string backend = "auto";  // auto | inproc | mpi
-  std::string trace;          // Chrome trace-event JSON of the run's timeline
+  std::string trace;             // Chrome trace-event JSON of the run's timeline
 
   // Run.
-  int threads = 0;            // BLAS threads per rank; 0 = cores / ranks
-  std::string memory_limit;   // e.g. "2GiB"; "" = unlimited
-  std::string save;           // checkpoint directory
-  std::string resume;         // checkpoint directory to resume from
-  int64_t save_every = 0;     // 0 = only at the end (when --save is given)
-  std::string metrics;        // JSON-lines file
+  int threads = 0;           // BLAS threads per rank; 0 = cores / ranks
+  std::string memory_limit;  // e.g. "2GiB"; "" = unlimited
+  std::string save;          // checkpoint directory
+  std::string resume;        // checkpoint directory to resume from
+  int64_t save_every = 0;    // 0 = only at the end (when --save is given)
+  std::string metrics;       // JSON-lines file
   int64_t eval_every = 100;
   int eval_batches = 8;
-  int sample_tokens = 200;    // generated at the end; 0 disables
+  int sample_tokens = 200;  // generated at the end; 0 disables
   std::string prompt = "\n";
   float temperature = 0.8f;
   int top_k = 40;
-  int log_every = 10;         // progress line cadence when not on a terminal
+  int log_every = 10;  // progress line cadence when not on a terminal
 
   // Throws ConfigError naming the offending key and what is accepted.
   void validate() const;

@@ -9,29 +9,29 @@
 #include <optional>
 #include <thread>
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
+#include "tessera/core/trace.h"
 #include "tessera/data/dataset.h"
 #include "tessera/data/eval_windows.h"
 #include "tessera/data/prepare.h"
 #include "tessera/data/sampler.h"
+#include "tessera/io/atomic_file.h"
 #include "tessera/io/checkpoint.h"
+#include "tessera/io/hf_config.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/grad_clip.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/optim/sgd.h"
+#include "tessera/parallel/data_parallel.h"
+#include "tessera/parallel/gather.h"
+#include "tessera/parallel/mesh.h"
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
 #include "tessera/train/progress.h"
-#include "tessera/comm/launch.h"
-#include "tessera/core/trace.h"
-#include "tessera/io/atomic_file.h"
-#include "tessera/io/hf_config.h"
-#include "tessera/parallel/data_parallel.h"
-#include "tessera/parallel/gather.h"
-#include "tessera/parallel/mesh.h"
 
 namespace tessera::train {
 
@@ -48,8 +48,10 @@ int set_compute_threads(int threads, int ranks_in_process) {
 namespace {
 
 void say(std::FILE* log, ProgressLine* progress, const std::string& text) {
-  if (progress) progress->message(text);
-  else if (log) std::fprintf(log, "%s\n", text.c_str()), std::fflush(log);
+  if (progress)
+    progress->message(text);
+  else if (log)
+    std::fprintf(log, "%s\n", text.c_str()), std::fflush(log);
 }
 
 void ensure_directory(const fs::path& dir, const char* what) {
@@ -83,7 +85,6 @@ double evaluate(nn::GPT& model, const data::EvalWindows& windows, int batch, int
   return count ? sum / static_cast<double>(count) : NAN;
 }
 
-
 // Everything the ranks share, prepared once per process before they start.
 struct RunPlan {
   std::optional<io::LoadedCheckpoint> ckpt;
@@ -104,10 +105,12 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   // Model configuration: from the checkpoint, the weights, or the flags (vocabulary from data).
   nn::GPTConfig& mcfg = plan.mcfg;
   const bool from_weights = plan.ckpt.has_value() || !cfg.init_from.empty();
-  if (plan.ckpt) mcfg = from_hf_config(plan.ckpt->config, cfg.dropout);
+  if (plan.ckpt)
+    mcfg = from_hf_config(plan.ckpt->config, cfg.dropout);
   else if (!cfg.init_from.empty())
     mcfg = from_hf_config(
-        config_of_weights(cfg.init_from, cfg.heads > 0 ? std::optional<int>(cfg.heads) : std::nullopt),
+        config_of_weights(cfg.init_from,
+                          cfg.heads > 0 ? std::optional<int>(cfg.heads) : std::nullopt),
         cfg.dropout);
 
   // Data. With existing weights, token ids are bounded by their vocabulary.
@@ -115,7 +118,8 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   dopt.data = cfg.data;
   dopt.vocab_size = from_weights ? mcfg.vocab_size : cfg.vocab;
   dopt.cache_dir = cfg.cache_dir;
-  if (plan.ckpt) dopt.tokenizer = tokenizer_beside(plan.ckpt->dir);
+  if (plan.ckpt)
+    dopt.tokenizer = tokenizer_beside(plan.ckpt->dir);
   else if (!cfg.init_from.empty())
     dopt.tokenizer = tokenizer_beside(weights_file(cfg.init_from).parent_path());
   plan.pd = data::prepare_data(dopt);
@@ -169,17 +173,21 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
   parallel::DataParallelOptions dpo{cfg.zero, cfg.bucket_mb, cfg.overlap};
   nn::GPT model(mcfg, micro, alloc, parallel::gpt_layout_for(dpo, dp));
   parallel::DataParallel engine(model, mesh.dp(), dpo, alloc);
-  if (plan.ckpt) engine.load_weights(plan.ckpt->model);
-  else if (!cfg.init_from.empty()) engine.load_weights(io::SafetensorsFile(weights_file(cfg.init_from)));
-  else engine.initialize(cfg.seed);
-  engine.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) -> std::unique_ptr<optim::Optimizer> {
-    if (cfg.optimizer == "sgd")
-      return std::make_unique<optim::SGD>(std::move(segs), n,
-                                          optim::SGDConfig{cfg.momentum, cfg.weight_decay}, alloc);
-    return std::make_unique<optim::AdamW>(
-        std::move(segs), n, optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8f, cfg.weight_decay},
-        alloc);
-  });
+  if (plan.ckpt)
+    engine.load_weights(plan.ckpt->model);
+  else if (!cfg.init_from.empty())
+    engine.load_weights(io::SafetensorsFile(weights_file(cfg.init_from)));
+  else
+    engine.initialize(cfg.seed);
+  engine.create_optimizer(
+      [&](std::vector<optim::Segment> segs, int64_t n) -> std::unique_ptr<optim::Optimizer> {
+        if (cfg.optimizer == "sgd")
+          return std::make_unique<optim::SGD>(
+              std::move(segs), n, optim::SGDConfig{cfg.momentum, cfg.weight_decay}, alloc);
+        return std::make_unique<optim::AdamW>(
+            std::move(segs), n, optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8f, cfg.weight_decay},
+            alloc);
+      });
   optim::Optimizer& opt = engine.optimizer();
 
   data::WindowSampler sampler(plan.pd.tokens, plan.split.train,
@@ -204,18 +212,20 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 
   const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, dp);
   char line[640];
-  std::snprintf(line, sizeof line,
-                "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-                "%d tokens = dp %d x %d micro-batches x %d | zero %d | %s backend, %d thread(s) per "
-                "rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
-                mcfg.n_layer, mcfg.n_embd, mcfg.n_head, mcfg.block_size, mcfg.vocab_size,
-                model.params().global_numel() / 1e6, cfg.batch, cfg.seq, dp, n_micro, micro,
-                cfg.zero, std::string(world.backend()).c_str(), threads,
-                static_cast<long long>(plan.split.train.size()),
-                static_cast<long long>(plan.split.validation.size()), plan.unigram_entropy);
+  std::snprintf(
+      line, sizeof line,
+      "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
+      "%d tokens = dp %d x %d micro-batches x %d | zero %d | %s backend, %d thread(s) per "
+      "rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
+      mcfg.n_layer, mcfg.n_embd, mcfg.n_head, mcfg.block_size, mcfg.vocab_size,
+      model.params().global_numel() / 1e6, cfg.batch, cfg.seq, dp, n_micro, micro, cfg.zero,
+      std::string(world.backend()).c_str(), threads,
+      static_cast<long long>(plan.split.train.size()),
+      static_cast<long long>(plan.split.validation.size()), plan.unigram_entropy);
   say(log, nullptr, line);
   if (plan.ckpt)
-    say(log, nullptr, "resumed from " + plan.ckpt->dir.string() + " at step " + std::to_string(step));
+    say(log, nullptr,
+        "resumed from " + plan.ckpt->dir.string() + " at step " + std::to_string(step));
 
   std::optional<MetricsWriter> metrics;
   metrics.emplace(lead ? cfg.metrics : std::string(), plan.ckpt.has_value());
@@ -281,8 +291,8 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
       sampler.fetch(pos, cfg.batch, first, first + micro, in.data(), tgt.data());
       engine.begin_micro_batch(m == n_micro - 1);
       nn::Batch mb{in.data(), tgt.data(), micro, cfg.seq, first};
-      loss_sum += model.forward(mb, nn::StepContext{cfg.seed, static_cast<uint64_t>(step), true,
-                                                    loss_scale});
+      loss_sum += model.forward(
+          mb, nn::StepContext{cfg.seed, static_cast<uint64_t>(step), true, loss_scale});
       model.backward();
       engine.end_backward();
     }
@@ -291,11 +301,11 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
     const double norm = engine.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       std::string where = model.first_non_finite();
-      throw NumericError(detail::concat("training diverged at step ", step + 1, ": the loss is ",
-                                        loss, " and the gradient norm ", norm,
-                                        "; first non-finite tensor: ",
-                                        where.empty() ? "none found on rank " + std::to_string(world.rank()) : where,
-                                        ". Try a lower --lr or --grad-clip 1."));
+      throw NumericError(detail::concat(
+          "training diverged at step ", step + 1, ": the loss is ", loss, " and the gradient norm ",
+          norm, "; first non-finite tensor: ",
+          where.empty() ? "none found on rank " + std::to_string(world.rank()) : where,
+          ". Try a lower --lr or --grad-clip 1."));
     }
     if (cfg.grad_clip > 0) engine.clip(norm, cfg.grad_clip);
     engine.optimizer_step(lr);
@@ -317,15 +327,19 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
     size_t recent = std::min<size_t>(step_times.size(), 20);
     for (size_t i = step_times.size() - recent; i < step_times.size(); ++i) mean += step_times[i];
     st.eta_seconds = mean / recent * static_cast<double>(cfg.steps - step - 1);
-    metrics->write({{"step", st.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                    {"tokens_per_s", st.tokens_per_s}, {"flops_per_s", st.flops_per_s},
-                    {"step_ms", secs * 1e3}, {"comm_bytes_per_rank", engine.volume().total()}});
+    metrics->write({{"step", st.step},
+                    {"loss", loss},
+                    {"lr", lr},
+                    {"grad_norm", norm},
+                    {"tokens_per_s", st.tokens_per_s},
+                    {"flops_per_s", st.flops_per_s},
+                    {"step_ms", secs * 1e3},
+                    {"comm_bytes_per_rank", engine.volume().total()}});
     if (pl) pl->update(st);
 
     if (cfg.eval_every > 0 && st.step % cfg.eval_every == 0 && st.step != cfg.steps)
       validate(st.step);
-    if (cfg.save_every > 0 && st.step % cfg.save_every == 0 && st.step != cfg.steps)
-      save(st.step);
+    if (cfg.save_every > 0 && st.step % cfg.save_every == 0 && st.step != cfg.steps) save(st.step);
   }
   result.steps = step;
   if (pl) pl->finish();
@@ -398,7 +412,8 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   if (cfg.dp == 1) {
     // One rank: no threads to start; a size-1 communicator short-circuits every collective.
     TrainResult result;
-    comm::run_inproc(1, [&](comm::Communicator& world) { result = train_rank(cfg, plan, world, log); });
+    comm::run_inproc(
+        1, [&](comm::Communicator& world) { result = train_rank(cfg, plan, world, log); });
     return result;
   }
   TrainResult result;

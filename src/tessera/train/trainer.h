@@ -12,14 +12,14 @@
 namespace tessera::train {
 
 struct TrainResult {
-  int rank = 0;                  // world rank that produced this result
-  int64_t first_step = 0;        // the step the run started at (> 0 when resumed)
-  int64_t steps = 0;             // the step count reached
-  std::vector<double> losses;    // training loss of each step run, in order
-  double last_val_loss = -1;     // -1 when validation is disabled
-  double unigram_entropy = 0;    // of the training tokens, nats/token (the baseline to beat)
-  double tokens_per_s = 0;       // median over the run's steps
-  std::string sample;            // generated text (empty when disabled or no tokenizer)
+  int rank = 0;                // world rank that produced this result
+  int64_t first_step = 0;      // the step the run started at (> 0 when resumed)
+  int64_t steps = 0;           // the step count reached
+  std::vector<double> losses;  // training loss of each step run, in order
+  double last_val_loss = -1;   // -1 when validation is disabled
+  double unigram_entropy = 0;  // of the training tokens, nats/token (the baseline to beat)
+  double tokens_per_s = 0;     // median over the run's steps
+  std::string sample;          // generated text (empty when disabled or no tokenizer)
   std::vector<std::string> memory_reports;  // one line per rank: allocator peaks by category
   std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
