@@ -16,7 +16,7 @@ cmake --build build -j"$jobs"
 if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
-    -DTESSERA_SANITIZE=address,undefined >/dev/null
+    -DTESSERA_SANITIZE=address,undefined -DTESSERA_BENCH=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   # MPI's own allocations are not ours to judge; its tests run in the Release pass above.
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" \
@@ -24,7 +24,7 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
 
   echo "== ThreadSanitizer on the in-process communicator"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
-    -DTESSERA_SANITIZE=thread >/dev/null
+    -DTESSERA_SANITIZE=thread -DTESSERA_BENCH=OFF >/dev/null
   cmake --build build-tsan -j"$jobs" --target test_comm
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
     --timeout 900 -L inproc)

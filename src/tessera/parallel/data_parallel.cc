@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/io/tensor_set.h"
+#include "tessera/optim/grad_clip.h"
 #include "tessera/parallel/gather.h"
 
 namespace tessera::parallel {
@@ -229,12 +230,9 @@ void DataParallel::end_backward() {
 }
 
 double DataParallel::grad_norm() {
+  // Plain DP: every rank holds the same, already reduced, gradients.
+  if (o_.zero == 0) return std::sqrt(optim::grad_sum_of_squares(ps_));
   double local = 0;
-  if (o_.zero == 0) {
-    const float* g = ps_.flat_grads().f32();
-    for (int64_t i = 0, n = ps_.numel(); i < n; ++i) local += static_cast<double>(g[i]) * g[i];
-    return std::sqrt(local);  // identical on every rank after the all-reduce
-  }
   const float* base = o_.zero == 1 ? ps_.flat_grads().f32() : grad_shard_.f32();
   for_each_shard_range([&](const Bucket&, int64_t lo, int64_t hi, int64_t packed) {
     const float* g = o_.zero == 1 ? base + lo : base + packed;
@@ -244,14 +242,16 @@ double DataParallel::grad_norm() {
 }
 
 void DataParallel::clip(double norm, double max_norm) {
+  if (o_.zero == 0) {
+    optim::clip_to_norm(ps_, norm, max_norm);
+    return;
+  }
   if (max_norm <= 0 || !(norm > max_norm)) return;
-  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  const float scale = static_cast<float>(max_norm / (norm + 1e-6));  // as optim::clip_to_norm
   auto scale_range = [&](float* g, int64_t n) {
     for (int64_t i = 0; i < n; ++i) g[i] *= scale;
   };
-  if (o_.zero == 0)
-    scale_range(ps_.flat_grads().f32(), ps_.numel());
-  else if (o_.zero == 1)
+  if (o_.zero == 1)
     for_each_shard_range([&](const Bucket&, int64_t lo, int64_t hi, int64_t) {
       scale_range(ps_.flat_grads().f32() + lo, hi - lo);
     });

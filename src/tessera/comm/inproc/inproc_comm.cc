@@ -198,28 +198,33 @@ void InprocCommunicator::all_reduce_small(const OpDesc& d) {
   detail::reduce_n(d.recv, srcs.data(), n, d.count, d.dtype, d.op, n);
 }
 
+// Rank r owns chunk r: it reduces the chunk reading every rank's input in place and writes the
+// result straight into every rank's output ("push"). Chunk r of any rank's buffers is touched by
+// rank r alone, and each block is read from every input before it is written to any output, so
+// this is safe in place too and needs no barrier between the phases; the done-barrier after the
+// op keeps every buffer alive until all writes have landed. Per rank that is one read of the
+// whole message and one write of it (blocks are pushed while still in cache), against about 1.5
+// reads and writes for reduce-then-pull.
 void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) {
-  Group& g = *g_;
-  const int n = g.n;
+  (void)ctx;
+  const int n = g_->n;
   const size_t es = dtype_size(d.dtype);
   Chunks ch{d.count, n};
-  // Reduce-scatter: this rank reduces its chunk reading every peer's input in place.
+  const size_t begin = ch.begin(rank_), len = ch.len(rank_);
+  constexpr size_t kBlockBytes = 64 * 1024;
+  const size_t block = std::max<size_t>(1, kBlockBytes / es);
   std::vector<const void*> srcs(n);
-  const size_t b = ch.begin(rank_);
-  for (int p = 0; p < n; ++p)
-    srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + b * es;
-  detail::reduce_n(static_cast<unsigned char*>(d.recv) + b * es, srcs.data(), n, ch.len(rank_),
-                   d.dtype, d.op, n);
-  // Every chunk is reduced before anyone overwrites its (possibly in-place) input with results.
-  g.publish(g.step[rank_], step_base(d.seq) + 1);
-  wait_counters(ctx, g.step.get(), step_base(d.seq) + 1, -1, "to finish the reduce-scatter phase");
-  // All-gather: copy every other chunk from its owner's output.
-  for (int k = 1; k < n; ++k) {
-    const int p = (rank_ + k) % n;
-    const size_t pb = ch.begin(p);
-    if (ch.len(p))
-      std::memcpy(static_cast<unsigned char*>(d.recv) + pb * es,
-                  static_cast<const unsigned char*>(peer(p, d.seq).recv) + pb * es, ch.len(p) * es);
+  auto* mine = static_cast<unsigned char*>(d.recv);
+  for (size_t a = begin; a < begin + len; a += block) {
+    const size_t m = std::min(block, begin + len - a);
+    for (int p = 0; p < n; ++p)
+      srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + a * es;
+    detail::reduce_n(mine + a * es, srcs.data(), n, m, d.dtype, d.op, n);
+    for (int k = 1; k < n; ++k) {
+      const int p = (rank_ + k) % n;
+      std::memcpy(static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es, mine + a * es,
+                  m * es);
+    }
   }
 }
 
