@@ -20,8 +20,8 @@ std::string_view reduce_op_name(ReduceOp op);
 // AllReduce algorithm. Auto picks by message size; the others force one (tests cover each).
 //   Small:  copy into a per-rank staging slot, one barrier, every rank reduces all slots
 //           (lowest latency; only for messages up to CommOptions::small_max_bytes).
-//   Direct: zero-copy; rank r reduces chunk r reading every peer's buffer in place, then copies
-//           the other chunks from their owners (one pass over memory; inproc only).
+//   Direct: zero-copy; rank r reduces chunk r block by block, reading every peer's input in
+//           place and writing the result into every rank's output (inproc only).
 //   Ring:   chunked, pipelined ring ReduceScatter followed by ring AllGather.
 // The MPI backend always uses the MPI library's own algorithm and ignores this field.
 enum class Algorithm : uint8_t { Auto, Small, Direct, Ring };

@@ -16,8 +16,8 @@ struct TrainConfig {
   std::string cache_dir = "runs/cache";  // tokenizer and token files prepared from text
 
   // Model (ignored where --init-from weights determine them).
-  int layers = 4;
-  int dim = 192;
+  int layers = 6;
+  int dim = 256;
   int heads = 0;  // 0: 4 for a new model, config.json's for --init-from
   int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
