@@ -16,15 +16,15 @@ struct TrainConfig {
   std::string cache_dir = "runs/cache";  // tokenizer and token files prepared from text
 
   // Model (ignored where --init-from weights determine them).
-  int layers = 6;
-  int dim = 256;
+  int layers = 4;
+  int dim = 192;
   int heads = 0;  // 0: 4 for a new model, config.json's for --init-from
   int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
   std::string init_from;  // safetensors weights to start from
 
   // Optimisation.
-  int64_t steps = 600;
+  int64_t steps = 1000;
   int batch = 16;       // global batch, in sequences
   int micro_batch = 0;  // sequences per forward/backward; 0 = the whole batch
   float lr = 3e-3f;

@@ -1,5 +1,9 @@
 // The in-process backend: ranks are threads; collectives read peers' buffers in place.
 #include <algorithm>
+#include <cstdint>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -198,6 +202,29 @@ void InprocCommunicator::all_reduce_small(const OpDesc& d) {
   detail::reduce_n(d.recv, srcs.data(), n, d.count, d.dtype, d.op, n);
 }
 
+namespace {
+// memcpy into memory this thread will not read again (a peer's output): non-temporal stores skip
+// the read-for-ownership a normal store does, saving a third of the traffic of the copy.
+void copy_streaming(unsigned char* dst, const unsigned char* src, size_t n) {
+#if defined(__SSE2__)
+  size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+  if (head > n) head = n;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  const size_t body = n / 16 * 16;
+  for (size_t i = 0; i < body; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  std::memcpy(dst + body, src + body, n - body);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+}  // namespace
+
 // Rank r owns chunk r: it reduces the chunk reading every rank's input in place and writes the
 // result straight into every rank's output ("push"). Chunk r of any rank's buffers is touched by
 // rank r alone, and each block is read from every input before it is written to any output, so
@@ -222,8 +249,8 @@ void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) 
     detail::reduce_n(mine + a * es, srcs.data(), n, m, d.dtype, d.op, n);
     for (int k = 1; k < n; ++k) {
       const int p = (rank_ + k) % n;
-      std::memcpy(static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es, mine + a * es,
-                  m * es);
+      copy_streaming(static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es, mine + a * es,
+                     m * es);
     }
   }
 }
