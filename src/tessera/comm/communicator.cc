@@ -196,114 +196,79 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, Timeout ti
 
 // ---- argument packing -------------------------------------------------------------------------
 
-Work Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype,
-                              const AllReduceOptions& o) {
+namespace {
+OpDesc make_desc(OpType type, const void* send, void* recv, size_t count, DType dtype,
+                 const OpOptions& o) {
   OpDesc d;
-  d.type = OpType::AllReduce;
+  d.type = type;
   d.send = send;
   d.recv = recv;
   d.count = count;
   d.dtype = dtype;
+  d.timeout = o.timeout;
+  return d;
+}
+}  // namespace
+
+Work Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                              const AllReduceOptions& o) {
+  OpDesc d = make_desc(OpType::AllReduce, send, recv, count, dtype, o);
   d.op = o.op;
   d.algorithm = o.algorithm;
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype,
                               const AllGatherOptions& o) {
-  OpDesc d;
-  d.type = OpType::AllGather;
-  d.send = send;
-  d.recv = recv;
-  d.count = count;
-  d.dtype = dtype;
-  d.timeout = o.timeout;
-  return submit(std::move(d), o.async);
+  return submit(make_desc(OpType::AllGather, send, recv, count, dtype, o), o.async);
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                                   const ReduceScatterOptions& o) {
-  OpDesc d;
-  d.type = OpType::ReduceScatter;
-  d.send = send;
-  d.recv = recv;
-  d.count = count;
-  d.dtype = dtype;
+  OpDesc d = make_desc(OpType::ReduceScatter, send, recv, count, dtype, o);
   d.op = o.op;
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::broadcast(void* buf, size_t count, DType dtype, const BroadcastOptions& o) {
-  OpDesc d;
-  d.type = OpType::Broadcast;
-  d.send = buf;
-  d.recv = buf;
-  d.count = count;
-  d.dtype = dtype;
+  OpDesc d = make_desc(OpType::Broadcast, buf, buf, count, dtype, o);
   d.root = o.root;
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::all_to_all(const void* send, void* recv, size_t count, DType dtype,
                               const AllToAllOptions& o) {
-  OpDesc d;
-  d.type = OpType::AllToAll;
-  d.send = send;
-  d.recv = recv;
-  d.count = count;
-  d.dtype = dtype;
-  d.timeout = o.timeout;
-  return submit(std::move(d), o.async);
+  return submit(make_desc(OpType::AllToAll, send, recv, count, dtype, o), o.async);
 }
 
 Work Communicator::all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
                                std::span<const size_t> recv_counts, DType dtype,
                                const AllToAllOptions& o) {
-  OpDesc d;
-  d.type = OpType::AllToAllV;
-  d.send = send;
-  d.recv = recv;
-  d.dtype = dtype;
+  OpDesc d =
+      make_desc(OpType::AllToAllV, send, recv,
+                std::accumulate(send_counts.begin(), send_counts.end(), size_t{0}), dtype, o);
   d.send_counts.assign(send_counts.begin(), send_counts.end());
   d.recv_counts.assign(recv_counts.begin(), recv_counts.end());
-  d.count = std::accumulate(d.send_counts.begin(), d.send_counts.end(), size_t{0});
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::send(const void* buf, size_t count, DType dtype, int peer,
                         const SendOptions& o) {
-  OpDesc d;
-  d.type = OpType::Send;
-  d.send = buf;
-  d.count = count;
-  d.dtype = dtype;
+  OpDesc d = make_desc(OpType::Send, buf, nullptr, count, dtype, o);
   d.root = peer;
   d.tag = o.tag;
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::recv(void* buf, size_t count, DType dtype, int peer, const RecvOptions& o) {
-  OpDesc d;
-  d.type = OpType::Recv;
-  d.recv = buf;
-  d.count = count;
-  d.dtype = dtype;
+  OpDesc d = make_desc(OpType::Recv, nullptr, buf, count, dtype, o);
   d.root = peer;
   d.tag = o.tag;
-  d.timeout = o.timeout;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::barrier(const BarrierOptions& o) {
-  OpDesc d;
-  d.type = OpType::Barrier;
-  d.timeout = o.timeout;
-  return submit(std::move(d), o.async);
+  return submit(make_desc(OpType::Barrier, nullptr, nullptr, 0, DType::F32, o), o.async);
 }
 
 // ---- Tensor overloads -------------------------------------------------------------------------

@@ -406,6 +406,11 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
     world->barrier().wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
+    // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
+    // processes of one machine; across machines the tracks are aligned to within clock skew).
+    int64_t origin = plan->trace_origin.time_since_epoch().count();
+    world->broadcast(&origin, 1, DType::I64).wait();
+    plan->trace_origin = TraceClock::time_point(TraceClock::duration(origin));
     return train_rank(cfg, *plan, *world, log);
   }
   RunPlan plan = make_plan(cfg, log);
