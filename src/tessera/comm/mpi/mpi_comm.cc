@@ -97,6 +97,12 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
   return op == ReduceOp::Max ? MPI_MAX : op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
 }
 
+// All-reduces of [kRingMinBytes, kRingMaxBytes) use ring_all_reduce, in segments of
+// kRingSegmentBytes; above, Open MPI's own MPI_Iallreduce measured as fast as blocking MPI.
+constexpr size_t kRingMinBytes = 64 * 1024;
+constexpr size_t kRingMaxBytes = 32 * 1024 * 1024;
+constexpr size_t kRingSegmentBytes = 512 * 1024;
+
 int to_int(size_t v, const std::string& where) {
   if (v > static_cast<size_t>(INT_MAX))
     throw CommUsageError(where + ": more than INT_MAX elements in one MPI call");
@@ -110,6 +116,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     check_mpi(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
   }
   ~MpiCommunicator() override {
     stop_progress_thread();
@@ -129,6 +136,7 @@ class MpiCommunicator final : public Communicator {
     // Requests abandoned after a timeout may still be in flight: leak rather than free.
     if (abandoned_) return;
     MPI_Comm_free(&control_);
+    MPI_Comm_free(&ring_);
     MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -148,6 +156,7 @@ class MpiCommunicator final : public Communicator {
   void wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline, const OpDesc& d,
                 const std::string& waiting_for, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
+  void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
 
   // Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
   // the requests finish in the background (progressed by later MPI calls) and are reaped here.
@@ -161,6 +170,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   MPI_Comm control_;  // fingerprints (debug mode)
+  MPI_Comm ring_;     // the messages of ring_all_reduce (never mixed with user send/recv)
   int rank_ = 0, size_ = 1;
   bool abandoned_ = false;
 };
@@ -188,6 +198,77 @@ void MpiCommunicator::wait_all(std::vector<MPI_Request>& reqs, Clock::time_point
   }
   throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                     " ms waiting for ", waiting_for));
+}
+
+// Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
+// chunk r-k to the right neighbour, receive chunk r-k-1 from the left one and add it in), then
+// AllGather (n-1 steps: pass the finished chunks on). Each chunk travels in segments, all posted
+// at once, and a received segment is reduced while the next ones are still arriving. Open MPI
+// serves MPI_Iallreduce (which a deadline needs: a blocking call cannot time out) with its
+// nonblocking-collective algorithms, which measured 10-80% slower than blocking MPI_Allreduce
+// at 1-16 MiB on 2 ranks; this keeps the deadline and overlaps transfer with the reduction
+// (measured 3-25% slower than blocking MPI there). From 32 MiB on MPI_Iallreduce is as fast.
+void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadline) {
+  const size_t es = dtype_size(d.dtype);
+  const std::string w = where(d);
+  auto* out = static_cast<unsigned char*>(d.recv);
+  if (d.send != d.recv && d.count) std::memcpy(out, d.send, d.count * es);
+  const int n = size_, r = rank_, right = (r + 1) % n, left = (r + n - 1) % n;
+  auto begin = [&](int c) { return d.count * static_cast<size_t>(c) / static_cast<size_t>(n); };
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  const size_t seg = std::max<size_t>(1, kRingSegmentBytes / es);
+  const MPI_Datatype type = mpi_type(d.dtype);
+  const ReduceOp op = d.op == ReduceOp::Mean ? ReduceOp::Sum : d.op;
+  std::vector<unsigned char> tmp((d.count / n + 1) * es);
+  auto wait_one = [&](MPI_Request& req) {
+    int done = 0;
+    for (long iter = 0;; ++iter) {
+      check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), w);
+      if (done) return;
+      if ((iter & 255) == 255) {
+        if (Clock::now() >= deadline) {
+          abandoned_ = true;  // posted messages cannot be taken back
+          throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
+                                            " ms waiting for ring neighbour rank ", left, " or ",
+                                            right));
+        }
+        std::this_thread::yield();
+      }
+    }
+  };
+  std::vector<MPI_Request> sends, recvs;
+  for (int step = 0; step < 2 * (n - 1); ++step) {
+    const bool reducing = step < n - 1;
+    const int k = reducing ? step : step - (n - 1);
+    const int send_c = reducing ? mod(r - k) : mod(r + 1 - k);
+    const int recv_c = reducing ? mod(r - k - 1) : mod(r - k);
+    const size_t sb = begin(send_c), sl = begin(send_c + 1) - sb;
+    const size_t rb = begin(recv_c), rl = begin(recv_c + 1) - rb;
+    unsigned char* landing = reducing ? tmp.data() : out + rb * es;
+    sends.clear();
+    recvs.clear();
+    for (size_t a = 0; a < rl; a += seg) {
+      recvs.emplace_back(MPI_REQUEST_NULL);
+      check_mpi(MPI_Irecv(landing + a * es, static_cast<int>(std::min(seg, rl - a)), type, left,
+                          step, ring_, &recvs.back()),
+                w);
+    }
+    for (size_t a = 0; a < sl; a += seg) {
+      sends.emplace_back(MPI_REQUEST_NULL);
+      check_mpi(MPI_Isend(out + (sb + a) * es, static_cast<int>(std::min(seg, sl - a)), type, right,
+                          step, ring_, &sends.back()),
+                w);
+    }
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      wait_one(recvs[i]);
+      if (!reducing) continue;
+      const size_t a = i * seg, m = std::min(seg, rl - a);
+      unsigned char* dst = out + (rb + a) * es;
+      const void* srcs[2] = {dst, tmp.data() + a * es};
+      detail::reduce_n(dst, srcs, 2, m, d.dtype, op, 0);
+    }
+    for (MPI_Request& s : sends) wait_one(s);
+  }
 }
 
 void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
@@ -264,6 +345,11 @@ void MpiCommunicator::execute(const OpDesc& d) {
   std::vector<unsigned char> tmp;
   switch (d.type) {
     case OpType::AllReduce: {
+      if (size_ > 1 && d.count * es >= kRingMinBytes && d.count * es < kRingMaxBytes) {
+        ring_all_reduce(d, deadline);
+        if (d.op == ReduceOp::Mean) detail::divide(d.recv, d.count, d.dtype, size_);
+        return;
+      }
       const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
       check_mpi(MPI_Iallreduce(in, d.recv, count, type, mpi_op(d.op, d.dtype), comm_, &reqs[0]), w);
       wait_all(reqs, deadline, d, all_peers);
