@@ -45,7 +45,8 @@ void run(TrainFlags& f, int& exit_code) {
     if (resume.empty() && file.contains("resume")) resume = file["resume"].get<std::string>();
   }
   if (!resume.empty()) {
-    io::LoadedCheckpoint c = io::load_checkpoint(resume);
+    // Only its saved config is needed here; the trainer verifies the checksums when it loads.
+    io::LoadedCheckpoint c = io::load_checkpoint(resume, {.verify_checksums = false});
     if (c.state.contains("config")) overlay(c.state["config"]);
   }
   if (!f.config_file.empty()) overlay(train::read_json_file(f.config_file));

@@ -151,11 +151,15 @@ std::string stored_name(const io::SafetensorsFile& file, const std::string& name
 }
 }  // namespace
 
+io::NamedTensors DataParallel::parameter_views() const {
+  io::NamedTensors views;
+  for (int i = 0; i < ps_.size(); ++i) views.emplace_back(ps_.infos()[i].name, ps_.param(i));
+  return views;
+}
+
 void DataParallel::load_weights(const io::SafetensorsFile& file) {
   if (o_.zero < 3) {
-    io::NamedTensors views;
-    for (int i = 0; i < ps_.size(); ++i) views.emplace_back(ps_.infos()[i].name, ps_.param(i));
-    io::load_into(file, views);
+    io::load_into(file, parameter_views());
     return;
   }
   std::vector<std::string> names;
@@ -182,11 +186,8 @@ void DataParallel::load_optimizer_state(const io::SafetensorsFile& file) {
 }
 
 io::NamedTensors DataParallel::full_weights() {
+  if (o_.zero < 3) return parameter_views();
   io::NamedTensors out;
-  if (o_.zero < 3) {
-    for (int i = 0; i < ps_.size(); ++i) out.emplace_back(ps_.infos()[i].name, ps_.param(i));
-    return out;
-  }
   Tensor full =
       Tensor::zeros({ps_.numel()}, DType::F32, MemCategory::Buffers, "checkpoint.weights", &alloc_);
   for_each_shard_range([&](const Bucket& b, int64_t, int64_t, int64_t packed) {

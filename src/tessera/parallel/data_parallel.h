@@ -115,6 +115,7 @@ class DataParallel final : public nn::UnitHooks {
     TraceClock::time_point launched;
   };
 
+  io::NamedTensors parameter_views() const;  // the full flat parameters (zero < 3) by name
   int64_t shard_begin(const Bucket& b) const { return b.begin + rank_ * b.shard; }
   void point_params(Bucket& b, float* base);
   void point_grads(Bucket& b, float* base);

@@ -76,11 +76,11 @@ void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
   io::load_into(file, named_weights(model));
 }
 
-void export_weights(nn::GPT& model, const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir);
-  io::save_safetensors(dir / "model.safetensors", named_weights(model),
+void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
+                    const std::filesystem::path& dir) {
+  io::save_safetensors(dir / "model.safetensors", weights,
                        {{"format", "pt"}, {"producer", "tessera"}});
-  io::write_hf_config(dir / "config.json", to_hf_config(model.config()));
+  io::write_hf_config(dir / "config.json", to_hf_config(config));
 }
 
 }  // namespace tessera::train

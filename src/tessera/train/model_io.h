@@ -26,7 +26,8 @@ std::filesystem::path weights_file(const std::filesystem::path& weights);
 void load_weights(nn::GPT& model, const io::SafetensorsFile& file);
 // The model's parameters under their Hugging Face names (views, no copy).
 io::NamedTensors named_weights(nn::GPT& model);
-// Writes DIR/model.safetensors and DIR/config.json (each atomically).
-void export_weights(nn::GPT& model, const std::filesystem::path& dir);
+// Writes DIR/model.safetensors (the full `weights`) and DIR/config.json, each atomically.
+void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
+                    const std::filesystem::path& dir);
 
 }  // namespace tessera::train

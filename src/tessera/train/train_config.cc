@@ -7,15 +7,16 @@
 namespace tessera::train {
 
 // One list of (key, member) pairs drives both directions of the JSON mapping.
-#define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                             \
-  X(data)                                                                                          \
-  X(vocab)                                                                                         \
-  X(val_fraction) X(cache_dir) X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from) X(steps)   \
-      X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay) X(grad_clip)         \
-          X(optimizer) X(momentum) X(beta1) X(beta2) X(seed) X(dp) X(zero) X(bucket_mb) X(overlap) \
-              X(backend) X(trace) X(threads) X(memory_limit) X(save) X(resume) X(save_every)       \
-                  X(metrics) X(eval_every) X(eval_batches) X(sample_tokens) X(prompt)              \
-                      X(temperature) X(top_k) X(log_every)
+// clang-format off
+#define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                        \
+  X(data) X(vocab) X(val_fraction) X(cache_dir)                                               \
+  X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
+  X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
+  X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
+  X(dp) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace)                                   \
+  X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
+  X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
+// clang-format on
 
 nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j;

@@ -256,9 +256,7 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
                  {"layout", {{"dp", dp}, {"zero", cfg.zero}}},
                  {"data", plan.pd.description}};
       fs::path dir = io::save_checkpoint(cfg.save, c);
-      io::save_safetensors(fs::path(cfg.save) / "model.safetensors", c.model,
-                           {{"format", "pt"}, {"producer", "tessera"}});
-      io::write_hf_config(fs::path(cfg.save) / "config.json", to_hf_config(mcfg));
+      export_weights(c.model, mcfg, cfg.save);
       if (plan.pd.tokenizer) plan.pd.tokenizer->save(fs::path(cfg.save) / "tokenizer.json");
       say(log, pl, "saved checkpoint " + dir.string());
     }
@@ -366,9 +364,10 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 
   // Every rank's memory peaks, reported by rank 0.
   result.memory_reports = parallel::all_gather_strings(world, alloc.report());
-  std::vector<std::string> peaks =
-      parallel::all_gather_strings(world, std::to_string(model_state_peak(alloc)));
-  for (const std::string& s : peaks) result.model_state_peaks.push_back(std::stoull(s));
+  const int64_t peak = static_cast<int64_t>(model_state_peak(alloc));
+  std::vector<int64_t> peaks(world.size());
+  world.all_gather(&peak, peaks.data(), 1, DType::I64).wait();
+  result.model_state_peaks.assign(peaks.begin(), peaks.end());
   for (const std::string& r : result.memory_reports) say(log, nullptr, "memory: " + r);
 
   if (tracer) {
