@@ -1,4 +1,5 @@
 // `tessera bench-comm`: an nccl-tests style table of collective timings on either backend.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -34,6 +35,7 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
     size_t min_bytes = 4;
     size_t max_bytes = size_t{256} << 20;
     int iters = 20;
+    int min_iters = 5;
     int warmup = 5;
     std::string dtype = "f32";
     std::string algorithm = "auto";
@@ -64,7 +66,11 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
   cmd->add_option("--max-bytes", a->max_bytes, "Largest message (e.g. 256MiB); sizes double")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  cmd->add_option("--iters", a->iters, "Timed iterations per size (fewer above 1 MiB, at least 5)")
+  cmd->add_option("--iters", a->iters,
+                  "Timed iterations per size up to 1 MiB (proportionally fewer above)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--min-iters", a->min_iters, "Timed iterations at the largest sizes")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed iterations per size")
@@ -82,6 +88,7 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
     o.min_bytes = a->min_bytes;
     o.max_bytes = a->max_bytes;
     o.iters = a->iters;
+    o.min_iters = std::min(a->min_iters, a->iters);
     o.warmup = a->warmup;
     o.dtype = parse_dtype(a->dtype);
     o.algorithm = parse_algorithm(a->algorithm);

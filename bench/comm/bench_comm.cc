@@ -105,15 +105,19 @@ std::vector<BenchRow> raw_mpi_table(Communicator& timing, const BenchOptions& o)
 int main(int argc, char** argv) {
   BenchOptions o;
   o.ops = {"all_reduce"};
+  o.min_iters = 15;  // medians of at least 15 iterations: this machine is shared and noisy
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--max-bytes" && i + 1 < argc)
       o.max_bytes = std::stoull(argv[++i]);
     else if (a == "--iters" && i + 1 < argc)
       o.iters = std::stoi(argv[++i]);
+    else if (a == "--min-iters" && i + 1 < argc)
+      o.min_iters = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: bench_comm [--max-bytes N] [--iters N] (run via bench/comm/run.sh)\n");
+                   "usage: bench_comm [--max-bytes N] [--iters N] [--min-iters N] (run via "
+                   "bench/comm/run.sh)\n");
       return 2;
     }
   }

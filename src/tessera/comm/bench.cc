@@ -94,7 +94,7 @@ double bus_factor(const std::string& op, int n) {
 int bench_iters(const BenchOptions& opts, size_t bytes) {
   const size_t mib = size_t{1} << 20;
   if (bytes <= mib) return opts.iters;
-  return std::max<int>(5, static_cast<int>(opts.iters * mib / bytes));
+  return std::max<int>(opts.min_iters, static_cast<int>(opts.iters * mib / bytes));
 }
 
 double time_collective_us(Communicator& comm, int warmup, int iters,

@@ -24,7 +24,8 @@ struct BenchOptions {
                                   "all_to_all"};
   size_t min_bytes = 4;
   size_t max_bytes = size_t{256} << 20;
-  int iters = 20;  // timed iterations at sizes up to 1 MiB; fewer above (at least 5)
+  int iters = 20;     // timed iterations at sizes up to 1 MiB; fewer above, down to min_iters
+  int min_iters = 5;  // timed iterations at the largest sizes
   int warmup = 5;
   DType dtype = DType::F32;
   Algorithm algorithm = Algorithm::Auto;  // AllReduce algorithm
@@ -56,7 +57,8 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
 double time_collective_us(Communicator& comm, int warmup, int iters,
                           const std::function<void(int)>& run);
 
-// Iterations used at a size: opts.iters up to 1 MiB, then proportionally fewer (at least 5).
+// Iterations used at a size: opts.iters up to 1 MiB, then proportionally fewer (at least
+// opts.min_iters).
 int bench_iters(const BenchOptions& opts, size_t bytes);
 
 std::string bench_header(const Communicator& comm, const BenchOptions& opts);

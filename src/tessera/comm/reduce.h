@@ -15,6 +15,16 @@ namespace tessera::comm::detail {
 void reduce_n(void* dst, const void* const* srcs, int k, size_t count, DType dtype, ReduceOp op,
               int mean_divisor);
 
+// The same reduction written to each of dsts[0..ndst) (each may alias a source exactly: a block
+// is read from every source before it is written anywhere). streaming: non-temporal stores, for
+// destinations this thread will not read again; the caller issues the store fence
+// (store_fence()) before publishing that the data is written.
+void reduce_n_to(void* const* dsts, int ndst, bool streaming, const void* const* srcs, int k,
+                 size_t count, DType dtype, ReduceOp op, int mean_divisor);
+
+// Orders earlier non-temporal stores before later stores (sfence on x86, no-op elsewhere).
+void store_fence();
+
 // buf[i] /= divisor (integers truncate).
 void divide(void* buf, size_t count, DType dtype, int divisor);
 

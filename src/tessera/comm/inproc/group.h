@@ -78,6 +78,9 @@ struct Group {
   size_t staging_bytes = 0;
 
   std::unique_ptr<Counter[]> arrived, step, done;
+  // Direct all-reduce work queue: (low 32 bits of the collective's sequence number) << 32 | the
+  // next unclaimed block. Only ranks inside that collective touch it.
+  Counter blocks_claimed;
   std::vector<SlotData> slots;  // [rank * 2 + parity]
   std::unique_ptr<unsigned char[]> staging_mem;
   std::unique_ptr<Mailbox[]> mail;  // by destination rank

@@ -203,56 +203,54 @@ void InprocCommunicator::all_reduce_small(const OpDesc& d) {
 }
 
 namespace {
-// memcpy into memory this thread will not read again (a peer's output): non-temporal stores skip
-// the read-for-ownership a normal store does, saving a third of the traffic of the copy.
-void copy_streaming(unsigned char* dst, const unsigned char* src, size_t n) {
-#if defined(__SSE2__)
-  size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
-  if (head > n) head = n;
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  const size_t body = n / 16 * 16;
-  for (size_t i = 0; i < body; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-  std::memcpy(dst + body, src + body, n - body);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, n);
-#endif
+// Claims the next block of collective `seq` from the group's queue; returns false when none is
+// left. The first claim of a collective finds the previous collective's tag and restarts at 0.
+bool claim_block(Counter& queue, uint64_t seq, uint64_t nblocks, uint64_t& block) {
+  const uint64_t tag = (seq & 0xffffffffu) << 32;
+  uint64_t v = queue.v.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t next = (v & ~uint64_t{0xffffffffu}) == tag ? (v & 0xffffffffu) : 0;
+    if (next >= nblocks) return false;
+    if (queue.v.compare_exchange_weak(v, tag | (next + 1), std::memory_order_relaxed)) {
+      block = next;
+      return true;
+    }
+  }
 }
 }  // namespace
 
-// Rank r owns chunk r: it reduces the chunk reading every rank's input in place and writes the
-// result straight into every rank's output ("push"). Chunk r of any rank's buffers is touched by
-// rank r alone, and each block is read from every input before it is written to any output, so
-// this is safe in place too and needs no barrier between the phases; the done-barrier after the
-// op keeps every buffer alive until all writes have landed. Per rank that is one read of the
-// whole message and one write of it (blocks are pushed while still in cache), against about 1.5
-// reads and writes for reduce-then-pull.
+// The message is cut into blocks that ranks claim from a shared queue, so a rank that the OS
+// deschedules does not hold the others up: the ones running take over its share. A rank reduces
+// its block reading every rank's input in place and writes the result straight into every rank's
+// output ("push"), a cache-resident piece at a time, with non-temporal stores. Each block is
+// touched by the rank that claimed it alone, and is read from every input before it is written to
+// any output, so this is safe in place too and needs no barrier between the phases; the
+// done-barrier after the op keeps every buffer alive until all writes have landed (the store
+// fence orders them before it). The result does not depend on which rank reduced a block (sources
+// are combined in rank order). Memory traffic is the minimum: one read of each input and one
+// write of each output, with no read-for-ownership (a normal store first reads the line it
+// overwrites).
 void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) {
   (void)ctx;
   const int n = g_->n;
   const size_t es = dtype_size(d.dtype);
-  Chunks ch{d.count, n};
-  const size_t begin = ch.begin(rank_), len = ch.len(rank_);
-  constexpr size_t kBlockBytes = 64 * 1024;
-  const size_t block = std::max<size_t>(1, kBlockBytes / es);
+  // About 8 blocks per rank, each at least 16 KiB and a multiple of 64 bytes.
+  const size_t line = std::max<size_t>(1, 64 / es);
+  size_t block = std::max<size_t>((16 * 1024) / es, d.count / (8 * static_cast<size_t>(n)));
+  block = (block + line - 1) / line * line;
+  const uint64_t nblocks = (d.count + block - 1) / block;
   std::vector<const void*> srcs(n);
-  auto* mine = static_cast<unsigned char*>(d.recv);
-  for (size_t a = begin; a < begin + len; a += block) {
-    const size_t m = std::min(block, begin + len - a);
-    for (int p = 0; p < n; ++p)
+  std::vector<void*> dsts(n);
+  uint64_t b = 0;
+  while (claim_block(g_->blocks_claimed, d.seq, nblocks, b)) {
+    const size_t a = b * block, m = std::min(block, d.count - a);
+    for (int p = 0; p < n; ++p) {
       srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + a * es;
-    detail::reduce_n(mine + a * es, srcs.data(), n, m, d.dtype, d.op, n);
-    for (int k = 1; k < n; ++k) {
-      const int p = (rank_ + k) % n;
-      copy_streaming(static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es, mine + a * es,
-                     m * es);
+      dsts[p] = static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es;
     }
+    detail::reduce_n_to(dsts.data(), n, /*streaming=*/true, srcs.data(), n, m, d.dtype, d.op, n);
   }
+  detail::store_fence();
 }
 
 // Ring ReduceScatter then ring AllGather, every chunk cut into segments so that a rank works on

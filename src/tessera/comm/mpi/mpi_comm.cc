@@ -98,9 +98,10 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 }
 
 // All-reduces of [kRingMinBytes, kRingMaxBytes) use ring_all_reduce, in segments of
-// kRingSegmentBytes; above, Open MPI's own MPI_Iallreduce measured as fast as blocking MPI.
+// kRingSegmentBytes; from 64 MiB on, Open MPI's own MPI_Iallreduce measured as fast as the ring
+// and as blocking MPI (2 ranks, 2026-11-29; docs/PERFORMANCE.md).
 constexpr size_t kRingMinBytes = 64 * 1024;
-constexpr size_t kRingMaxBytes = 32 * 1024 * 1024;
+constexpr size_t kRingMaxBytes = 64 * 1024 * 1024;
 constexpr size_t kRingSegmentBytes = 512 * 1024;
 
 int to_int(size_t v, const std::string& where) {
@@ -206,13 +207,16 @@ void MpiCommunicator::wait_all(std::vector<MPI_Request>& reqs, Clock::time_point
 // at once, and a received segment is reduced while the next ones are still arriving. Open MPI
 // serves MPI_Iallreduce (which a deadline needs: a blocking call cannot time out) with its
 // nonblocking-collective algorithms, which measured 10-80% slower than blocking MPI_Allreduce
-// at 1-16 MiB on 2 ranks; this keeps the deadline and overlaps transfer with the reduction
-// (measured 3-25% slower than blocking MPI there). From 32 MiB on MPI_Iallreduce is as fast.
+// at 1-16 MiB on 2 ranks; this keeps the deadline and overlaps transfer with the reduction, and
+// reads the input in place (no copy into the output first). Measured 0.75-1.0x the time of
+// blocking MPI_Allreduce at 1-32 MiB.
 void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadline) {
   const size_t es = dtype_size(d.dtype);
   const std::string w = where(d);
+  // Out of place, the input is read where it is (no copy into the output first): chunk c of the
+  // output is first written by the reduction that receives c, or by the AllGather.
   auto* out = static_cast<unsigned char*>(d.recv);
-  if (d.send != d.recv && d.count) std::memcpy(out, d.send, d.count * es);
+  const auto* in = static_cast<const unsigned char*>(d.send);
   const int n = size_, r = rank_, right = (r + 1) % n, left = (r + n - 1) % n;
   auto begin = [&](int c) { return d.count * static_cast<size_t>(c) / static_cast<size_t>(n); };
   auto mod = [n](int x) { return ((x % n) + n) % n; };
@@ -253,10 +257,12 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
                           step, ring_, &recvs.back()),
                 w);
     }
+    // Step 0 sends this rank's own input chunk; every later step a chunk it reduced or received.
+    const unsigned char* send_from = step == 0 ? in : out;
     for (size_t a = 0; a < sl; a += seg) {
       sends.emplace_back(MPI_REQUEST_NULL);
-      check_mpi(MPI_Isend(out + (sb + a) * es, static_cast<int>(std::min(seg, sl - a)), type, right,
-                          step, ring_, &sends.back()),
+      check_mpi(MPI_Isend(send_from + (sb + a) * es, static_cast<int>(std::min(seg, sl - a)), type,
+                          right, step, ring_, &sends.back()),
                 w);
     }
     for (size_t i = 0; i < recvs.size(); ++i) {
@@ -264,7 +270,9 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
       if (!reducing) continue;
       const size_t a = i * seg, m = std::min(seg, rl - a);
       unsigned char* dst = out + (rb + a) * es;
-      const void* srcs[2] = {dst, tmp.data() + a * es};
+      // Adds this rank's own input for the chunk to the partial sum that arrived.
+      const void* mine = in + (rb + a) * es;
+      const void* srcs[2] = {mine, tmp.data() + a * es};
       detail::reduce_n(dst, srcs, 2, m, d.dtype, op, 0);
     }
     for (MPI_Request& s : sends) wait_one(s);
