@@ -232,9 +232,10 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
       if ((iter & 255) == 255) {
         if (Clock::now() >= deadline) {
           abandoned_ = true;  // posted messages cannot be taken back
-          throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
-                                            " ms waiting for ring neighbour rank ", left, " or ",
-                                            right));
+          throw TimeoutError(detail::concat(
+              w, ": timed out after ", d.timeout.count(), " ms waiting for ring neighbour ",
+              left == right ? detail::concat("rank ", left)
+                            : detail::concat("rank ", left, " or rank ", right)));
         }
         std::this_thread::yield();
       }
