@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: install what is needed, build with warnings as errors, run the whole suite, then
-# rerun it under AddressSanitizer + UndefinedBehaviorSanitizer and the in-process communicator's
-# tests under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
+# rerun it under AddressSanitizer + UndefinedBehaviorSanitizer (MPI tests included, without leak
+# checking) and the in-process communicator's tests under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -18,9 +18,12 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
     -DTESSERA_SANITIZE=address,undefined -DTESSERA_BENCH=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
-  # MPI's own allocations are not ours to judge; its tests run in the Release pass above.
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" \
     --timeout 900 -LE mpi)
+  # The MPI tests too, with leak checking off: Open MPI keeps allocations to process exit (in
+  # components it unloads, so they cannot be suppressed by name). Memory errors and undefined
+  # behaviour are still fatal.
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 900 -L mpi)
 
   echo "== ThreadSanitizer on the in-process communicator"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
