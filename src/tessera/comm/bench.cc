@@ -123,7 +123,7 @@ std::string bench_header(const Communicator& comm, const BenchOptions& opts) {
   os << "# tessera bench-comm: backend " << comm.backend() << ", " << comm.size()
      << " ranks, dtype " << dtype_name(opts.dtype) << ", all_reduce algorithm "
      << algorithm_name(opts.algorithm) << ", iters " << opts.iters
-     << " (fewer above 1 MiB), warmup " << opts.warmup << "\n"
+     << " (fewer above 1 MiB, at least " << opts.min_iters << "), warmup " << opts.warmup << "\n"
      << "# time: median over iterations of the slowest rank; GB/s = 1e9 bytes/s\n";
   char line[160];
   std::snprintf(line, sizeof line, "%-15s %12s %12s %12s %12s %12s %6s\n", "# op", "bytes",
