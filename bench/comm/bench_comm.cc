@@ -1,7 +1,8 @@
 // bench_comm: in one run, the figures behind the speed targets.
 //   1. memory bandwidth (memcpy, 1 and 2 threads): the physical limit of the inproc transport;
 //   2. inproc all_reduce with 2 thread-ranks, 4 B .. 256 MiB;
-//   3. MPI backend all_reduce and 4. raw MPI_Allreduce (same sizes, same timing method).
+//   3. MPI backend all_reduce and 4. raw MPI_Allreduce (same sizes, same buffers, timed
+//      interleaved iteration by iteration).
 // Run under `mpirun -np 2` (bench/comm/run.sh). Phases 1-2 run on MPI rank 0 while rank 1 sleeps,
 // so the two cores are free for the two threads. Without mpirun only phases 1-2 run.
 #include <mpi.h>
@@ -61,43 +62,88 @@ std::vector<BenchRow> inproc_table(const BenchOptions& o, int ranks) {
   return rows;
 }
 
-// Raw MPI_Allreduce with the same sizes, buffers, check and timing as bench_collectives.
-std::vector<BenchRow> raw_mpi_table(Communicator& timing, const BenchOptions& o) {
-  std::vector<BenchRow> rows;
+// The MPI backend's all_reduce and raw MPI_Allreduce, interleaved iteration by iteration (which
+// one goes first alternates) on the same rotating buffers, so that both see the same machine:
+// on a shared host, timing one table after the other let load drift decide the ratio.
+void paired_mpi_tables(Communicator& comm, const BenchOptions& o, Summary& backend, Summary& raw) {
   int n = 0, me = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  if (me == 0) std::cout << "# raw MPI_Allreduce (MPI_FLOAT, MPI_SUM) on MPI_COMM_WORLD\n";
+  if (me == 0)
+    std::cout << "# MPI backend all_reduce and raw MPI_Allreduce (MPI_FLOAT, MPI_SUM), "
+                 "interleaved\n";
+  {
+    float x = 1.0f;  // settle, as bench_collectives does
+    for (int i = 0; i < 2000; ++i) comm.all_reduce(&x, 1, DType::F32).wait();
+  }
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-    const size_t elems = bytes / 4;
+    const size_t elems = std::max<size_t>(bytes / 4, 1);
     const int nbuf = static_cast<int>(std::clamp<size_t>(o.rotate_bytes / (2 * bytes), 2, 64));
     std::vector<std::vector<float>> s(nbuf, std::vector<float>(elems)),
         r(nbuf, std::vector<float>(elems));
     for (auto& b : s)
       for (size_t i = 0; i < elems; ++i)
         b[i] = static_cast<float>(me + 1 + static_cast<int>(i % 5));
-    auto run = [&](int i) {
+    auto run_backend = [&](int i) {
+      comm.all_reduce(s[i % nbuf].data(), r[i % nbuf].data(), elems, DType::F32).wait();
+    };
+    auto run_raw = [&](int i) {
       MPI_Allreduce(s[i % nbuf].data(), r[i % nbuf].data(), static_cast<int>(elems), MPI_FLOAT,
                     MPI_SUM, MPI_COMM_WORLD);
     };
-    run(0);
-    int ok = 1;
-    for (size_t i = 0; i < elems && ok; ++i)
-      if (r[0][i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 5))) ok = 0;
-    BenchRow row;
-    row.op = "mpi_allreduce";
-    row.bytes = bytes;
-    row.elements = elems;
-    row.ok = ok;
+    auto check = [&]() {
+      int ok = 1;
+      for (size_t i = 0; i < elems && ok; ++i)
+        if (r[0][i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 5))) ok = 0;
+      std::fill(r[0].begin(), r[0].end(), 0.0f);
+      MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      return ok != 0;
+    };
+    run_backend(0);
+    const bool ok_backend = check();
+    run_raw(0);
+    const bool ok_raw = check();
+    const int iters = bench_iters(o, bytes);
     const int warm = bytes > (size_t{16} << 20) ? std::min(o.warmup, 2) : o.warmup;
-    row.median_us =
-        time_collective_us(timing, warm, bench_iters(o, bytes), [&](int i) { run(i + 1); });
-    row.algbw_gbs = bytes / (row.median_us * 1e3);
-    row.busbw_gbs = row.algbw_gbs * bus_factor("all_reduce", n);
-    rows.push_back(row);
-    if (me == 0) std::cout << bench_row_str(row) << std::flush;
+    std::vector<int64_t> tb(iters), tr(iters);
+    for (int i = 0; i < warm + iters; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const bool backend_turn = (k == 0) == (i % 2 == 0);
+        comm.barrier().wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        if (backend_turn)
+          run_backend(2 * i + 1);
+        else
+          run_raw(2 * i + 2);
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+        if (i >= warm) (backend_turn ? tb : tr)[i - warm] = ns;
+      }
+    }
+    auto median_us = [&](std::vector<int64_t>& v) {
+      AllReduceOptions mx;
+      mx.op = ReduceOp::Max;  // an iteration takes as long as its slowest rank
+      comm.all_reduce(v.data(), v.size(), DType::I64, mx).wait();
+      std::sort(v.begin(), v.end());
+      return static_cast<double>(v[v.size() / 2]) / 1000.0;
+    };
+    for (int which = 0; which < 2; ++which) {
+      BenchRow row;
+      row.op = which == 0 ? "all_reduce" : "mpi_allreduce";
+      row.bytes = elems * 4;
+      row.elements = elems;
+      row.ok = which == 0 ? ok_backend : ok_raw;
+      row.median_us = median_us(which == 0 ? tb : tr);
+      row.algbw_gbs = row.bytes / (row.median_us * 1e3);
+      row.busbw_gbs = row.algbw_gbs * bus_factor("all_reduce", n);
+      Summary& sum = which == 0 ? backend : raw;
+      sum.us[row.bytes] = row.median_us;
+      sum.busbw[row.bytes] = row.busbw_gbs;
+      if (me == 0) std::cout << bench_row_str(row) << std::flush;
+    }
+    if (bytes > o.max_bytes / 2) break;
   }
-  return rows;
 }
 
 }  // namespace
@@ -139,12 +185,8 @@ int main(int argc, char** argv) {
   }
   Summary mb, raw;
   if (mpi) {
-    if (me != 0)
-      sleepy_barrier();
-    else
-      sleepy_barrier();
-    mb = summarize(bench_collectives(*world, o, me == 0 ? &std::cout : nullptr));
-    raw = summarize(raw_mpi_table(*world, o));
+    sleepy_barrier();  // rank 1 slept through phases 1-2
+    paired_mpi_tables(*world, o, mb, raw);
   }
   if (me != 0) return 0;
 

@@ -275,6 +275,17 @@ TEST(CommOptions, EnvironmentOverrides) {
   ::unsetenv("TESSERA_COMM_TIMEOUT_S");
   ::unsetenv("TESSERA_COMM_DEBUG");
   EXPECT_EQ(resolve_options({}).timeout, std::chrono::seconds(300));
+  EXPECT_EQ(resolve_options({}).stream_min_bytes, kDefaultStreamMinBytes);
+  ::setenv("TESSERA_COMM_STREAM_MIN_BYTES", "1048576", 1);
+  EXPECT_EQ(resolve_options({}).stream_min_bytes, size_t{1} << 20);
+  CommOptions explicit_stream;
+  explicit_stream.stream_min_bytes = 7;
+  EXPECT_EQ(resolve_options(explicit_stream).stream_min_bytes, 7u);
+  ::setenv("TESSERA_COMM_STREAM_MIN_BYTES", "-1", 1);
+  EXPECT_THROW(resolve_options({}), ConfigError);
+  ::setenv("TESSERA_COMM_STREAM_MIN_BYTES", "4MiB", 1);
+  EXPECT_THROW(resolve_options({}), ConfigError);
+  ::unsetenv("TESSERA_COMM_STREAM_MIN_BYTES");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tessera/comm/options.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -22,6 +23,16 @@ CommOptions resolve_options(CommOptions opts) {
   }
   if (const char* s = std::getenv("TESSERA_COMM_DEBUG"); s && *s && std::string(s) != "0")
     opts.debug = true;
+  if (const char* s = std::getenv("TESSERA_COMM_STREAM_MIN_BYTES");
+      s && *s && opts.stream_min_bytes == kDefaultStreamMinBytes) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || s[0] == '-')
+      throw ConfigError(
+          detail::concat("TESSERA_COMM_STREAM_MIN_BYTES='", s, "' is not a number of bytes"));
+    opts.stream_min_bytes = static_cast<size_t>(v);
+  }
   if (opts.timeout < Timeout::zero())
     throw ConfigError("CommOptions::timeout must be kDefaultTimeout or non-negative");
   return opts;

@@ -56,6 +56,8 @@ struct RecvOptions : OpOptions {
   int tag = 0;
 };
 
+inline constexpr size_t kDefaultStreamMinBytes = size_t{4} << 20;
+
 // Group-wide settings, fixed when a world is created and inherited by split().
 struct CommOptions {
   // Default deadline of every wait. Overridden by the environment variable
@@ -71,13 +73,19 @@ struct CommOptions {
   size_t small_max_bytes = 16 * 1024;
   // Under Algorithm::Auto the inproc backend uses Direct for up to this many ranks, Ring above.
   int direct_max_ranks = 8;
+  // The inproc Direct AllReduce writes outputs with non-temporal (cache-bypassing) stores from this
+  // many bytes on. They save a third of the memory traffic when the buffers are not in cache (a
+  // model whose gradients outgrow the caches), and cost a trip to memory when they were
+  // (bench/comm/bench_stream_stores; docs/PERFORMANCE.md). Left at kDefaultStreamMinBytes, the
+  // environment variable TESSERA_COMM_STREAM_MIN_BYTES overrides it.
+  size_t stream_min_bytes = kDefaultStreamMinBytes;
   // Ring pipelining: each of the n chunks is cut into segments of at most this many bytes.
   size_t ring_segment_bytes = 256 * 1024;
   std::string name = "world";  // appears in error messages
 };
 
-// Resolves kDefaultTimeout against TESSERA_COMM_TIMEOUT_S and the 300 s default, and debug
-// against TESSERA_COMM_DEBUG.
+// Resolves kDefaultTimeout against TESSERA_COMM_TIMEOUT_S and the 300 s default, debug against
+// TESSERA_COMM_DEBUG, and kDefaultStreamMinBytes against TESSERA_COMM_STREAM_MIN_BYTES.
 CommOptions resolve_options(CommOptions opts);
 
 }  // namespace tessera::comm

@@ -222,7 +222,8 @@ bool claim_block(Counter& queue, uint64_t seq, uint64_t nblocks, uint64_t& block
 // The message is cut into blocks that ranks claim from a shared queue, so a rank that the OS
 // deschedules does not hold the others up: the ones running take over its share. A rank reduces
 // its block reading every rank's input in place and writes the result straight into every rank's
-// output ("push"), a cache-resident piece at a time, with non-temporal stores. Each block is
+// output ("push"), a cache-resident piece at a time; from CommOptions::stream_min_bytes on with
+// non-temporal stores. Each block is
 // touched by the rank that claimed it alone, and is read from every input before it is written to
 // any output, so this is safe in place too and needs no barrier between the phases; the
 // done-barrier after the op keeps every buffer alive until all writes have landed (the store
@@ -239,6 +240,7 @@ void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) 
   size_t block = std::max<size_t>((16 * 1024) / es, d.count / (8 * static_cast<size_t>(n)));
   block = (block + line - 1) / line * line;
   const uint64_t nblocks = (d.count + block - 1) / block;
+  const bool streaming = d.count * es >= g_->opts.stream_min_bytes;
   std::vector<const void*> srcs(n);
   std::vector<void*> dsts(n);
   uint64_t b = 0;
@@ -248,9 +250,9 @@ void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) 
       srcs[p] = static_cast<const unsigned char*>(peer(p, d.seq).send) + a * es;
       dsts[p] = static_cast<unsigned char*>(peer(p, d.seq).recv) + a * es;
     }
-    detail::reduce_n_to(dsts.data(), n, /*streaming=*/true, srcs.data(), n, m, d.dtype, d.op, n);
+    detail::reduce_n_to(dsts.data(), n, streaming, srcs.data(), n, m, d.dtype, d.op, n);
   }
-  detail::store_fence();
+  if (streaming) detail::store_fence();
 }
 
 // Ring ReduceScatter then ring AllGather, every chunk cut into segments so that a rank works on
