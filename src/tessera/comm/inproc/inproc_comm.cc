@@ -219,18 +219,18 @@ bool claim_block(Counter& queue, uint64_t seq, uint64_t nblocks, uint64_t& block
 }
 }  // namespace
 
-// The message is cut into blocks that ranks claim from a shared queue, so a rank that the OS
-// deschedules does not hold the others up: the ones running take over its share. A rank reduces
-// its block reading every rank's input in place and writes the result straight into every rank's
-// output ("push"), a cache-resident piece at a time; from CommOptions::stream_min_bytes on with
-// non-temporal stores. Each block is
-// touched by the rank that claimed it alone, and is read from every input before it is written to
-// any output, so this is safe in place too and needs no barrier between the phases; the
-// done-barrier after the op keeps every buffer alive until all writes have landed (the store
-// fence orders them before it). The result does not depend on which rank reduced a block (sources
-// are combined in rank order). Memory traffic is the minimum: one read of each input and one
-// write of each output, with no read-for-ownership (a normal store first reads the line it
-// overwrites).
+// The message is cut into blocks (about 8 per rank, so the queue tag's 32-bit block index never
+// overflows) that ranks claim from a shared queue, so a rank that the OS deschedules does not hold
+// the others up: the ones running take over its share. A rank reduces its block reading every
+// rank's input in place and writes the result straight into every rank's output ("push"); from
+// CommOptions::stream_min_bytes on one 64-byte line at a time with non-temporal stores, below
+// that through an L1 block and normal stores that leave the result in cache. A block is touched by
+// the rank that claimed it alone, and is read from every input before it is written to any
+// output, so this is safe in place too and needs no barrier between the phases; the done-barrier
+// after the op keeps every buffer alive until all writes have landed (the store fence orders them
+// before it). The result does not depend on which rank reduced a block (sources are combined in
+// rank order). Streaming moves the minimum: one read of each input and one write of each output,
+// with no read-for-ownership (a normal store first reads the line it overwrites).
 void InprocCommunicator::all_reduce_direct(const OpDesc& d, const WaitCtx& ctx) {
   (void)ctx;
   const int n = g_->n;
