@@ -36,34 +36,30 @@ struct MinF {
   }
 };
 
+// One 64-byte line to `p` (64-byte aligned) with a non-temporal store.
+inline void stream_line(void* p, const void* line) {
+#if defined(__SANITIZE_THREAD__) || !defined(__SSE2__)
+  std::memcpy(p, line, 64);
+#elif defined(__AVX512F__)
+  _mm512_stream_si512(static_cast<__m512i*>(p), _mm512_loadu_si512(line));
+#else
+  for (int q = 0; q < 4; ++q)
+    _mm_stream_si128(static_cast<__m128i*>(p) + q,
+                     _mm_loadu_si128(static_cast<const __m128i*>(line) + q));
+#endif
+}
+
 // memcpy into memory this thread will not read again: non-temporal stores skip the
 // read-for-ownership of a normal store (a third of a copy's memory traffic). The caller fences.
 void copy_streaming(unsigned char* dst, const unsigned char* src, size_t n) {
-#if defined(__SANITIZE_THREAD__) || !defined(__SSE2__)
-  std::memcpy(dst, src, n);  // TSan does not instrument intrinsics: keep every write visible
-#else
-#if defined(__AVX512F__)
-  constexpr size_t kVec = 64;  // a whole cache line per store: no partial write-combining flushes
-#else
-  constexpr size_t kVec = 16;
-#endif
-  size_t head = (kVec - reinterpret_cast<uintptr_t>(dst) % kVec) % kVec;
-  if (head > n) head = n;
+  const size_t head = std::min(n, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
   std::memcpy(dst, src, head);
   dst += head;
   src += head;
   n -= head;
-  const size_t body = n / kVec * kVec;
-  for (size_t i = 0; i < body; i += kVec)
-#if defined(__AVX512F__)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
-                        _mm512_loadu_si512(reinterpret_cast<const void*>(src + i)));
-#else
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-#endif
+  const size_t body = n / 64 * 64;
+  for (size_t i = 0; i < body; i += 64) stream_line(dst + i, src + i);
   std::memcpy(dst + body, src + body, n - body);
-#endif
 }
 
 // Where a reduced block goes: every destination, at the same element offset.
@@ -102,19 +98,6 @@ void reduce_typed_blocks(const Dsts& dst, const void* const* srcs, int k, size_t
     }
     dst.write(b, acc, m);
   }
-}
-
-// One 64-byte line to `p` (64-byte aligned) with a non-temporal store.
-inline void stream_line(void* p, const void* line) {
-#if defined(__SANITIZE_THREAD__) || !defined(__SSE2__)
-  std::memcpy(p, line, 64);
-#elif defined(__AVX512F__)
-  _mm512_stream_si512(static_cast<__m512i*>(p), _mm512_loadu_si512(line));
-#else
-  for (int q = 0; q < 4; ++q)
-    _mm_stream_si128(static_cast<__m128i*>(p) + q,
-                     _mm_loadu_si128(static_cast<const __m128i*>(line) + q));
-#endif
 }
 
 // Streaming fast path: `lines` whole 64-byte lines from element `start`, every destination

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -154,7 +155,7 @@ class MpiCommunicator final : public Communicator {
   }
   // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
   // (point to point) and throws TimeoutError naming `missing(reqs)`.
-  void wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline, const OpDesc& d,
+  void wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline, const OpDesc& d,
                 const std::string& waiting_for, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
   void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
@@ -176,12 +177,13 @@ class MpiCommunicator final : public Communicator {
   bool abandoned_ = false;
 };
 
-void MpiCommunicator::wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline,
+void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline,
                                const OpDesc& d, const std::string& waiting_for, bool cancellable) {
+  const std::string w = where(d);  // once: the loop below polls thousands of times
   int flag = 0;
   for (long iter = 0;; ++iter) {
     check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
-              where(d));
+              w);
     if (flag) return;
     if ((iter & 255) == 255) {
       if (Clock::now() >= deadline) break;
@@ -197,8 +199,8 @@ void MpiCommunicator::wait_all(std::vector<MPI_Request>& reqs, Clock::time_point
   } else {
     abandoned_ = true;
   }
-  throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                    " ms waiting for ", waiting_for));
+  throw TimeoutError(
+      detail::concat(w, ": timed out after ", d.timeout.count(), " ms waiting for ", waiting_for));
 }
 
 // Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
@@ -224,23 +226,11 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
   const MPI_Datatype type = mpi_type(d.dtype);
   const ReduceOp op = d.op == ReduceOp::Mean ? ReduceOp::Sum : d.op;
   std::vector<unsigned char> tmp((d.count / n + 1) * es);
-  auto wait_one = [&](MPI_Request& req) {
-    int done = 0;
-    for (long iter = 0;; ++iter) {
-      check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), w);
-      if (done) return;
-      if ((iter & 255) == 255) {
-        if (Clock::now() >= deadline) {
-          abandoned_ = true;  // posted messages cannot be taken back
-          throw TimeoutError(detail::concat(
-              w, ": timed out after ", d.timeout.count(), " ms waiting for ring neighbour ",
-              left == right ? detail::concat("rank ", left)
-                            : detail::concat("rank ", left, " or rank ", right)));
-        }
-        std::this_thread::yield();
-      }
-    }
-  };
+  // Posted ring messages cannot be taken back: a timeout abandons them.
+  const std::string neighbours =
+      left == right ? detail::concat("ring neighbour rank ", left)
+                    : detail::concat("ring neighbour rank ", left, " or rank ", right);
+  auto wait_one = [&](MPI_Request& req) { wait_all({&req, 1}, deadline, d, neighbours); };
   std::vector<MPI_Request> sends, recvs;
   for (int step = 0; step < 2 * (n - 1); ++step) {
     const bool reducing = step < n - 1;
@@ -281,6 +271,7 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
 }
 
 void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
+  const std::string w = where(d);
   detail::Fingerprint mine = detail::fingerprint_of(d);
   std::vector<detail::Fingerprint> all(size_);
   all[rank_] = mine;
@@ -288,17 +279,15 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     MPI_Request r;
-    check_mpi(MPI_Irecv(&all[p], sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r),
-              where(d));
+    check_mpi(MPI_Irecv(&all[p], sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
     recvs.push_back(r);
-    check_mpi(MPI_Isend(&mine, sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r),
-              where(d));
+    check_mpi(MPI_Isend(&mine, sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
     sends.push_back(r);
   }
   int flag = 0;
   for (long iter = 0;; ++iter) {
     check_mpi(MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &flag, MPI_STATUSES_IGNORE),
-              where(d));
+              w);
     if (flag) break;
     if ((iter & 255) == 255) {
       if (Clock::now() >= deadline) {
@@ -320,7 +309,7 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
               MPI_Cancel(&r);
               MPI_Wait(&r, MPI_STATUS_IGNORE);
             }
-        throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
+        throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
                                           " ms waiting for rank(s) ", missing,
                                           " to reach this collective"));
       }
