@@ -1,5 +1,6 @@
 #include "tessera/kernels/attention.h"
 
+#include "attention_reference.h"
 #include "grad_check.h"
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
@@ -11,40 +12,15 @@ using testing::dot;
 using testing::expect_fd_close;
 using testing::randn;
 
-// Plain-loop causal attention in double, with an optional dropout mask drawn per the documented
-// coordinates.
+// The float64 reference with the kernel's documented dropout mask.
 std::vector<double> attention_ref(const std::vector<float>& qkv, int B, int T, int C, int NH,
                                   const AttentionDropout* drop) {
-  const int hs = C / NH;
-  std::vector<double> out(static_cast<size_t>(B) * T * C, 0.0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
-        std::vector<double> s(t + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= t; ++j) {
-          double d = 0;
-          for (int i = 0; i < hs; ++i)
-            d += static_cast<double>(qkv[(b * T + t) * 3 * C + h * hs + i]) *
-                 qkv[(b * T + j) * 3 * C + C + h * hs + i];
-          s[j] = d / std::sqrt(static_cast<double>(hs));
-          mx = std::max(mx, s[j]);
-        }
-        double z = 0;
-        for (int j = 0; j <= t; ++j) z += (s[j] = std::exp(s[j] - mx));
-        for (int j = 0; j <= t; ++j) {
-          double pj = s[j] / z;
-          if (drop != nullptr && drop->p > 0) {
-            const uint64_t idx =
-                ((static_cast<uint64_t>(drop->first_sample + b) * NH + h) * T + t) * T + j;
-            pj = philox_uniform(drop->seed, drop->stream, idx) > drop->p ? pj / (1.0 - drop->p)
-                                                                         : 0.0;
-          }
-          for (int i = 0; i < hs; ++i)
-            out[(b * T + t) * C + h * hs + i] += pj * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + i];
-        }
-      }
-  return out;
+  if (drop == nullptr)
+    return tessera::testing::causal_attention_ref(qkv, B, T, C, NH, 0, 0.0,
+                                                  [](uint64_t) { return true; });
+  return tessera::testing::causal_attention_ref(
+      qkv, B, T, C, NH, drop->first_sample, drop->p,
+      [&](uint64_t idx) { return philox_uniform(drop->seed, drop->stream, idx) > drop->p; });
 }
 
 struct Case {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_reference.h"
 #include "tessera/core/philox.h"
 #include "tessera/nn/gpt.h"
 
@@ -93,7 +94,7 @@ inline Vec conv1d(const Vec& x, const Vec& W, const Vec& b, int N, int in, int o
 inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out = nullptr) {
   using namespace detail;
   const int B = b.B, T = b.T, C = m.cfg.n_embd, NH = m.cfg.n_head, V = m.cfg.vocab_size;
-  const int hs = C / NH, N = B * T;
+  const int N = B * T;
   const double eps = m.cfg.ln_eps;
   const Vec& wte = m.w.at("wte.weight");
   const Vec& wpe = m.w.at("wpe.weight");
@@ -106,34 +107,9 @@ inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out
     auto W = [&](const std::string& s) -> const Vec& { return m.w.at(h + s); };
     const Vec a = layernorm(x, W("ln_1.weight"), W("ln_1.bias"), N, C, eps);
     const Vec qkv = conv1d(a, W("attn.c_attn.weight"), W("attn.c_attn.bias"), N, C, 3 * C);
-    Vec y(static_cast<size_t>(N) * C, 0.0);
-    for (int i = 0; i < B; ++i)
-      for (int hd = 0; hd < NH; ++hd)
-        for (int t = 0; t < T; ++t) {
-          Vec s(t + 1);
-          double mx = -1e300;
-          for (int j = 0; j <= t; ++j) {
-            double d = 0;
-            for (int e = 0; e < hs; ++e)
-              d += qkv[(i * T + t) * 3 * C + hd * hs + e] *
-                   qkv[(i * T + j) * 3 * C + C + hd * hs + e];
-            s[j] = d / std::sqrt(static_cast<double>(hs));
-            mx = std::max(mx, s[j]);
-          }
-          double z = 0;
-          for (int j = 0; j <= t; ++j) z += (s[j] = std::exp(s[j] - mx));
-          for (int j = 0; j <= t; ++j) {
-            double pj = s[j] / z;
-            if (b.p > 0.0f) {
-              const uint64_t idx =
-                  ((static_cast<uint64_t>(b.first_sample + i) * NH + hd) * T + t) * T + j;
-              pj = keep(b, h + "attn.attn_dropout", idx) ? pj / (1.0 - b.p) : 0.0;
-            }
-            for (int e = 0; e < hs; ++e)
-              y[(i * T + t) * C + hd * hs + e] +=
-                  pj * qkv[(i * T + j) * 3 * C + 2 * C + hd * hs + e];
-          }
-        }
+    const Vec y = tessera::testing::causal_attention_ref(
+        qkv, B, T, C, NH, b.first_sample, b.p,
+        [&](uint64_t idx) { return keep(b, h + "attn.attn_dropout", idx); });
     Vec pr = conv1d(y, W("attn.c_proj.weight"), W("attn.c_proj.bias"), N, C, C);
     drop_btc(pr, b, C, h + "attn.resid_dropout");
     for (size_t i = 0; i < x.size(); ++i) x[i] += pr[i];
