@@ -1,0 +1,47 @@
+#include "tessera/parallel/schedule.h"
+
+namespace tessera::parallel {
+
+Schedule single_stage_schedule(int micro_batches) {
+  Schedule s;
+  s.name = "single";
+  s.micro_batches = micro_batches;
+  s.ranks.resize(1);
+  for (int m = 0; m < micro_batches; ++m) {
+    s.ranks[0].push_back({ActionKind::Forward, m, 0});
+    s.ranks[0].push_back({ActionKind::Backward, m, 0});
+  }
+  s.ranks[0].push_back({ActionKind::ReduceGradients, -1, 0});
+  s.ranks[0].push_back({ActionKind::OptimizerStep, -1, 0});
+  return s;
+}
+
+std::string to_string(ActionKind k) {
+  switch (k) {
+    case ActionKind::Forward: return "F";
+    case ActionKind::Backward: return "B";
+    case ActionKind::BackwardInput: return "BI";
+    case ActionKind::BackwardWeight: return "W";
+    case ActionKind::SendForward: return "send F";
+    case ActionKind::RecvForward: return "recv F";
+    case ActionKind::SendBackward: return "send B";
+    case ActionKind::RecvBackward: return "recv B";
+    case ActionKind::ReduceGradients: return "reduce";
+    case ActionKind::OptimizerStep: return "step";
+  }
+  return "?";
+}
+
+std::string to_string(const Action& a) {
+  std::string s = to_string(a.kind);
+  if (a.micro_batch >= 0) {
+    s += std::to_string(a.micro_batch);
+    if (a.chunk != 0) {
+      s += '.';
+      s += std::to_string(a.chunk);
+    }
+  }
+  return s;
+}
+
+}  // namespace tessera::parallel
