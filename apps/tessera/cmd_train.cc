@@ -116,6 +116,9 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "bucket_mb", v.bucket_mb,
        "Gradient bucket size in MiB (communication granularity)");
   flag(cmd, *f, "overlap", v.overlap, "Overlap gradient communication with backward (true/false)");
+  flag(cmd, *f, "recompute", v.recompute,
+       "Activation recomputation: none, selective (attention scores) or full (whole blocks)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   flag(cmd, *f, "backend", v.backend,
        "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
       ->check(CLI::IsMember({"auto", "inproc", "mpi"}));

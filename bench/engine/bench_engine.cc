@@ -3,7 +3,10 @@
 // for two GPT configurations: tokens/s and model FLOP/s (PaLM: 6 N + 12 L C T per token, N the
 // parameter count without position embeddings) as a fraction of the sgemm rate.
 //
-// Usage: bench_engine [--steps N] [--warmup N] [--only small|large]
+// Usage: bench_engine [--steps N] [--warmup N] [--only small|large|recompute]
+//                     [--recompute-steps N]
+// --only recompute times none / selective / full activation recomputation on the large
+// configuration (dropout 0.1) and prints activation bytes per block against the formula.
 // OpenBLAS picks its kernels from the CPU it detects; on CPUs it does not know (a KVM guest
 // reporting a new Xeon model) it may fall back to generic SSE3 ("Prescott") kernels. The core
 // name is printed; OPENBLAS_CORETYPE=SkylakeX (or Haswell) selects the right ones.
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -144,16 +148,93 @@ Result bench_gpt(const char* name, const tessera::nn::GPTConfig& cfg, int B, int
   return r;
 }
 
+// Activation recomputation on one configuration: one model per mode, their steps interleaved
+// (none, selective, full, none, ...) so machine drift hits every mode alike. Prints each mode's
+// median step time and its ratio to none, and the activation bytes per block measured by the
+// allocator against the fp32 formula (tests/nn/modules_test.cc derives it):
+//   none       b s (64 h + 16 + 2 h [masks]) + 4 a s^2 b (x2 with dropout)
+//   selective  b s (64 h + 16 + 2 h [masks])
+//   full       4 b s h
+void bench_recompute(const tessera::nn::GPTConfig& cfg, int B, int warmup, int steps) {
+  using tessera::nn::Recompute;
+  const Recompute modes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
+  struct Mode {
+    std::unique_ptr<tessera::Allocator> alloc;
+    std::unique_ptr<tessera::nn::GPT> model;
+    std::unique_ptr<tessera::nn::GPT::Record> rec;
+    std::vector<double> wall;
+    double act_bytes_per_block = 0;
+  };
+  const int T = cfg.block_size;
+  std::vector<int32_t> data(static_cast<size_t>(B) * T + 1);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
+  for (int32_t& x : data) x = tok(rng);
+  const tessera::nn::Batch batch{data.data(), data.data() + 1, B, T, 0};
+  std::vector<Mode> ms(3);
+  for (int i = 0; i < 3; ++i) {
+    tessera::nn::GPTLayout layout;
+    layout.recompute = modes[i];
+    // Activation bytes per block: a record of an L-block model minus one of L-1 blocks.
+    auto record_bytes = [&](int layers) {
+      tessera::nn::GPTConfig c = cfg;
+      c.n_layer = layers;
+      tessera::Allocator a("probe");
+      tessera::nn::GPT m(c, B, a, layout);
+      const size_t before = a.in_use(tessera::MemCategory::Activations);
+      auto r = m.make_record();
+      return static_cast<double>(a.in_use(tessera::MemCategory::Activations) - before);
+    };
+    ms[i].act_bytes_per_block = record_bytes(cfg.n_layer) - record_bytes(cfg.n_layer - 1);
+    ms[i].alloc = std::make_unique<tessera::Allocator>("bench");
+    ms[i].model = std::make_unique<tessera::nn::GPT>(cfg, B, *ms[i].alloc, layout);
+    ms[i].model->initialize(1337);
+    ms[i].rec = ms[i].model->make_record();
+  }
+  double losses[3] = {0, 0, 0};
+  for (int s = 0; s < warmup + steps; ++s) {
+    for (int i = 0; i < 3; ++i) {
+      tessera::nn::StepContext ctx{1, static_cast<uint64_t>(s), true, 1.0f / (B * T)};
+      const Stamp t0 = Stamp::now();
+      ms[i].model->params().zero_grads();
+      losses[i] = ms[i].model->forward(ctx, batch, *ms[i].rec);
+      ms[i].model->backward(*ms[i].rec);
+      const Stamp t1 = Stamp::now();
+      if (s >= warmup) ms[i].wall.push_back(t1.wall - t0.wall);
+    }
+  }
+  const double b = B, sq = T, h = cfg.n_embd, a = cfg.n_head;
+  const double masks = cfg.dropout > 0 ? 2 * b * sq * h : 0;
+  const double att = 4 * a * sq * sq * b * (cfg.dropout > 0 ? 2 : 1);
+  const double formula[3] = {b * sq * (64 * h + 16) + masks + att, b * sq * (64 * h + 16) + masks,
+                             4 * b * sq * h};
+  std::printf("\nrecompute (L%d C%d H%d T%d V%d B%d, dropout %.2f; forward + backward, steps "
+              "interleaved across modes, median of %d):\n",
+              cfg.n_layer, cfg.n_embd, cfg.n_head, T, cfg.vocab_size, B, cfg.dropout, steps);
+  std::printf("%-10s %10s %9s %14s %14s %8s %s\n", "mode", "step ms", "vs none", "act MiB/block",
+              "formula MiB", "error", "loss (equal in every mode)");
+  const double none_ms = median(ms[0].wall) * 1e3;
+  for (int i = 0; i < 3; ++i) {
+    const double ms_i = median(ms[i].wall) * 1e3;
+    std::printf("%-10s %10.1f %8.2fx %14.3f %14.3f %7.2f%% %.9g\n", tessera::nn::to_string(modes[i]),
+                ms_i, ms_i / none_ms, ms[i].act_bytes_per_block / 1048576.0,
+                formula[i] / 1048576.0,
+                100.0 * (ms[i].act_bytes_per_block - formula[i]) / formula[i], losses[i]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tessera::kernels::use_fast_blas_kernels(argv);
   int steps = 10, warmup = 2;
-  std::string only;  // "small" or "large": profile one configuration
+  std::string only;  // "small" or "large": profile one configuration; "recompute": that part only
+  int recompute_steps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--warmup") == 0) warmup = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+    if (std::strcmp(argv[i], "--recompute-steps") == 0) recompute_steps = std::atoi(argv[i + 1]);
   }
   openblas_set_num_threads(1);
   std::printf("OpenBLAS: %s (core %s), 1 thread\n", openblas_get_config(), openblas_get_corename());
@@ -172,6 +253,11 @@ int main(int argc, char** argv) {
   large.vocab_size = 4096;
   std::vector<Result> rs;
   std::vector<double> targets;
+  if (only == "recompute") {
+    large.dropout = 0.1f;
+    bench_recompute(large, 4, 1, recompute_steps);
+    return 0;
+  }
   if (only != "large") {
     rs.push_back(bench_gpt("L4 C256 H4 T128 V512 B8", small, 8, warmup, steps, probe));
     targets.push_back(0.70);

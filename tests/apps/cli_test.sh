@@ -54,6 +54,8 @@ head -c 100 "$dir/run/model.safetensors" >"$dir/trunc.safetensors"
 cp "$dir/run/config.json" "$dir/config.json"
 check eval-truncated 1 "trunc.safetensors" -- "$bin" eval --weights "$dir/trunc.safetensors" \
   --data "$dir/corpus.txt"
+check bad-recompute 1 "recompute" -- "$bin" train "${tiny[@]}" --recompute partial
+check recompute-full 0 "recompute full" -- "$bin" train "${tiny[@]}" --steps 2 --recompute full
 check memory-limit 1 "out of memory" -- "$bin" train "${tiny[@]}" --memory-limit 100KiB
 
 echo "cli: $pass passed, $failures failed"

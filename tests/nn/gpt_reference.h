@@ -24,12 +24,13 @@ struct RefModel {
   GPTConfig cfg;
   std::map<std::string, Vec> w;  // HF name -> values (HF layout)
 
-  static RefModel from(const GPT& m) {
+  static RefModel from(const GPT& m) { return from(m.config(), m.params()); }
+  static RefModel from(const GPTConfig& cfg, const ParameterSet& ps) {
     RefModel r;
-    r.cfg = m.config();
-    for (int i = 0; i < m.params().size(); ++i) {
-      const auto v = m.params().param(i).to_vector();
-      r.w[m.params().infos()[i].name] = Vec(v.begin(), v.end());
+    r.cfg = cfg;
+    for (int i = 0; i < ps.size(); ++i) {
+      const auto v = ps.param(i).to_vector();
+      r.w[ps.infos()[i].name] = Vec(v.begin(), v.end());
     }
     return r;
   }
@@ -90,38 +91,51 @@ inline Vec conv1d(const Vec& x, const Vec& W, const Vec& b, int N, int in, int o
 
 }  // namespace detail
 
-// Returns the sum of token cross-entropies (targets -1 ignored). Optional `logits_out`.
-inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out = nullptr) {
+// The modules of the model, each on its own (tests of nn::Embedding, nn::Block, nn::Head).
+// Embedding: x[B*T*C] = drop(wte[tokens] + wpe[t]).
+inline Vec ref_embedding(const RefModel& m, const RefBatch& b) {
   using namespace detail;
-  const int B = b.B, T = b.T, C = m.cfg.n_embd, NH = m.cfg.n_head, V = m.cfg.vocab_size;
-  const int N = B * T;
-  const double eps = m.cfg.ln_eps;
+  const int T = b.T, C = m.cfg.n_embd, N = b.B * b.T;
   const Vec& wte = m.w.at("wte.weight");
   const Vec& wpe = m.w.at("wpe.weight");
   Vec x(static_cast<size_t>(N) * C);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) x[n * C + c] = wte[b.tokens[n] * C + c] + wpe[(n % T) * C + c];
   drop_btc(x, b, C, "drop");
-  for (int l = 0; l < m.cfg.n_layer; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    auto W = [&](const std::string& s) -> const Vec& { return m.w.at(h + s); };
-    const Vec a = layernorm(x, W("ln_1.weight"), W("ln_1.bias"), N, C, eps);
-    const Vec qkv = conv1d(a, W("attn.c_attn.weight"), W("attn.c_attn.bias"), N, C, 3 * C);
-    const Vec y = tessera::testing::causal_attention_ref(
-        qkv, B, T, C, NH, b.first_sample, b.p,
-        [&](uint64_t idx) { return keep(b, h + "attn.attn_dropout", idx); });
-    Vec pr = conv1d(y, W("attn.c_proj.weight"), W("attn.c_proj.bias"), N, C, C);
-    drop_btc(pr, b, C, h + "attn.resid_dropout");
-    for (size_t i = 0; i < x.size(); ++i) x[i] += pr[i];
-    const Vec a2 = layernorm(x, W("ln_2.weight"), W("ln_2.bias"), N, C, eps);
-    Vec f = conv1d(a2, W("mlp.c_fc.weight"), W("mlp.c_fc.bias"), N, C, 4 * C);
-    for (double& v : f)
-      v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-    Vec pm = conv1d(f, W("mlp.c_proj.weight"), W("mlp.c_proj.bias"), N, 4 * C, C);
-    drop_btc(pm, b, C, h + "mlp.dropout");
-    for (size_t i = 0; i < x.size(); ++i) x[i] += pm[i];
-  }
-  const Vec xf = layernorm(x, m.w.at("ln_f.weight"), m.w.at("ln_f.bias"), N, C, eps);
+  return x;
+}
+
+// Block l, in place: x = x + drop(attn(ln_1(x))); x = x + drop(mlp(ln_2(x))).
+inline void ref_block(const RefModel& m, int l, const RefBatch& b, Vec& x) {
+  using namespace detail;
+  const int B = b.B, T = b.T, C = m.cfg.n_embd, NH = m.cfg.n_head, N = B * T;
+  const double eps = m.cfg.ln_eps;
+  const std::string h = "h." + std::to_string(l) + ".";
+  auto W = [&](const std::string& s) -> const Vec& { return m.w.at(h + s); };
+  const Vec a = layernorm(x, W("ln_1.weight"), W("ln_1.bias"), N, C, eps);
+  const Vec qkv = conv1d(a, W("attn.c_attn.weight"), W("attn.c_attn.bias"), N, C, 3 * C);
+  const Vec y = tessera::testing::causal_attention_ref(
+      qkv, B, T, C, NH, b.first_sample, b.p,
+      [&](uint64_t idx) { return keep(b, h + "attn.attn_dropout", idx); });
+  Vec pr = conv1d(y, W("attn.c_proj.weight"), W("attn.c_proj.bias"), N, C, C);
+  drop_btc(pr, b, C, h + "attn.resid_dropout");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += pr[i];
+  const Vec a2 = layernorm(x, W("ln_2.weight"), W("ln_2.bias"), N, C, eps);
+  Vec f = conv1d(a2, W("mlp.c_fc.weight"), W("mlp.c_fc.bias"), N, C, 4 * C);
+  for (double& v : f)
+    v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+  Vec pm = conv1d(f, W("mlp.c_proj.weight"), W("mlp.c_proj.bias"), N, 4 * C, C);
+  drop_btc(pm, b, C, h + "mlp.dropout");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += pm[i];
+}
+
+// Head: the sum of token cross-entropies of ln_f(x) . wte^T (targets -1 ignored).
+inline double ref_head_loss_sum(const RefModel& m, const RefBatch& b, const Vec& x,
+                                Vec* logits_out = nullptr) {
+  using namespace detail;
+  const int C = m.cfg.n_embd, V = m.cfg.vocab_size, N = b.B * b.T;
+  const Vec& wte = m.w.at("wte.weight");
+  const Vec xf = layernorm(x, m.w.at("ln_f.weight"), m.w.at("ln_f.bias"), N, C, m.cfg.ln_eps);
   double total = 0;
   Vec logits(V);
   if (logits_out) logits_out->assign(static_cast<size_t>(N) * V, 0.0);
@@ -140,6 +154,13 @@ inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out
     total += mx + std::log(z) - logits[b.targets[n]];
   }
   return total;
+}
+
+// Returns the sum of token cross-entropies (targets -1 ignored). Optional `logits_out`.
+inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out = nullptr) {
+  Vec x = ref_embedding(m, b);
+  for (int l = 0; l < m.cfg.n_layer; ++l) ref_block(m, l, b, x);
+  return ref_head_loss_sum(m, b, x, logits_out);
 }
 
 }  // namespace tessera::nn::testing

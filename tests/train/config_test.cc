@@ -49,6 +49,15 @@ TEST(TrainConfig, ValidateNamesTheProblem) {
   c = TrainConfig{};
   c.val_fraction = 1.0;
   EXPECT_THROW(c.validate(), ConfigError);
+  c = TrainConfig{};
+  c.recompute = "some";
+  try {
+    c.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute must be none, selective or full, got 'some'"),
+              std::string::npos);
+  }
   TrainConfig{}.validate();
 }
 

@@ -38,6 +38,13 @@ class NumericError : public Error {
   using Error::Error;
 };
 
+// A broken invariant inside tessera: a bug, not something the user can fix by changing input.
+// The message starts with "internal error at file:line".
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(Args&&... args) {
@@ -59,4 +66,15 @@ std::string concat(Args&&... args) {
 #define TESSERA_CHECK_AS(Type, cond, ...)                            \
   do {                                                               \
     if (!(cond)) throw Type(::tessera::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+// TESSERA_ASSERT(cond, "what broke ", value, ...): an internal invariant. Throws InternalError
+// "internal error at src/tessera/x.cc:123: <message> (please report this)". User-facing errors
+// use TESSERA_CHECK_AS with a message that says what to change instead.
+#define TESSERA_ASSERT(cond, ...)                                           \
+  do {                                                                      \
+    if (!(cond))                                                            \
+      throw ::tessera::InternalError(::tessera::detail::concat(             \
+          "internal error at ", __FILE__, ":", __LINE__, ": ", __VA_ARGS__, \
+          " (this is a bug in tessera, not in your input)"));               \
   } while (0)

@@ -107,4 +107,21 @@ TensorLoadReport load_into(const SafetensorsFile& file, const NamedTensors& dest
   return report;
 }
 
+void load_slices(const SafetensorsFile& file, const std::vector<SliceRead>& reads,
+                 const std::string& missing_hint) {
+  std::vector<std::string> stored(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const SliceRead& r = reads[i];
+    const std::string n = file.contains(r.name) ? r.name : "transformer." + r.name;
+    TESSERA_CHECK_AS(IoError, file.contains(n), "'", file.path().string(), "' has no tensor '",
+                     r.name, "'", missing_hint);
+    TESSERA_CHECK_AS(IoError, file.shape(n) == r.shape, "tensor '", n, "' in '",
+                     file.path().string(), "' has shape ", shape_str(file.shape(n)),
+                     " but the model expects ", shape_str(r.shape));
+    stored[i] = n;
+  }
+  for (size_t i = 0; i < reads.size(); ++i)
+    file.read_slice_f32(stored[i], reads[i].offset, reads[i].n, reads[i].dst);
+}
+
 }  // namespace tessera::io

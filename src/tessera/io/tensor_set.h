@@ -47,6 +47,22 @@ std::map<std::string, Tensor> load_expected(const SafetensorsFile& file,
 TensorLoadReport load_into(const SafetensorsFile& file, const NamedTensors& destinations,
                            const TensorLoadOptions& options = {});
 
+// A run of a stored tensor's elements: [offset, offset + n) of `name` (row-major in `shape`, the
+// tensor's full shape) into dst. A rank that holds a piece of a tensor (a ZeRO shard, a
+// tensor-parallel slice) reads just its runs, whatever layout wrote the file.
+struct SliceRead {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;
+  int64_t n = 0;
+  float* dst = nullptr;
+};
+
+// Checks every name (a "transformer." prefix is accepted) and full shape before reading anything,
+// then reads. A missing tensor is an IoError that names it and adds `missing_hint`.
+void load_slices(const SafetensorsFile& file, const std::vector<SliceRead>& reads,
+                 const std::string& missing_hint = "");
+
 // Glob match where '*' stands for one or more characters other than '.'.
 bool name_matches(std::string_view pattern, std::string_view name);
 

@@ -8,18 +8,38 @@ float dropout_scale(float p) {
   return 1.0f / (1.0f - p);
 }
 
-void dropout_forward_btc(float* out, uint8_t* mask, const float* in, int B, int T, int C, float p,
-                         uint64_t seed, uint64_t stream, int64_t first_sample, int64_t c_offset,
-                         int64_t c_global) {
-  if (c_global < 0) c_global = C;
-  const int64_t n = static_cast<int64_t>(B) * T * C;
-  dropout_forward(out, mask, in, n, p, seed, stream, [&](int64_t i) {
+namespace {
+// The global RNG index of local element i of a [B, T, C] activation (see dropout.h).
+struct BtcIndex {
+  int T, C;
+  int64_t first_sample, c_offset, c_global;
+  uint64_t operator()(int64_t i) const {
     const int64_t c = i % C;
     const int64_t row = i / C;  // b * T + t
     const int64_t t = row % T;
     const int64_t b = row / T;
     return static_cast<uint64_t>(((first_sample + b) * T + t) * c_global + c_offset + c);
-  });
+  }
+};
+}  // namespace
+
+void dropout_forward_btc(float* out, uint8_t* mask, const float* in, int B, int T, int C, float p,
+                         uint64_t seed, uint64_t stream, int64_t first_sample, int64_t c_offset,
+                         int64_t c_global) {
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  dropout_forward(out, mask, in, n, p, seed, stream,
+                  BtcIndex{T, C, first_sample, c_offset, c_global < 0 ? C : c_global});
+}
+
+void dropout_mask_btc(uint8_t* mask, int B, int T, int C, float p, uint64_t seed, uint64_t stream,
+                      int64_t first_sample, int64_t c_offset, int64_t c_global) {
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  if (p == 0.0f) {
+    if (n > 0) std::memset(mask, 1, static_cast<size_t>(n));
+    return;
+  }
+  const BtcIndex index{T, C, first_sample, c_offset, c_global < 0 ? C : c_global};
+  for (int64_t i = 0; i < n; ++i) mask[i] = philox_uniform(seed, stream, index(i)) > p ? 1 : 0;
 }
 
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p) {

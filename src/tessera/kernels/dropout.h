@@ -44,6 +44,11 @@ void dropout_forward_btc(float* out, uint8_t* mask, const float* in, int B, int 
                          uint64_t seed, uint64_t stream, int64_t first_sample, int64_t c_offset = 0,
                          int64_t c_global = -1);
 
+// ASSIGNS mask[B, T, C] = the keep mask dropout_forward_btc draws for the same coordinates,
+// without touching any data (activation recomputation rebuilds masks with it).
+void dropout_mask_btc(uint8_t* mask, int B, int T, int C, float p, uint64_t seed, uint64_t stream,
+                      int64_t first_sample, int64_t c_offset = 0, int64_t c_global = -1);
+
 // ASSIGNS din[n] = dout[n] * mask[n] / (1 - p). din may alias dout. p == 0: copy.
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p);
 

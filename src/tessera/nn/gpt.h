@@ -1,6 +1,8 @@
-// GPT-2 (Radford et al. 2019) with explicit forward and backward on one rank: learned positions,
-// pre-LayerNorm blocks (ln_1 -> attn -> +, ln_2 -> mlp -> +), final ln_f, LM head tied to wte.
-// Parameters carry Hugging Face GPT2Model names and layouts ("h.3.attn.c_attn.weight" [C, 3C]).
+// GPT-2 (Radford et al. 2019) on one rank, as a pipeline *stage*: a contiguous range of units
+// built from the modules Embedding (unit 0), Block (units 1..L) and Head (unit L+1). With every
+// unit on the rank (the default) it is the whole model: learned positions, pre-LayerNorm blocks
+// (ln_1 -> attn -> +, ln_2 -> mlp -> +), final ln_f, LM head tied to wte. Parameters carry
+// Hugging Face GPT2Model names and layouts ("h.3.attn.c_attn.weight" [C, 3C]).
 //
 // Initialisation (GPT-2's scheme, drawn from philox(seed, stable_hash(name), global index) by
 // ParameterSet::initialize): weights normal(0, 0.02); attn.c_proj.weight and mlp.c_proj.weight
@@ -10,115 +12,142 @@
 // Dropout sites (HF module names) and their streams, mix_stream(step, stable_hash(site)):
 //   "drop" on the embedding sum, "h.<l>.attn.attn_dropout" on attention probabilities,
 //   "h.<l>.attn.resid_dropout" and "h.<l>.mlp.dropout" on the two residual branches.
+//
+// Micro-batches in flight: forward(ctx, batch, record) and backward(record, ...) work on a Record
+// the caller owns (make_record()), so a pipeline stage can hold several; the single-record
+// forward(batch, ctx) / backward() keep one internally (evaluation, sampling, tests).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/nn/activations.h"
+#include "tessera/nn/block.h"
+#include "tessera/nn/embedding.h"
 #include "tessera/nn/gpt_config.h"
+#include "tessera/nn/head.h"
 #include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"
 
 namespace tessera::nn {
 
-// How the parameters are laid out in memory (parallel engines choose this; defaults = one rank).
+// How this rank's part of the model is laid out (parallel engines choose it; defaults = one rank).
 struct GPTLayout {
-  // Each unit (embeddings, each block, ln_f) starts at a multiple of this many floats.
+  // Each unit starts at a multiple of this many floats in the flat buffers.
   int64_t unit_alignment = 16;
   // Allocate the full flat parameter / gradient buffers (ZeRO-3 / ZeRO-2 do not).
   bool full_params = true;
   bool full_grads = true;
+  // The units this rank holds: [first_unit, last_unit], 0 = embedding, 1..L = blocks, L+1 = head;
+  // last_unit -1 means through the head.
+  int first_unit = 0;
+  int last_unit = -1;
+  Recompute recompute = Recompute::None;
+  TensorSplit tensor;  // the tensor-parallel group (none: the whole width)
 };
 
 class GPT {
  public:
-  // Validates cfg, registers and materialises the parameters (zero until initialize()), and
-  // allocates activations for (max_batch, block_size) once, in the Activations category.
+  // The activations of one micro-batch on this stage.
+  struct Record {
+    std::optional<Embedding::Record> embedding;
+    // hidden[0]: the stage's input (the embedding's output on the first stage); hidden[i + 1]:
+    // the output of the stage's i-th block. [B, T, C] each.
+    std::vector<Tensor> hidden;
+    std::vector<Block::Record> blocks;
+    std::optional<Head::Record> head;
+    std::vector<NamedActivation> named;  // every F32 activation, for first_non_finite
+    int B = 0, T = 0;
+  };
+
+  // Validates cfg and the layout, registers and materialises this stage's parameters (zero until
+  // initialize()), and allocates the shared workspace for (max_batch, block_size).
   GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout = {});
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   void initialize(uint64_t seed);  // GPT-2 initialisation (see above)
   const GPTConfig& config() const { return cfg_; }
+  const GPTLayout& layout() const { return layout_; }
   int max_batch() const { return max_batch_; }
   ParameterSet& params() { return params_; }
-  // Units for parallel engines (see unit_hooks.h): 0 = embeddings, 1..L = blocks, L+1 = ln_f.
-  int num_units() const { return cfg_.n_layer + 2; }
-  // Flat offset where unit u's parameters start; unit_begin(num_units()) = params().numel().
-  int64_t unit_begin(int u) const { return unit_begin_[u]; }
-  // Callbacks around each unit's forward and backward (null: none).
-  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   const ParameterSet& params() const { return params_; }
 
-  // Runs the model on b (B <= max_batch, T <= block_size; token ids are checked) and saves the
-  // activations for backward(). Returns the SUM of the token cross-entropies (nats) over targets
-  // that are not -1, or 0 when b.targets is null (inference).
-  double forward(const Batch& b, const StepContext& ctx);
-  // ACCUMULATES d(loss_scale * sum of losses)/d(param) into params().grad(...). Needs the
-  // preceding forward() with targets. Overwrites the logits buffer with dlogits.
-  void backward();
+  // Units (see unit_hooks.h). Global ids: 0 = embedding, 1..L = blocks, L+1 = head.
+  int num_units() const { return cfg_.n_layer + 2; }  // of the whole model
+  int first_unit() const { return first_unit_; }
+  int last_unit() const { return last_unit_; }
+  bool has_embedding() const { return embedding_.has_value(); }
+  bool has_head() const { return head_.has_value(); }
+  // Flat offset where unit u's parameters start, u in [first_unit, last_unit + 1];
+  // unit_begin(last_unit + 1) = params().numel().
+  int64_t unit_begin(int u) const { return unit_begin_[u - first_unit_]; }
+  // The other unit whose parameters unit u reads (the head reads the tied wte of unit 0 when both
+  // are on this rank), or -1.
+  int tied_unit(int u) const;
+  // Callbacks around each unit's forward and backward, called in order (before_*) and in reverse
+  // order (after_*), like nested scopes.
+  void add_hooks(UnitHooks* hooks) { hooks_.push_back(hooks); }
+  void remove_hooks(UnitHooks* hooks);
 
-  // [B, T, V] logits of the last forward(); valid until backward() (which reuses the buffer).
+  // A record for one micro-batch of up to max_batch sequences (Activations category).
+  std::unique_ptr<Record> make_record();
+  // Stage forward of micro-batch b. The first stage reads b.tokens (checked); later stages read
+  // input(rec), which the caller fills. Returns the SUM of the token cross-entropies over targets
+  // that are not -1 on the last stage (0 without targets or on other stages).
+  double forward(const StepContext& ctx, const Batch& b, Record& rec);
+  // Stage backward of the micro-batch in rec: the last stage starts from its loss; other stages
+  // from dout[B, T, C] = dL/d output(rec). ACCUMULATES parameter gradients; on a stage without
+  // the embedding, dL/d input(rec) is left in input_grad() until the next backward.
+  void backward(Record& rec, const float* dout = nullptr);
+  float* input(Record& rec) const { return rec.hidden.front().f32(); }
+  const float* output(const Record& rec) const { return rec.hidden.back().f32(); }
+  const float* input_grad() const { return dres_.f32(); }
+
+  // The record the single-record form uses (created on first use); a step executor takes it as
+  // its first record so evaluation and sampling between steps add no activation memory.
+  Record& single_record();
+  // Single-record form (whole model): forward() then backward() of the same batch.
+  double forward(const Batch& b, const StepContext& ctx);
+  void backward();
+  // [B, T, V] logits of the last single-record forward(); valid until backward().
   const float* logits() const;
-  // Per-token losses [B, T] of the last forward() with targets (0 where the target is -1).
+  // Per-token losses [B, T] of the last single-record forward() with targets.
   const float* losses() const;
 
-  int64_t num_params_without_wpe() const;  // global parameter count minus wpe (PaLM's N)
+  int64_t num_params_without_wpe() const;  // whole-model parameter count minus wpe (PaLM's N)
   double flops_per_token(int T) const;     // 6 N + 12 L C T (PaLM, forward + backward)
 
-  // The first parameter, gradient or activation of the last forward holding a NaN/Inf, e.g.
-  // "h.2.mlp.c_fc.weight (gradient)" or "h.0.qkv (activation)"; "" if all are finite.
-  std::string first_non_finite() const;
+  // The first parameter, gradient or activation (of `rec`, default: the single record) holding a
+  // NaN/Inf, e.g. "h.2.mlp.c_fc.weight (gradient)" or "h.0.qkv (activation)"; "" if all finite.
+  std::string first_non_finite(const Record* rec = nullptr) const;
 
  private:
-  struct LayerParams {
-    int ln1_w, ln1_b, attn_w, attn_b, aproj_w, aproj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
-  };
-  struct LayerActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, att, att_drop, atty, x_attn, ln2, ln2_mean, ln2_rstd, fc,
-        fch, x_out;
-    Tensor mask_attn, mask_mlp;  // U8 residual-dropout masks (only with dropout)
-    uint64_t site_attn_drop, site_resid_drop, site_mlp_drop;
-  };
-  struct NamedAct {
-    std::string name;
-    Tensor t;
-    int64_t width;  // elements per token; 0: attention probabilities [B, NH, T, T]
-  };
-
-  float* p(int i) const { return params_.param_data(i); }
-  float* g(int i) const { return params_.grad_data(i); }
-  void hook(void (UnitHooks::*f)(int), int unit) {
-    if (hooks_) (hooks_->*f)(unit);
-  }
-  Tensor act(const std::string& name, int64_t width, DType dt = DType::F32);
   void check_batch(const Batch& b) const;
+  void hook(void (UnitHooks::*f)(int), int unit);
+  void hook_reverse(void (UnitHooks::*f)(int), int unit);
+  Block& block(int unit) { return blocks_[unit - 1 - first_block_]; }
 
   GPTConfig cfg_;
+  GPTLayout layout_;
   int max_batch_;
   Allocator& alloc_;
+  int first_unit_, last_unit_, first_block_;
   ParameterSet params_;
-  int wte_, wpe_, lnf_w_, lnf_b_;
-  std::vector<LayerParams> lp_;
+  std::optional<Embedding> embedding_;
+  std::vector<Block> blocks_;
+  std::optional<Head> head_;
   std::vector<int64_t> unit_begin_;
-  UnitHooks* hooks_ = nullptr;
-
-  std::vector<NamedAct> acts_;
-  std::vector<LayerActs> la_;
-  Tensor x0_, mask_emb_, lnf_, lnf_mean_, lnf_rstd_, logits_, lse_, losses_;
-  Tensor tokens_, targets_;  // I32 copies of the last batch
-  // Backward workspace (activation gradients; reused by every layer).
-  Tensor dres_, dln_, datty_, dqkv_, dfch_, dproj_, dscratch_;
-  uint64_t site_emb_drop_;
-
-  // State of the last forward.
-  int B_ = 0, T_ = 0;
-  bool have_targets_ = false;
-  float p_drop_ = 0.0f;  // dropout probability in effect (0 in eval mode)
-  float loss_scale_ = 1.0f;
+  std::vector<UnitHooks*> hooks_;
+  Block::Workspace ws_;
+  Tensor dres_;  // [B, T, C]: the residual stream's gradient during backward
+  std::unique_ptr<Record> single_;
 };
 
 }  // namespace tessera::nn

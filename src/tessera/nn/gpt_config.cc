@@ -19,4 +19,23 @@ void validate(const GPTConfig& c) {
                    "dropout must be in [0, 1), got ", c.dropout);
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  throw ConfigError(detail::concat("--recompute must be none, selective or full, got '", s, "'"));
+}
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
+  }
+  return "?";
+}
+
 }  // namespace tessera::nn

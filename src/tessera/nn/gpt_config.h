@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tessera::nn {
 
@@ -16,6 +17,18 @@ struct GPTConfig {
   // probabilities ("attn_dropout"), and the two residual branches ("resid_dropout", "mlp.dropout").
   float dropout = 0.0f;
 };
+
+// Activation recomputation (the seed's re-materialisation; Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models"):
+//   None       every block keeps all its intermediate activations until its backward.
+//   Selective  the attention core (probabilities and their dropped copy, [B, heads, T, T] each)
+//              is dropped after the forward and recomputed from the saved qkv in the backward.
+//   Full       a block keeps only its input; its whole forward reruns just before its backward.
+// Dropout masks are keyed by global coordinates, so a recomputed mask is the same mask, and
+// every mode gives bitwise-identical losses and gradients.
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "full", else ConfigError
+const char* to_string(Recompute r);
 
 // Throws ConfigError naming the offending field: non-positive sizes, heads not dividing the
 // width, eps <= 0, dropout outside [0, 1).

@@ -28,6 +28,21 @@ struct ShardSpec {
   int64_t length = 0;
 };
 
+// The parameter groups of DESIGN.md 6.4: over which communicators a parameter's gradient is
+// summed and which copy the global gradient norm counts. Every gradient is summed over the
+// data-parallel group; these say what comes on top.
+struct GradReduction {
+  // Replicated across tensor-parallel ranks, but each rank's gradient is partial (sequence
+  // parallelism: LayerNorms and row-parallel biases see only a slice of the sequence).
+  bool over_tensor_parallel = false;
+  // The tied wte held by both the first and the last pipeline stage (Megatron's embedding group).
+  bool over_embedding_group = false;
+  // Whether this rank's copy counts in the global gradient norm. Each global element is counted
+  // exactly once: tensor-parallel replicas count on tensor-parallel rank 0, the tied wte on the
+  // first stage.
+  bool counts_in_norm = true;
+};
+
 struct ParamInfo {
   std::string name;    // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
   Shape global_shape;  // HF layout (Conv1D weights are [in, out])
@@ -37,6 +52,8 @@ struct ParamInfo {
   Init init = Init::Normal;
   float init_std = 0.02f;
   bool weight_decay = true;  // 2-D weights decay; biases and LayerNorm gains do not
+  GradReduction reduction;
+  bool tp_replicated() const { return shard.dim < 0; }
 
   int64_t local_numel() const { return shape_numel(local_shape); }
   int64_t global_numel() const { return shape_numel(global_shape); }
@@ -76,6 +93,7 @@ class ParameterSet {
   Tensor grad(int i) const;
   Tensor param(std::string_view name) const { return param(index(name)); }
   Tensor grad(std::string_view name) const { return grad(index(name)); }
+  void set_reduction(int i, const GradReduction& r) { infos_[i].reduction = r; }
   int index(std::string_view name) const;  // throws ConfigError naming an unknown parameter
   bool contains(std::string_view name) const;
   void zero_grads();

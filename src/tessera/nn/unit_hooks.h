@@ -3,13 +3,14 @@
 // gradients are final (data parallelism), gather a layer's parameter shards just before it runs
 // and free them after (ZeRO-3), or give a layer's gradients a temporary buffer (ZeRO-2/3).
 //
-// GPT's units: 0 = embeddings (wte, wpe; wte is also the tied head), 1..L = blocks, L+1 = ln_f.
-// Per micro-batch the calls are, in order:
-//   forward:  before_forward(0) [embed]  { before_forward(u) [block/ln_f] after_forward(u) }
-//             for u = 1..L+1, [head], after_forward(0)
-//   backward: before_backward(0) [head]  { before_backward(u) [...] after_backward(u) }
-//             for u = L+1..1, [embedding backward], after_backward(0)
-// A unit's gradients are final for the micro-batch at its after_backward.
+// GPT's units: 0 = embedding (wte, wpe), 1..L = blocks, L+1 = head (ln_f; wte is tied to unit 0 and
+// read from there when the embedding is on the same rank, see GPT::tied_unit). A pipeline stage
+// holds a contiguous range of them. Per micro-batch, for each unit u of the stage:
+//   forward:  before_forward(u) [u's forward] after_forward(u)     for u ascending
+//   backward: before_backward(u) [u's backward] after_backward(u)  for u descending
+// A unit's gradients are final for the micro-batch at its after_backward (for the embedding's
+// tied wte: at after_backward(0), which comes after the head's). With several hooks, the model
+// calls before_* in the order they were added and after_* in reverse order.
 #pragma once
 
 namespace tessera::nn {

@@ -4,8 +4,18 @@
 #pragma once
 
 #include "tessera/nn/parameters.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
+
+// Over a rank's optimizer segments (whole parameters or its ZeRO shard): the sum of squares of
+// the gradients of the parameters whose copy counts in the global norm
+// (ParamInfo::reduction.counts_in_norm), accumulated in double. The caller sums it over the ranks
+// whose segments are disjoint pieces of the model; every global element is then counted once.
+double grad_sum_of_squares(const std::vector<Segment>& segments, const nn::ParameterSet& params);
+// Scales every segment's gradient by max_norm / (norm + 1e-6) when norm > max_norm. Returns the
+// scale applied (1 if none).
+float clip_to_norm(const std::vector<Segment>& segments, double norm, double max_norm);
 
 // Sum of squares of the gradients, accumulated in double.
 double grad_sum_of_squares(const nn::ParameterSet& params);

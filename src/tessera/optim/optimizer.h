@@ -22,7 +22,7 @@ struct Segment {
   int64_t param_offset = 0;  // first element within the parameter (row-major, local shape)
   int64_t n = 0;
   float* value = nullptr;  // the n parameter values, updated in place
-  const float* grad = nullptr;
+  float* grad = nullptr;  // read by the update; scaled in place by clipping
   int64_t state_offset = 0;  // where the n elements live in the optimizer's state buffers
   bool decay = true;         // weight decay applies
 };

@@ -18,16 +18,26 @@ Schedule single_stage_schedule(int micro_batches) {
 
 std::string to_string(ActionKind k) {
   switch (k) {
-    case ActionKind::Forward: return "F";
-    case ActionKind::Backward: return "B";
-    case ActionKind::BackwardInput: return "BI";
-    case ActionKind::BackwardWeight: return "W";
-    case ActionKind::SendForward: return "send F";
-    case ActionKind::RecvForward: return "recv F";
-    case ActionKind::SendBackward: return "send B";
-    case ActionKind::RecvBackward: return "recv B";
-    case ActionKind::ReduceGradients: return "reduce";
-    case ActionKind::OptimizerStep: return "step";
+    case ActionKind::Forward:
+      return "F";
+    case ActionKind::Backward:
+      return "B";
+    case ActionKind::BackwardInput:
+      return "BI";
+    case ActionKind::BackwardWeight:
+      return "W";
+    case ActionKind::SendForward:
+      return "send F";
+    case ActionKind::RecvForward:
+      return "recv F";
+    case ActionKind::SendBackward:
+      return "send B";
+    case ActionKind::RecvBackward:
+      return "recv B";
+    case ActionKind::ReduceGradients:
+      return "reduce";
+    case ActionKind::OptimizerStep:
+      return "step";
   }
   return "?";
 }

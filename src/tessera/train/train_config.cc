@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "tessera/core/error.h"
+#include "tessera/nn/gpt_config.h"
 
 namespace tessera::train {
 
@@ -13,7 +14,7 @@ namespace tessera::train {
   X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace)                                   \
+  X(dp) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -87,6 +88,7 @@ void TrainConfig::validate() const {
                    "--micro-batch ", micro_batch, " must divide the per-rank batch ", batch / dp,
                    " (--batch ", batch, " / --dp ", dp, ")");
   TESSERA_CHECK_AS(ConfigError, zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3, got ", zero);
+  nn::parse_recompute(recompute);  // throws a ConfigError naming the accepted values
   TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   TESSERA_CHECK_AS(ConfigError, backend == "auto" || backend == "inproc" || backend == "mpi",
                    "--backend must be auto, inproc or mpi, got '", backend, "'");

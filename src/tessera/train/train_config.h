@@ -44,6 +44,7 @@ struct TrainConfig {
   bool overlap = true;           // overlap bucket communication with backward
   std::string backend = "auto";  // auto | inproc | mpi
   std::string trace;             // Chrome trace-event JSON of the run's timeline
+  std::string recompute = "none";  // activation recomputation: none | selective | full
 
   // Run.
   int threads = 0;           // BLAS threads per rank; 0 = cores / ranks

@@ -28,10 +28,13 @@
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/gather.h"
 #include "tessera/parallel/mesh.h"
+#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/unit_timeline.h"
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
 #include "tessera/train/progress.h"
+#include "tessera/train/step_executor.h"
 
 namespace tessera::train {
 
@@ -149,248 +152,326 @@ size_t model_state_peak(const Allocator& a) {
          a.peak(MemCategory::OptimizerState);
 }
 
-// One rank of the job.
-TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
-                       std::FILE* log_all_ranks) {
-  parallel::Mesh mesh(world, parallel::MeshShape{cfg.dp, 1, 1});
-  const bool lead = world.rank() == 0;
-  std::FILE* log = lead ? log_all_ranks : nullptr;
-  TrainResult result;
-  result.rank = world.rank();
-  result.unigram_entropy = plan.unigram_entropy;
-  Allocator alloc("rank " + std::to_string(world.rank()),
-                  cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit));
-  CurrentAllocatorScope alloc_scope(alloc);
-  std::optional<Tracer> tracer;
-  if (!cfg.trace.empty()) tracer.emplace(world.rank(), plan.trace_origin);
-  TracerScope trace_scope(tracer ? &*tracer : nullptr);
+// One rank of the job: its model (stage), data-parallel engine, data and reporting. A step is the
+// schedule of this rank run by the StepExecutor; the rest of the methods are the run around it.
+class RankRun {
+ public:
+  RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world, std::FILE* log);
+  TrainResult run();
 
-  const nn::GPTConfig& mcfg = plan.mcfg;
-  const int dp = mesh.shape().dp, dp_rank = mesh.dp_rank();
-  const int per_rank = cfg.batch / dp;
-  const int micro = cfg.micro_batch > 0 ? cfg.micro_batch : per_rank;
-  const int n_micro = per_rank / micro;
-  parallel::DataParallelOptions dpo{cfg.zero, cfg.bucket_mb, cfg.overlap};
-  nn::GPT model(mcfg, micro, alloc, parallel::gpt_layout_for(dpo, dp));
-  parallel::DataParallel engine(model, mesh.dp(), dpo, alloc);
-  if (plan.ckpt)
-    engine.load_weights(plan.ckpt->model);
-  else if (!cfg.init_from.empty())
-    engine.load_weights(io::SafetensorsFile(weights_file(cfg.init_from)));
-  else
-    engine.initialize(cfg.seed);
-  engine.create_optimizer(
-      [&](std::vector<optim::Segment> segs, int64_t n) -> std::unique_ptr<optim::Optimizer> {
-        if (cfg.optimizer == "sgd")
-          return std::make_unique<optim::SGD>(
-              std::move(segs), n, optim::SGDConfig{cfg.momentum, cfg.weight_decay}, alloc);
-        return std::make_unique<optim::AdamW>(
-            std::move(segs), n, optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8f, cfg.weight_decay},
-            alloc);
-      });
-  optim::Optimizer& opt = engine.optimizer();
+ private:
+  std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::Segment> segs, int64_t n);
+  void restore_or_initialize();
+  void print_header();
+  void train_step();
+  void after_step(double loss, double norm, float lr, double secs);
+  void save(int64_t at_step);
+  void validate(int64_t at_step);
+  void sample();
+  void report_memory();
+  void write_timeline();
 
-  data::WindowSampler sampler(plan.pd.tokens, plan.split.train,
-                              data::SamplerOptions{cfg.seq, cfg.seed, true});
-  std::optional<data::EvalWindows> val;
+  const TrainConfig& cfg_;
+  const RunPlan& plan_;
+  comm::Communicator& world_;
+  parallel::Mesh mesh_;
+  const bool lead_;
+  std::FILE* log_;  // rank 0's log, null elsewhere
+  TrainResult result_;
+  Allocator alloc_;
+  CurrentAllocatorScope alloc_scope_;
+  std::optional<Tracer> tracer_;
+  TracerScope trace_scope_;
+  const int per_rank_, micro_, n_micro_;
+  const int64_t tokens_per_step_;
+  parallel::DataParallelOptions dpo_;
+  nn::GPT model_;
+  parallel::UnitTimeline timeline_;
+  parallel::DataParallel engine_;
+  StepExecutor executor_;
+  parallel::Schedule schedule_;
+  data::WindowSampler sampler_;
+  std::optional<data::EvalWindows> val_;
+  std::optional<MetricsWriter> metrics_;
+  std::optional<ProgressLine> progress_;
+  ProgressLine* pl_ = nullptr;
+  const optim::LrSchedule sched_;
+  std::vector<int32_t> in_, tgt_;
+  std::vector<double> step_times_;
+  int64_t step_ = 0;
+};
+
+nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo) {
+  nn::GPTLayout base;
+  base.recompute = nn::parse_recompute(cfg.recompute);
+  return parallel::gpt_layout_for(dpo, cfg.dp, base);
+}
+
+RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
+                 std::FILE* log)
+    : cfg_(cfg),
+      plan_(plan),
+      world_(world),
+      mesh_(world, parallel::MeshShape{cfg.dp, 1, 1}),
+      lead_(world.rank() == 0),
+      log_(lead_ ? log : nullptr),
+      alloc_("rank " + std::to_string(world.rank()),
+             cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit)),
+      alloc_scope_(alloc_),
+      tracer_(cfg.trace.empty()
+                  ? std::nullopt
+                  : std::optional<Tracer>(std::in_place, world.rank(), plan.trace_origin)),
+      trace_scope_(tracer_ ? &*tracer_ : nullptr),
+      per_rank_(cfg.batch / cfg.dp),
+      micro_(cfg.micro_batch > 0 ? cfg.micro_batch : per_rank_),
+      n_micro_(per_rank_ / micro_),
+      tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
+      dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
+      model_(plan.mcfg, micro_, alloc_, model_layout(cfg, dpo_)),
+      timeline_(model_.num_units(), model_.num_units() - 1),
+      engine_((model_.add_hooks(&timeline_), model_), mesh_.dp(), dpo_, alloc_),
+      executor_(model_, engine_),
+      schedule_(parallel::single_stage_schedule(n_micro_)),
+      sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
+      sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
+      in_(static_cast<size_t>(micro_) * cfg.seq),
+      tgt_(in_.size()) {
+  result_.rank = world.rank();
+  result_.unigram_entropy = plan.unigram_entropy;
   if (plan.split.validation.size() > cfg.seq)
-    val.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
+    val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
+  engine_.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
+    return make_optimizer(std::move(segs), n);
+  });
+  restore_or_initialize();
+  result_.first_step = step_;
+}
 
-  int64_t step = 0;
-  if (plan.ckpt) {
-    const io::LoadedCheckpoint& ck = *plan.ckpt;
-    TESSERA_CHECK_AS(ConfigError, ck.state.value("optimizer", opt.name()) == opt.name(),
-                     "checkpoint '", ck.dir.string(), "' was written with --optimizer ",
-                     ck.state.value("optimizer", std::string("?")), ", not ", opt.name());
-    step = ck.step;
-    engine.load_optimizer_state(ck.optimizer);
-    opt.set_steps(ck.state.at("optimizer_steps").get<int64_t>());
-    sampler.set_position(data::SamplerPosition{ck.state.at("sampler").at("epoch").get<int64_t>(),
-                                               ck.state.at("sampler").at("index").get<int64_t>()});
+std::unique_ptr<optim::Optimizer> RankRun::make_optimizer(std::vector<optim::Segment> segs,
+                                                          int64_t n) {
+  if (cfg_.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(std::move(segs), n,
+                                        optim::SGDConfig{cfg_.momentum, cfg_.weight_decay}, alloc_);
+  return std::make_unique<optim::AdamW>(
+      std::move(segs), n, optim::AdamWConfig{cfg_.beta1, cfg_.beta2, 1e-8f, cfg_.weight_decay},
+      alloc_);
+}
+
+void RankRun::restore_or_initialize() {
+  if (!plan_.ckpt) {
+    if (!cfg_.init_from.empty())
+      engine_.load_weights(io::SafetensorsFile(weights_file(cfg_.init_from)));
+    else
+      engine_.initialize(cfg_.seed);
+    return;
   }
-  result.first_step = step;
+  const io::LoadedCheckpoint& ck = *plan_.ckpt;
+  optim::Optimizer& opt = engine_.optimizer();
+  engine_.load_weights(ck.model);
+  TESSERA_CHECK_AS(ConfigError, ck.state.value("optimizer", opt.name()) == opt.name(),
+                   "checkpoint '", ck.dir.string(), "' was written with --optimizer ",
+                   ck.state.value("optimizer", std::string("?")), ", not ", opt.name());
+  step_ = ck.step;
+  engine_.load_optimizer_state(ck.optimizer);
+  opt.set_steps(ck.state.at("optimizer_steps").get<int64_t>());
+  sampler_.set_position(data::SamplerPosition{ck.state.at("sampler").at("epoch").get<int64_t>(),
+                                              ck.state.at("sampler").at("index").get<int64_t>()});
+}
 
-  const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, dp);
-  char line[640];
+void RankRun::print_header() {
+  const nn::GPTConfig& m = plan_.mcfg;
+  const int threads = set_compute_threads(cfg_.threads > 0 ? cfg_.threads : 0, cfg_.dp);
+  char line[700];
   std::snprintf(
       line, sizeof line,
       "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | zero %d | %s backend, %d thread(s) per "
-      "rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
-      mcfg.n_layer, mcfg.n_embd, mcfg.n_head, mcfg.block_size, mcfg.vocab_size,
-      model.params().global_numel() / 1e6, cfg.batch, cfg.seq, dp, n_micro, micro, cfg.zero,
-      std::string(world.backend()).c_str(), threads,
-      static_cast<long long>(plan.split.train.size()),
-      static_cast<long long>(plan.split.validation.size()), plan.unigram_entropy);
-  say(log, nullptr, line);
-  if (plan.ckpt)
-    say(log, nullptr,
-        "resumed from " + plan.ckpt->dir.string() + " at step " + std::to_string(step));
-
-  std::optional<MetricsWriter> metrics;
-  metrics.emplace(lead ? cfg.metrics : std::string(), plan.ckpt.has_value());
-  std::optional<ProgressLine> progress;
-  if (log) progress.emplace(log, cfg.log_every);
-  ProgressLine* pl = progress ? &*progress : nullptr;
-
-  const optim::LrSchedule sched{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio};
-  const int64_t tokens_per_step = static_cast<int64_t>(cfg.batch) * cfg.seq;
-  const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
-  std::vector<int32_t> in(static_cast<size_t>(micro) * cfg.seq), tgt(in.size());
-  std::vector<double> step_times;
-
-  auto save = [&](int64_t at_step) {
-    if (cfg.save.empty()) return;
-    io::Checkpoint c;  // gathered on every rank (collective); rank 0 writes
-    c.model = engine.full_weights();
-    c.optimizer = engine.full_optimizer_state();
-    if (lead) {
-      c.step = at_step;
-      c.config = to_hf_config(mcfg);
-      data::SamplerPosition pos = sampler.position();
-      c.state = {{"seed", cfg.seed},
-                 {"optimizer", opt.name()},
-                 {"optimizer_steps", opt.steps()},
-                 {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
-                 {"config", to_json(cfg)},
-                 {"layout", {{"dp", dp}, {"zero", cfg.zero}}},
-                 {"data", plan.pd.description}};
-      fs::path dir = io::save_checkpoint(cfg.save, c);
-      export_weights(c.model, mcfg, cfg.save);
-      if (plan.pd.tokenizer) plan.pd.tokenizer->save(fs::path(cfg.save) / "tokenizer.json");
-      say(log, pl, "saved checkpoint " + dir.string());
-    }
-    world.barrier().wait();  // no rank runs ahead of a checkpoint that may fail
-  };
-  auto validate = [&](int64_t at_step) {
-    if (!val) return;
-    TraceSpan span("validation", "eval");
-    double v = evaluate(model, *val, micro, cfg.eval_batches, in, tgt);
-    result.last_val_loss = v;
-    metrics->write({{"step", at_step}, {"val_loss", v}});
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(at_step), v);
-    say(log, pl, buf);
-  };
-
-  if (!cfg.save.empty() && lead) ensure_directory(cfg.save, "--save");
-  if (!cfg.save.empty()) world.barrier().wait();
-  if (step == 0 && cfg.eval_every > 0) validate(0);
-
-  for (; step < cfg.steps; ++step) {
-    auto t0 = Clock::now();
-    const float lr = sched.at(step);
-    engine.reset_volume();
-    engine.begin_step();
-    const data::SamplerPosition pos = sampler.position();
-    double loss_sum = 0;
-    for (int m = 0; m < n_micro; ++m) {
-      const int first = dp_rank * per_rank + m * micro;  // global sample of this micro-batch
-      sampler.fetch(pos, cfg.batch, first, first + micro, in.data(), tgt.data());
-      engine.begin_micro_batch(m == n_micro - 1);
-      nn::Batch mb{in.data(), tgt.data(), micro, cfg.seq, first};
-      loss_sum += model.forward(
-          mb, nn::StepContext{cfg.seed, static_cast<uint64_t>(step), true, loss_scale});
-      model.backward();
-      engine.end_backward();
-    }
-    sampler.set_position(sampler.advance(pos, cfg.batch));
-    const double loss = parallel::all_reduce_sum(mesh.dp(), loss_sum) / tokens_per_step;
-    const double norm = engine.grad_norm();
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      std::string where = model.first_non_finite();
-      throw NumericError(detail::concat(
-          "training diverged at step ", step + 1, ": the loss is ", loss, " and the gradient norm ",
-          norm, "; first non-finite tensor: ",
-          where.empty() ? "none found on rank " + std::to_string(world.rank()) : where,
-          ". Try a lower --lr or --grad-clip 1."));
-    }
-    if (cfg.grad_clip > 0) engine.clip(norm, cfg.grad_clip);
-    engine.optimizer_step(lr);
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    step_times.push_back(secs);
-    result.losses.push_back(loss);
-    result.comm_bytes_per_step = engine.volume().total();
-
-    StepStats st;
-    st.step = step + 1;
-    st.total_steps = cfg.steps;
-    st.loss = loss;
-    st.lr = lr;
-    st.grad_norm = norm;
-    st.step_seconds = secs;
-    st.tokens_per_s = tokens_per_step / secs;
-    st.flops_per_s = model.flops_per_token(cfg.seq) * tokens_per_step / secs;
-    double mean = 0;
-    size_t recent = std::min<size_t>(step_times.size(), 20);
-    for (size_t i = step_times.size() - recent; i < step_times.size(); ++i) mean += step_times[i];
-    st.eta_seconds = mean / recent * static_cast<double>(cfg.steps - step - 1);
-    metrics->write({{"step", st.step},
-                    {"loss", loss},
-                    {"lr", lr},
-                    {"grad_norm", norm},
-                    {"tokens_per_s", st.tokens_per_s},
-                    {"flops_per_s", st.flops_per_s},
-                    {"step_ms", secs * 1e3},
-                    {"comm_bytes_per_rank", engine.volume().total()}});
-    if (pl) pl->update(st);
-
-    if (cfg.eval_every > 0 && st.step % cfg.eval_every == 0 && st.step != cfg.steps)
-      validate(st.step);
-    if (cfg.save_every > 0 && st.step % cfg.save_every == 0 && st.step != cfg.steps) save(st.step);
-  }
-  result.steps = step;
-  if (pl) pl->finish();
-  if (cfg.eval_every > 0 || cfg.val_fraction > 0) validate(step);
-  save(step);
-
-  if (!step_times.empty()) {
-    std::vector<double> s = step_times;
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    result.tokens_per_s = tokens_per_step / s[s.size() / 2];
-  }
-  if (plan.pd.tokenizer && cfg.sample_tokens > 0) {
-    // Every rank samples (ZeRO-3 gathers parameters collectively); rank 0 prints.
-    std::vector<uint32_t> p = plan.pd.tokenizer->encode(cfg.prompt);
-    std::vector<int32_t> prompt(p.begin(), p.end());
-    if (prompt.empty())
-      prompt.push_back(static_cast<int32_t>(plan.pd.tokenizer->end_of_text().value_or(10)));
-    SampleOptions so{cfg.sample_tokens, cfg.temperature, cfg.top_k, cfg.seed};
-    std::vector<int32_t> outs = generate(model, prompt, so);
-    std::vector<uint32_t> ids(outs.begin(), outs.end());
-    result.sample = plan.pd.tokenizer->decode(ids);
-    say(log, nullptr, "sample:\n" + cfg.prompt + result.sample);
-  }
-
-  // Every rank's memory peaks, reported by rank 0.
-  result.memory_reports = parallel::all_gather_strings(world, alloc.report());
-  const int64_t peak = static_cast<int64_t>(model_state_peak(alloc));
-  std::vector<int64_t> peaks(world.size());
-  world.all_gather(&peak, peaks.data(), 1, DType::I64).wait();
-  result.model_state_peaks.assign(peaks.begin(), peaks.end());
-  for (const std::string& r : result.memory_reports) say(log, nullptr, "memory: " + r);
-
-  if (tracer) {
-    std::vector<TraceEvent> mine = with_idle_spans(tracer->events());
-    nlohmann::json j = nlohmann::json::array();
-    for (const TraceEvent& e : mine)
-      j.push_back({e.name, e.category, e.track, e.start_us, e.dur_us});
-    std::vector<std::string> all = parallel::all_gather_strings(world, j.dump());
-    if (lead) {
-      std::vector<std::pair<int, std::vector<TraceEvent>>> ranks;
-      for (size_t r = 0; r < all.size(); ++r) {
-        std::vector<TraceEvent> ev;
-        for (const auto& e : nlohmann::json::parse(all[r]))
-          ev.push_back(TraceEvent{e[0], e[1], e[2], e[3], e[4]});
-        ranks.emplace_back(static_cast<int>(r), std::move(ev));
-      }
-      io::write_file_atomic(cfg.trace, chrome_trace_json(ranks));
-      say(log, nullptr, "timeline written to " + cfg.trace + " (open in ui.perfetto.dev)");
-    }
-  }
-  return result;
+      "%d tokens = dp %d x %d micro-batches x %d | zero %d | recompute %s | %s backend, %d "
+      "thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
+      m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
+      model_.params().global_numel() / 1e6, cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_,
+      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      static_cast<long long>(plan_.split.train.size()),
+      static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
+  say(log_, nullptr, line);
+  if (plan_.ckpt)
+    say(log_, nullptr,
+        "resumed from " + plan_.ckpt->dir.string() + " at step " + std::to_string(step_));
 }
 
+void RankRun::train_step() {
+  const auto t0 = Clock::now();
+  const float lr = sched_.at(step_);
+  engine_.reset_volume();
+  engine_.begin_step();
+  const data::SamplerPosition pos = sampler_.position();
+  const int dp_rank = mesh_.dp_rank();
+  auto fetch = [&](int m) {
+    const int first = dp_rank * per_rank_ + m * micro_;  // global sample of this micro-batch
+    sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
+    return nn::Batch{in_.data(), tgt_.data(), micro_, cfg_.seq, first};
+  };
+  const nn::StepContext ctx{cfg_.seed, static_cast<uint64_t>(step_), true,
+                            1.0f / static_cast<float>(tokens_per_step_)};
+  double loss = 0, norm = 0;
+  executor_.run(schedule_, 0, ctx, fetch, [&](double local_loss_sum) {
+    loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
+    norm = engine_.grad_norm();
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      const std::string where = model_.first_non_finite();
+      throw NumericError(detail::concat(
+          "training diverged at step ", step_ + 1, ": the loss is ", loss,
+          " and the gradient norm ", norm, "; first non-finite tensor: ",
+          where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
+          ". Try a lower --lr or --grad-clip 1."));
+    }
+    if (cfg_.grad_clip > 0) engine_.clip(norm, cfg_.grad_clip);
+    engine_.optimizer_step(lr);
+  });
+  sampler_.set_position(sampler_.advance(pos, cfg_.batch));
+  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+void RankRun::after_step(double loss, double norm, float lr, double secs) {
+  step_times_.push_back(secs);
+  result_.losses.push_back(loss);
+  result_.comm_bytes_per_step = engine_.volume().total();
+  StepStats st;
+  st.step = step_ + 1;
+  st.total_steps = cfg_.steps;
+  st.loss = loss;
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.step_seconds = secs;
+  st.tokens_per_s = tokens_per_step_ / secs;
+  st.flops_per_s = model_.flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
+  double mean = 0;
+  const size_t recent = std::min<size_t>(step_times_.size(), 20);
+  for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];
+  st.eta_seconds = mean / recent * static_cast<double>(cfg_.steps - step_ - 1);
+  metrics_->write({{"step", st.step},
+                   {"loss", loss},
+                   {"lr", lr},
+                   {"grad_norm", norm},
+                   {"tokens_per_s", st.tokens_per_s},
+                   {"flops_per_s", st.flops_per_s},
+                   {"step_ms", secs * 1e3},
+                   {"comm_bytes_per_rank", engine_.volume().total()}});
+  if (pl_) pl_->update(st);
+}
+
+void RankRun::save(int64_t at_step) {
+  if (cfg_.save.empty()) return;
+  io::Checkpoint c;  // gathered on every rank (collective); rank 0 writes
+  c.model = engine_.full_weights();
+  c.optimizer = engine_.full_optimizer_state();
+  if (lead_) {
+    c.step = at_step;
+    c.config = to_hf_config(plan_.mcfg);
+    const data::SamplerPosition pos = sampler_.position();
+    const optim::Optimizer& opt = engine_.optimizer();
+    c.state = {{"seed", cfg_.seed},
+               {"optimizer", opt.name()},
+               {"optimizer_steps", opt.steps()},
+               {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
+               {"config", to_json(cfg_)},
+               {"layout", {{"dp", cfg_.dp}, {"zero", cfg_.zero}}},
+               {"data", plan_.pd.description}};
+    const fs::path dir = io::save_checkpoint(cfg_.save, c);
+    export_weights(c.model, plan_.mcfg, cfg_.save);
+    if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
+    say(log_, pl_, "saved checkpoint " + dir.string());
+  }
+  world_.barrier().wait();  // no rank runs ahead of a checkpoint that may fail
+}
+
+void RankRun::validate(int64_t at_step) {
+  if (!val_) return;
+  TraceSpan span("validation", "eval");
+  const double v = evaluate(model_, *val_, micro_, cfg_.eval_batches, in_, tgt_);
+  result_.last_val_loss = v;
+  metrics_->write({{"step", at_step}, {"val_loss", v}});
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(at_step), v);
+  say(log_, pl_, buf);
+}
+
+void RankRun::sample() {
+  if (!plan_.pd.tokenizer || cfg_.sample_tokens <= 0) return;
+  // Every rank samples (ZeRO-3 gathers parameters collectively); rank 0 prints.
+  std::vector<uint32_t> p = plan_.pd.tokenizer->encode(cfg_.prompt);
+  std::vector<int32_t> prompt(p.begin(), p.end());
+  if (prompt.empty())
+    prompt.push_back(static_cast<int32_t>(plan_.pd.tokenizer->end_of_text().value_or(10)));
+  const SampleOptions so{cfg_.sample_tokens, cfg_.temperature, cfg_.top_k, cfg_.seed};
+  const std::vector<int32_t> outs = generate(model_, prompt, so);
+  const std::vector<uint32_t> ids(outs.begin(), outs.end());
+  result_.sample = plan_.pd.tokenizer->decode(ids);
+  say(log_, nullptr, "sample:\n" + cfg_.prompt + result_.sample);
+}
+
+void RankRun::report_memory() {
+  // Every rank's memory peaks, reported by rank 0.
+  result_.memory_reports = parallel::all_gather_strings(world_, alloc_.report());
+  const int64_t peak = static_cast<int64_t>(model_state_peak(alloc_));
+  std::vector<int64_t> peaks(world_.size());
+  world_.all_gather(&peak, peaks.data(), 1, DType::I64).wait();
+  result_.model_state_peaks.assign(peaks.begin(), peaks.end());
+  for (const std::string& r : result_.memory_reports) say(log_, nullptr, "memory: " + r);
+}
+
+void RankRun::write_timeline() {
+  if (!tracer_) return;
+  nlohmann::json j = nlohmann::json::array();
+  for (const TraceEvent& e : with_idle_spans(tracer_->events()))
+    j.push_back({e.name, e.category, e.track, e.start_us, e.dur_us});
+  const std::vector<std::string> all = parallel::all_gather_strings(world_, j.dump());
+  if (!lead_) return;
+  std::vector<std::pair<int, std::vector<TraceEvent>>> ranks;
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::vector<TraceEvent> ev;
+    for (const auto& e : nlohmann::json::parse(all[r]))
+      ev.push_back(TraceEvent{e[0], e[1], e[2], e[3], e[4]});
+    ranks.emplace_back(static_cast<int>(r), std::move(ev));
+  }
+  io::write_file_atomic(cfg_.trace, chrome_trace_json(ranks));
+  say(log_, nullptr, "timeline written to " + cfg_.trace + " (open in ui.perfetto.dev)");
+}
+
+TrainResult RankRun::run() {
+  print_header();
+  metrics_.emplace(lead_ ? cfg_.metrics : std::string(), plan_.ckpt.has_value());
+  if (log_) progress_.emplace(log_, cfg_.log_every);
+  pl_ = progress_ ? &*progress_ : nullptr;
+  if (!cfg_.save.empty() && lead_) ensure_directory(cfg_.save, "--save");
+  if (!cfg_.save.empty()) world_.barrier().wait();
+  if (step_ == 0 && cfg_.eval_every > 0) validate(0);
+
+  for (; step_ < cfg_.steps; ++step_) {
+    train_step();
+    const int64_t done = step_ + 1;
+    if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) validate(done);
+    if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(done);
+  }
+  result_.steps = step_;
+  if (pl_) pl_->finish();
+  if (cfg_.eval_every > 0 || cfg_.val_fraction > 0) validate(step_);
+  save(step_);
+  if (!step_times_.empty()) {
+    std::vector<double> t = step_times_;
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    result_.tokens_per_s = tokens_per_step_ / t[t.size() / 2];
+  }
+  sample();
+  report_memory();
+  write_timeline();
+  return std::move(result_);
+}
+
+TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
+                       std::FILE* log) {
+  RankRun run(cfg, plan, world, log);
+  return run.run();
+}
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {

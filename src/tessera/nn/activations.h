@@ -1,0 +1,42 @@
+// Activation buffers of a module's record: named tensors in the allocator's Activations
+// category, listed so that a NaN can be traced to the tensor that first held it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/tensor.h"
+
+namespace tessera::nn {
+
+struct NamedActivation {
+  std::string name;
+  Tensor t;
+  // Elements per token (B*T rows); 0 means attention probabilities [B, heads, T, T].
+  int64_t width = 0;
+};
+
+// Allocates activation tensors for up to `rows` tokens (max_batch * block_size) and lists the F32
+// ones in `list` under their names.
+class ActivationAllocator {
+ public:
+  ActivationAllocator(Allocator& alloc, int64_t rows, int64_t att_elems,
+                      std::vector<NamedActivation>* list)
+      : alloc_(alloc), rows_(rows), att_elems_(att_elems), list_(list) {}
+  // rows * width elements (width 0: att_elems, the attention probabilities).
+  Tensor operator()(const std::string& name, int64_t width, DType dt = DType::F32) {
+    const int64_t n = width > 0 ? rows_ * width : att_elems_;
+    Tensor t = Tensor::zeros({n}, dt, MemCategory::Activations, name, &alloc_);
+    if (list_ && dt == DType::F32) list_->push_back({name, t, width});
+    return t;
+  }
+
+ private:
+  Allocator& alloc_;
+  int64_t rows_, att_elems_;
+  std::vector<NamedActivation>* list_;
+};
+
+}  // namespace tessera::nn

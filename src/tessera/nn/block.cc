@@ -1,0 +1,277 @@
+#include "tessera/nn/block.h"
+
+#include <cmath>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/dropout.h"
+#include "tessera/kernels/gelu.h"
+#include "tessera/kernels/gemm.h"
+#include "tessera/kernels/layernorm.h"
+#include "tessera/kernels/residual.h"
+
+namespace tessera::nn {
+
+namespace k = tessera::kernels;
+
+namespace {
+constexpr float kInitStd = 0.02f;
+}  // namespace
+
+Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+             Recompute recompute)
+    : ps_(ps), cfg_(cfg), layer_(layer), split_(split), recompute_(recompute) {
+  const int t = split.size(), r = split.rank();
+  const int64_t C = cfg.n_embd;
+  TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
+                   " must divide the number of attention heads (", cfg.n_head, ")");
+  heads_local_ = cfg.n_head / t;
+  c_local_ = C / t;  // n_head divides C, t divides n_head
+  mlp_local_ = 4 * C / t;
+  const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  // Shards: c_attn by columns (the same columns of q, k and v: 3 blocks), c_fc by columns, both
+  // c_proj by rows; LayerNorms and the c_proj biases replicated.
+  auto part = [&](int dim, int64_t blocks, int64_t len) {
+    return t == 1 ? ShardSpec{} : ShardSpec{dim, blocks, r * len, len};
+  };
+  const std::string h = "h." + std::to_string(layer) + ".";
+  q_.ln1_w = ps.add(h + "ln_1.weight", {C}, Init::Ones, 0.0f, false);
+  q_.ln1_b = ps.add(h + "ln_1.bias", {C}, Init::Zeros, 0.0f, false);
+  q_.attn_w = ps.add(h + "attn.c_attn.weight", {C, 3 * C}, Init::Normal, kInitStd, true,
+                     part(1, 3, c_local_));
+  q_.attn_b =
+      ps.add(h + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.0f, false, part(0, 3, c_local_));
+  q_.aproj_w =
+      ps.add(h + "attn.c_proj.weight", {C, C}, Init::Normal, proj_std, true, part(0, 1, c_local_));
+  q_.aproj_b = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  q_.ln2_w = ps.add(h + "ln_2.weight", {C}, Init::Ones, 0.0f, false);
+  q_.ln2_b = ps.add(h + "ln_2.bias", {C}, Init::Zeros, 0.0f, false);
+  q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
+                   part(1, 1, mlp_local_));
+  q_.fc_b = ps.add(h + "mlp.c_fc.bias", {4 * C}, Init::Zeros, 0.0f, false, part(0, 1, mlp_local_));
+  q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
+                      part(0, 1, mlp_local_));
+  q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
+  site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
+  site_mlp_drop_ = stable_hash(h + "mlp.dropout");
+}
+
+void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
+                     bool keep_attention, bool keep_rest) const {
+  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  ActivationAllocator a(alloc, BT, BT * heads_local_ * T, list);
+  const std::string h = "h." + std::to_string(layer_) + ".";
+  const bool drop = cfg_.dropout > 0.0f;
+  if (keep_rest) {
+    const int64_t C = cfg_.n_embd;
+    r.ln1 = a(h + "ln_1", C);
+    r.ln1_mean = a(h + "ln_1.mean", 1);
+    r.ln1_rstd = a(h + "ln_1.rstd", 1);
+    r.qkv = a(h + "qkv", 3 * c_local_);
+    r.atty = a(h + "atty", c_local_);
+    r.x_attn = a(h + "x_attn", C);
+    r.ln2 = a(h + "ln_2", C);
+    r.ln2_mean = a(h + "ln_2.mean", 1);
+    r.ln2_rstd = a(h + "ln_2.rstd", 1);
+    r.fc = a(h + "fc", mlp_local_);
+    r.fch = a(h + "fc.gelu", mlp_local_);
+    if (drop) {
+      r.mask_attn = a(h + "attn.resid_dropout.mask", C, DType::U8);
+      r.mask_mlp = a(h + "mlp.dropout.mask", C, DType::U8);
+    }
+  }
+  if (keep_attention) {
+    r.att = a(h + "att", 0);
+    if (drop) r.att_drop = a(h + "att.dropped", 0);
+  }
+}
+
+Block::Record Block::make_record(int max_batch, Allocator& alloc,
+                                 std::vector<NamedActivation>* list) const {
+  Record r;
+  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full);
+  return r;
+}
+
+Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
+  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  ActivationAllocator a(alloc, BT, T * T, nullptr);
+  const int64_t C = cfg_.n_embd;
+  Workspace ws;
+  ws.proj = a("block.proj", C);
+  ws.dln = a("block.d_ln", C);
+  ws.datty = a("block.d_atty", c_local_);
+  ws.dqkv = a("block.d_qkv", 3 * c_local_);
+  ws.dfch = a("block.d_fc", mlp_local_);
+  ws.dscratch = a("block.d_att", 0);  // [T, T]
+  if (recompute_ != Recompute::None) {
+    ws.recomputed = std::make_unique<Record>();
+    const bool selective = recompute_ == Recompute::Selective;
+    allocate(*ws.recomputed, max_batch, alloc, nullptr, true, !selective);
+    if (selective) ws.atty = a("block.recomputed_atty", c_local_);
+  }
+  return ws;
+}
+
+void Block::attention(float* atty, float* att, float* att_drop, const Record& r) const {
+  const bool drop = r.p > 0.0f;
+  k::AttentionDropout ad{r.p,
+                         r.seed,
+                         mix_stream(r.step, site_attn_drop_),
+                         r.first_sample,
+                         split_.rank() * heads_local_,
+                         cfg_.n_head};
+  k::attention_forward(atty, att, drop ? att_drop : nullptr, r.qkv.f32(), r.B, r.T,
+                       static_cast<int>(c_local_), heads_local_, drop ? &ad : nullptr);
+}
+
+void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
+                        bool write_output) const {
+  const int B = r.B, T = r.T, BT = B * T, C = cfg_.n_embd;
+  const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
+  const int64_t n = static_cast<int64_t>(BT) * C;
+  const bool drop = r.p > 0.0f;
+  auto p = [&](int i) { return ps_.param_data(i); };
+  // out = residual + dropout(proj + bias), after the projection's reduce point.
+  auto residual_branch = [&](float* out, float* proj, const float* bias, const float* residual,
+                             Tensor& mask, uint64_t site) {
+    if (!drop) {
+      k::bias_residual_forward(out, proj, bias, residual, BT, C);
+      return;
+    }
+    k::bias_forward(proj, proj, bias, BT, C);
+    k::dropout_forward_btc(proj, mask.data<uint8_t>(), proj, B, T, C, r.p, r.seed,
+                           mix_stream(r.step, site), r.first_sample);
+    k::residual_forward(out, residual, proj, n);
+  };
+
+  // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
+  k::layernorm_forward(r.ln1.f32(), r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
+                       BT, C, cfg_.ln_eps);
+  copy_to_tp(split_, r.ln1.f32(), n);
+  k::matmul_forward(r.qkv.f32(), r.ln1.f32(), p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
+  attention(r.atty.f32(), r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
+  float* proj = ws.proj.f32();
+  k::matmul_forward(proj, r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
+  reduce_from_tp(split_, proj, n);  // reduce point
+  residual_branch(r.x_attn.f32(), proj, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
+
+  // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj).
+  k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), r.x_attn.f32(), p(q_.ln2_w),
+                       p(q_.ln2_b), BT, C, cfg_.ln_eps);
+  copy_to_tp(split_, r.ln2.f32(), n);
+  k::matmul_forward(r.fc.f32(), r.ln2.f32(), p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
+  k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+  if (!write_output) {  // a recomputation needs only the mask of the last dropout
+    if (drop)
+      k::dropout_mask_btc(r.mask_mlp.data<uint8_t>(), B, T, C, r.p, r.seed,
+                          mix_stream(r.step, site_mlp_drop_), r.first_sample);
+    return;
+  }
+  k::matmul_forward(proj, r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
+  reduce_from_tp(split_, proj, n);  // reduce point
+  residual_branch(y, proj, p(q_.mproj_b), r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
+}
+
+void Block::forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
+                    Workspace& ws) const {
+  r.x = x;
+  r.B = b.B;
+  r.T = b.T;
+  r.first_sample = b.first_sample;
+  r.p = ctx.training ? cfg_.dropout : 0.0f;
+  r.seed = ctx.seed;
+  r.step = ctx.step;
+  switch (recompute_) {
+    case Recompute::None:
+      run_forward(x, y, r, ws, true);
+      return;
+    case Recompute::Selective: {  // the probabilities go to the workspace and are dropped
+      Record with_scratch = r;
+      with_scratch.att = ws.recomputed->att;
+      with_scratch.att_drop = ws.recomputed->att_drop;
+      run_forward(x, y, with_scratch, ws, true);
+      return;
+    }
+    case Recompute::Full: {  // everything goes to the workspace and is dropped
+      Record& scratch = *ws.recomputed;
+      scratch.B = r.B, scratch.T = r.T, scratch.p = r.p;
+      scratch.first_sample = r.first_sample, scratch.seed = r.seed, scratch.step = r.step;
+      scratch.x = x;
+      run_forward(x, y, scratch, ws, true);
+      return;
+    }
+  }
+}
+
+void Block::backward(Record& r, float* dres, Workspace& ws) const {
+  TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "Block::backward of h.", layer_, " without a forward");
+  switch (recompute_) {
+    case Recompute::None:
+      run_backward(r, dres, ws);
+      return;
+    case Recompute::Selective: {
+      Record full = r;
+      full.att = ws.recomputed->att;
+      full.att_drop = ws.recomputed->att_drop;
+      attention(ws.atty.f32(), full.att.f32(),
+                full.att_drop.defined() ? full.att_drop.f32() : nullptr, full);
+      run_backward(full, dres, ws);
+      return;
+    }
+    case Recompute::Full: {
+      Record& full = *ws.recomputed;
+      full.B = r.B, full.T = r.T, full.p = r.p;
+      full.first_sample = r.first_sample, full.seed = r.seed, full.step = r.step;
+      full.x = r.x;
+      run_forward(r.x, nullptr, full, ws, false);
+      run_backward(full, dres, ws);
+      return;
+    }
+  }
+}
+
+void Block::run_backward(const Record& r, float* dres, Workspace& ws) const {
+  const int B = r.B, T = r.T, BT = B * T, C = cfg_.n_embd;
+  const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
+  const int64_t n = static_cast<int64_t>(BT) * C;
+  const bool drop = r.p > 0.0f;
+  auto p = [&](int i) { return ps_.param_data(i); };
+  auto g = [&](int i) { return ps_.grad_data(i); };
+  float* dln = ws.dln.f32();
+
+  // MLP branch (reduce_from_tp's backward is the identity: dres is complete on every rank).
+  const float* dy = dres;
+  if (drop) {
+    k::dropout_backward(ws.proj.f32(), dres, r.mask_mlp.data<uint8_t>(), n, r.p);
+    dy = ws.proj.f32();
+  }
+  float* dfch = ws.dfch.f32();
+  k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F, C);
+  k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+  k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, r.ln2.f32(), p(q_.fc_w), BT, C, F);
+  copy_to_tp_backward(split_, dln, n);
+  k::layernorm_backward(dres, g(q_.ln2_w), g(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
+                        r.ln2_mean.f32(), r.ln2_rstd.f32(), BT, C);
+
+  // Attention branch.
+  dy = dres;
+  if (drop) {
+    k::dropout_backward(ws.proj.f32(), dres, r.mask_attn.data<uint8_t>(), n, r.p);
+    dy = ws.proj.f32();
+  }
+  k::matmul_backward(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, r.atty.f32(), p(q_.aproj_w),
+                     BT, Cl, C);
+  k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
+                        drop ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl, heads_local_,
+                        r.p);
+  k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), r.ln1.f32(), p(q_.attn_w), BT,
+                     C, 3 * Cl);
+  copy_to_tp_backward(split_, dln, n);
+  k::layernorm_backward(dres, g(q_.ln1_w), g(q_.ln1_b), dln, r.x, p(q_.ln1_w), r.ln1_mean.f32(),
+                        r.ln1_rstd.f32(), BT, C);
+}
+
+}  // namespace tessera::nn

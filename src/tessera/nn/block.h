@@ -1,0 +1,109 @@
+// A GPT-2 transformer block as a module: x -> x + attn(ln_1(x)) -> + mlp(ln_2(.)), with HF names
+// "h.<l>.ln_1.weight", "h.<l>.attn.c_attn.weight", ... forward/backward run over a Record that
+// the caller owns (one per micro-batch in flight); parameter gradients ACCUMULATE.
+//
+// Local widths (Megatron-LM's split, Shoeybi et al. 2019): on tensor-parallel rank r of t the
+// block holds n_head/t heads and 4C/t MLP columns. c_attn and c_fc are column-parallel (rank r
+// holds the same columns of q, k and v), both c_proj row-parallel. The output of a row-parallel
+// projection is a partial sum: the bias, dropout and residual are added once, after the point
+// where the tensor-parallel ranks reduce it (marked "reduce point" in block.cc). With t = 1 (the
+// only case this module runs alone) the reduce points are identities.
+//
+// Activation recomputation (gpt_config.h): the Record keeps everything (None), everything but
+// the attention probabilities (Selective), or nothing but the bookkeeping (Full); the caller
+// always keeps the block's input alive until its backward. Recomputed values go to the shared
+// Workspace, so recomputation costs one block's activations per stage, not one per block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/tensor.h"
+#include "tessera/nn/activations.h"
+#include "tessera/nn/gpt_config.h"
+#include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
+
+namespace tessera::nn {
+
+class Block {
+ public:
+  struct Record {
+    // [B, T, width] unless noted; empty where the recompute mode drops them.
+    Tensor ln1, ln1_mean, ln1_rstd;  // C, 1, 1
+    Tensor qkv;                      // 3 * C_local (this rank's q, k and v columns)
+    Tensor att, att_drop;            // [B, heads_local, T, T] probabilities, dropped copy
+    Tensor atty;                     // C_local (attention output, heads concatenated)
+    Tensor x_attn;                   // C (residual stream after the attention branch)
+    Tensor ln2, ln2_mean, ln2_rstd;  // C, 1, 1
+    Tensor fc, fch;                  // F_local = 4C / t (before and after GELU)
+    Tensor mask_attn, mask_mlp;      // U8 C: residual-branch dropout masks
+    // What the forward ran with (a recomputation reruns exactly this).
+    const float* x = nullptr;  // the block's input, owned and kept alive by the caller
+    int B = 0, T = 0;
+    int64_t first_sample = 0;
+    float p = 0.0f;
+    uint64_t seed = 0, step = 0;
+  };
+
+  // Scratch shared by every block of a stage (sized for max_batch x block_size tokens).
+  struct Workspace {
+    Tensor proj;      // C: a projection's output before its reduce point; dropout-backward scratch
+    Tensor dln;       // C: gradient w.r.t. a LayerNorm output
+    Tensor datty;     // C_local
+    Tensor dqkv;      // 3 C_local
+    Tensor dfch;      // F_local
+    Tensor dscratch;  // [T, T] attention-backward scratch
+    Tensor atty;      // Selective: recomputed attention output (discarded)
+    std::unique_ptr<Record> recomputed;  // Selective: att, att_drop; Full: every activation
+  };
+
+  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute);
+
+  // Allocates the activations this block's recompute mode keeps for one micro-batch of up to
+  // max_batch sequences. `list` (optional) collects the F32 ones by name.
+  Record make_record(int max_batch, Allocator& alloc,
+                     std::vector<NamedActivation>* list = nullptr) const;
+  Workspace make_workspace(int max_batch, Allocator& alloc) const;
+
+  // ASSIGNS y[B, T, C] = block(x). x must stay unchanged until backward(r, ...).
+  void forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
+               Workspace& ws) const;
+  // Given dres[B, T, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the parameter
+  // gradients.
+  void backward(Record& r, float* dres, Workspace& ws) const;
+
+  int layer() const { return layer_; }
+  int heads_local() const { return heads_local_; }
+  Recompute recompute() const { return recompute_; }
+  int64_t c_local() const { return c_local_; }
+  int64_t mlp_local() const { return mlp_local_; }
+
+ private:
+  struct Params {
+    int ln1_w, ln1_b, attn_w, attn_b, aproj_w, aproj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
+  };
+  // The forward into `r` (every tensor of r must be allocated). write_output = false skips the
+  // MLP projection and final residual (a recomputation only needs the saved activations).
+  void run_forward(const float* x, float* y, Record& r, Workspace& ws, bool write_output) const;
+  // The attention core: atty, att and att_drop from r.qkv.
+  void attention(float* atty, float* att, float* att_drop, const Record& r) const;
+  // The backward from a record whose activations are all present.
+  void run_backward(const Record& r, float* dres, Workspace& ws) const;
+  void allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
+                bool keep_attention, bool keep_rest) const;
+
+  const ParameterSet& ps_;
+  GPTConfig cfg_;
+  int layer_;
+  TensorSplit split_;
+  Recompute recompute_;
+  int heads_local_;
+  int64_t c_local_, mlp_local_;
+  Params q_{};
+  uint64_t site_attn_drop_, site_resid_drop_, site_mlp_drop_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,55 @@
+// GPT-2's output layer as a module: the final LayerNorm ln_f, the LM head tied to the token
+// embedding (logits = ln_f(x) . wte^T), and the cross-entropy. The caller owns the Record.
+//
+// Tying: when the embedding lives on the same rank, the head reads its wte parameter; on the last
+// pipeline stage without the embedding the head registers its own copy of "wte.weight", whose
+// gradient the caller sums with the first stage's (Megatron's embedding group) so both copies stay
+// equal to one device's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/tensor.h"
+#include "tessera/nn/activations.h"
+#include "tessera/nn/gpt_config.h"
+#include "tessera/nn/parameters.h"
+
+namespace tessera::nn {
+
+class Head {
+ public:
+  struct Record {
+    Tensor lnf, lnf_mean, lnf_rstd;  // [B, T, C], [B, T], [B, T]
+    Tensor logits;                   // [B, T, V]; the backward turns it into dlogits in place
+    Tensor lse, losses;              // [B, T]
+    Tensor targets;                  // I32 [B, T]
+    const float* x = nullptr;        // the head's input, kept alive by the caller
+    int B = 0, T = 0;
+    bool have_targets = false;
+    float loss_scale = 1.0f;
+  };
+
+  // Registers ln_f; `wte` is the index of the tied embedding in `ps`, or -1 to register a copy.
+  Head(ParameterSet& ps, const GPTConfig& cfg, int wte);
+  Record make_record(int max_batch, Allocator& alloc,
+                     std::vector<NamedActivation>* list = nullptr) const;
+  int wte() const { return wte_; }
+  bool owns_wte() const { return owns_wte_; }
+
+  // Logits of x[B, T, C]; returns the SUM of the token cross-entropies over targets that are not
+  // -1 (0 without targets: inference).
+  double forward(const StepContext& ctx, const Batch& b, const float* x, Record& r) const;
+  // ASSIGNS dx[B, T, C] = d(loss_scale * loss sum)/dx and ACCUMULATES the ln_f and wte gradients.
+  // scratch: [B, T, C] floats of workspace.
+  void backward(Record& r, float* dx, float* scratch) const;
+
+ private:
+  const ParameterSet& ps_;
+  GPTConfig cfg_;
+  int wte_, lnf_w_, lnf_b_;
+  bool owns_wte_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,272 @@
+#include "tessera/parallel/zero.h"
+
+#include <algorithm>
+
+#include "tessera/core/error.h"
+
+namespace tessera::parallel {
+
+ZeroStrategy::ZeroStrategy(const ZeroContext& c) : c_(c), rank_(c.dp.rank()), size_(c.dp.size()) {
+  for (auto it = c_.buckets.rbegin(); it != c_.buckets.rend(); ++it) {  // flat order
+    it->shard_offset = shard_elems_;
+    shard_elems_ += it->shard;
+  }
+}
+
+io::NamedTensors ZeroStrategy::parameter_views() const {
+  io::NamedTensors views;
+  for (int i = 0; i < c_.ps.size(); ++i) views.emplace_back(c_.ps.infos()[i].name, c_.ps.param(i));
+  return views;
+}
+
+void ZeroStrategy::initialize(uint64_t seed) {
+  c_.ps.initialize(seed);
+}
+
+void ZeroStrategy::load_weights(const io::SafetensorsFile& file) {
+  io::load_into(file, parameter_views());
+}
+
+io::NamedTensors ZeroStrategy::full_weights() {
+  return parameter_views();
+}
+
+io::NamedTensors ZeroStrategy::full_optimizer_state(optim::Optimizer& opt) {
+  io::NamedTensors out;
+  for (auto& [kind, buf] : opt.state_buffers()) {
+    io::NamedTensors part = gather_shards(buf.f32(), kind + ".", "checkpoint." + kind);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+io::NamedTensors ZeroStrategy::gather_shards(const float* packed, const std::string& prefix,
+                                             const std::string& label) {
+  Tensor full = Tensor::zeros({c_.ps.numel()}, DType::F32, MemCategory::Buffers, label, &c_.alloc);
+  for_each_shard([&](const Bucket& b, int64_t, int64_t, int64_t offset) {
+    c_.dp.all_gather(packed + offset, full.f32() + b.begin, b.shard, DType::F32).wait();
+  });
+  io::NamedTensors out;
+  for (const nn::ParamInfo& info : c_.ps.infos())
+    out.emplace_back(prefix + info.name, full.view(info.offset, info.local_shape));
+  return out;
+}
+
+namespace {
+
+// Stage 0: replicated parameters, gradients and optimizer state.
+class Replicated : public ZeroStrategy {
+ public:
+  using ZeroStrategy::ZeroStrategy;
+  int stage() const override { return 0; }
+  std::vector<optim::Segment> segments() const override {
+    return optim::whole_parameter_segments(c_.ps);
+  }
+  int64_t state_elems() const override { return c_.ps.numel(); }
+  bool sharded() const override { return false; }
+  io::NamedTensors full_optimizer_state(optim::Optimizer& opt) override { return opt.state(c_.ps); }
+  Reduction launch(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    comm::AllReduceOptions o;
+    o.async = true;
+    Reduction r{bi, c_.dp.all_reduce(c_.ps.flat_grads().f32() + b.begin, b.size(), DType::F32, o),
+                Tensor(), "all_reduce gradients", TraceClock::now()};
+    c_.volume.all_reduce += 8.0 * b.size() * (size_ - 1) / size_;
+    return r;
+  }
+};
+
+// Stage 1: each rank updates its shard with its shard of the optimizer state.
+class ShardedOptimizerState : public ZeroStrategy {
+ public:
+  using ZeroStrategy::ZeroStrategy;
+  int stage() const override { return 1; }
+  std::vector<optim::Segment> segments() const override {
+    std::vector<optim::Segment> segs;
+    for_each_shard([&](const Bucket& b, int64_t lo, int64_t hi, int64_t packed) {
+      for (int i = b.first_param; i < b.last_param; ++i) {
+        const nn::ParamInfo& info = c_.ps.infos()[i];
+        const int64_t s = std::max(lo, info.offset);
+        const int64_t e = std::min(hi, info.offset + info.local_numel());
+        if (s >= e) continue;
+        optim::Segment seg;
+        seg.param = i;
+        seg.param_offset = s - info.offset;
+        seg.n = e - s;
+        seg.state_offset = packed + (s - lo);
+        seg.decay = info.weight_decay;
+        seg.value = value_at(s, seg.state_offset);
+        seg.grad = grad_at(s, seg.state_offset);
+        segs.push_back(seg);
+      }
+    });
+    return segs;
+  }
+  int64_t state_elems() const override { return shard_elems_; }
+  Reduction launch(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    float* base = c_.ps.flat_grads().f32() + b.begin;
+    Reduction r{bi, reduce_scatter(base, b), Tensor(), "reduce_scatter gradients",
+                TraceClock::now()};
+    return r;
+  }
+  void after_optimizer_step() override {
+    // Every rank updated its shard: gather the full parameters again (in place).
+    const auto t0 = TraceClock::now();
+    float* p = c_.ps.flat_params().f32();
+    for_each_shard([&](const Bucket& b, int64_t lo, int64_t, int64_t) {
+      c_.dp.all_gather(p + lo, p + b.begin, b.shard, DType::F32).wait();
+      c_.volume.all_gather += 4.0 * b.size() * (size_ - 1) / size_;
+    });
+    if (Tracer* t = Tracer::current())
+      t->record("all_gather parameters", "comm", 1, t0, TraceClock::now());
+  }
+
+ protected:
+  // Where the optimizer finds the values / gradients of flat element `flat`, whose shard
+  // position is `packed`.
+  virtual float* value_at(int64_t flat, int64_t) const { return c_.ps.flat_params().f32() + flat; }
+  virtual float* grad_at(int64_t flat, int64_t) const { return c_.ps.flat_grads().f32() + flat; }
+  // Reduce-scatters a bucket-sized gradient buffer into its rank's shard, which lies inside it.
+  comm::Work reduce_scatter(float* base, const Bucket& b) {
+    comm::ReduceScatterOptions o;
+    o.async = true;
+    c_.volume.reduce_scatter += 4.0 * b.size() * (size_ - 1) / size_;
+    return c_.dp.reduce_scatter(base, base + rank_ * b.shard, b.shard, DType::F32, o);
+  }
+};
+
+// Stage 2: gradients live in a bucket buffer only during the bucket's backward.
+class ShardedGradients : public ShardedOptimizerState {
+ public:
+  explicit ShardedGradients(const ZeroContext& c) : ShardedOptimizerState(c) {
+    grad_shard_ = Tensor::zeros({shard_elems_}, DType::F32, MemCategory::Gradients,
+                                "zero.gradient_shard", &c_.alloc);
+  }
+  int stage() const override { return 2; }
+  void zero_grads() override {
+    c_.ps.zero_grads();
+    grad_shard_.zero_();
+  }
+  bool reduce_every_micro_batch() const override { return true; }
+  void acquire_grads(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    if (b.grads.defined()) return;
+    b.grads =
+        Tensor::zeros({b.size()}, DType::F32, MemCategory::Buffers, "zero.grad_bucket", &c_.alloc);
+    point_grads(b, b.grads.f32());
+  }
+  Reduction launch(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    Reduction r{bi, reduce_scatter(b.grads.f32(), b), std::move(b.grads),
+                "reduce_scatter gradients", TraceClock::now()};
+    b.grads = Tensor();
+    point_grads(b, nullptr);
+    return r;
+  }
+  void finish(Reduction& r) override {
+    const Bucket& b = c_.buckets[r.bucket];
+    const float* src = r.buffer.f32() + rank_ * b.shard;
+    float* dst = grad_shard_.f32() + b.shard_offset;
+    for (int64_t i = 0; i < b.shard; ++i) dst[i] += src[i];
+  }
+
+ protected:
+  float* grad_at(int64_t, int64_t packed) const override { return grad_shard_.f32() + packed; }
+  void point_grads(const Bucket& b, float* base) {
+    for (int i = b.first_param; i < b.last_param; ++i)
+      c_.ps.set_grad_data(i, base ? base + (c_.ps.infos()[i].offset - b.begin) : nullptr);
+  }
+  Tensor grad_shard_;
+};
+
+// Stage 3: parameters too are sharded and gathered bucket by bucket while in use.
+class ShardedParameters : public ShardedGradients {
+ public:
+  explicit ShardedParameters(const ZeroContext& c) : ShardedGradients(c) {
+    param_shard_ = Tensor::zeros({shard_elems_}, DType::F32, MemCategory::Parameters,
+                                 "zero3.parameter_shard", &c_.alloc);
+  }
+  ~ShardedParameters() override {
+    for (Bucket& b : c_.buckets) {  // let prefetches finish before their buffers go away
+      if (!b.gathering) continue;
+      try {
+        b.gather.wait();
+      } catch (...) {  // already reported by whoever failed first
+      }
+    }
+  }
+  int stage() const override { return 3; }
+  void initialize(uint64_t seed) override {
+    for_each_shard([&](const Bucket&, int64_t lo, int64_t hi, int64_t packed) {
+      c_.ps.initial_values(seed, lo, hi, param_shard_.f32() + packed);
+    });
+  }
+  void load_weights(const io::SafetensorsFile& file) override {
+    std::vector<io::SliceRead> reads;
+    for (const optim::Segment& s : segments()) {
+      const nn::ParamInfo& info = c_.ps.infos()[s.param];
+      reads.push_back({info.name, info.global_shape, s.param_offset, s.n, s.value});
+    }
+    io::load_slices(file, reads);
+  }
+  io::NamedTensors full_weights() override {
+    return gather_shards(param_shard_.f32(), "", "checkpoint.weights");
+  }
+  void after_optimizer_step() override {}  // nothing to gather: parameters stay sharded
+  void prefetch_params(int bi) override {
+    if (bi < 0 || bi >= static_cast<int>(c_.buckets.size())) return;
+    Bucket& b = c_.buckets[bi];
+    if (b.params.defined()) return;
+    b.params =
+        Tensor::empty({b.size()}, DType::F32, MemCategory::Buffers, "zero3.gathered", &c_.alloc);
+    comm::AllGatherOptions o;
+    o.async = true;
+    b.gather = c_.dp.all_gather(param_shard_.f32() + b.shard_offset, b.params.f32(), b.shard,
+                                DType::F32, o);
+    b.gathering = true;
+    c_.volume.all_gather += 4.0 * b.size() * (size_ - 1) / size_;
+  }
+  void acquire_params(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    if (!b.params.defined()) prefetch_params(bi);
+    if (!b.gathering) return;
+    const auto t0 = TraceClock::now();
+    b.gather.wait();
+    b.gathering = false;
+    if (Tracer* t = Tracer::current())
+      t->record("all_gather parameters (wait)", "comm", 1, t0, TraceClock::now());
+    point_params(b, b.params.f32());
+  }
+  void release_params(int bi) override {
+    Bucket& b = c_.buckets[bi];
+    point_params(b, nullptr);
+    b.params = Tensor();
+  }
+
+ protected:
+  float* value_at(int64_t, int64_t packed) const override { return param_shard_.f32() + packed; }
+  void point_params(const Bucket& b, float* base) {
+    for (int i = b.first_param; i < b.last_param; ++i)
+      c_.ps.set_param_data(i, base ? base + (c_.ps.infos()[i].offset - b.begin) : nullptr);
+  }
+  Tensor param_shard_;
+};
+
+}  // namespace
+
+std::unique_ptr<ZeroStrategy> make_zero_strategy(int stage, const ZeroContext& c) {
+  switch (stage) {
+    case 0:
+      return std::make_unique<Replicated>(c);
+    case 1:
+      return std::make_unique<ShardedOptimizerState>(c);
+    case 2:
+      return std::make_unique<ShardedGradients>(c);
+    case 3:
+      return std::make_unique<ShardedParameters>(c);
+  }
+  throw ConfigError(detail::concat("--zero must be 0, 1, 2 or 3, got ", stage));
+}
+
+}  // namespace tessera::parallel
