@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   tessera::kernels::use_fast_blas_kernels(argv);
   CLI::App root{"tessera: train transformer language models on many devices"};
   root.require_subcommand(1);
-  root.set_version_flag("--version", "tessera 0.1.0");
+  root.set_version_flag("--version", "tessera " TESSERA_VERSION_STRING);
   int exit_code = 0;
   tessera::app::register_train(root, exit_code);
   tessera::app::register_eval(root, exit_code);

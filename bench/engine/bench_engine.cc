@@ -1,7 +1,7 @@
-// Single-rank engine benchmark (DESIGN.md 5): in one run, (a) single-thread sgemm GFLOP/s at
-// 2048^3 through the same BLAS, and (b) single-thread training steps (forward, backward, AdamW)
-// for two GPT configurations: tokens/s and model FLOP/s (PaLM: 6 N + 12 L C T per token, N the
-// parameter count without position embeddings) as a fraction of the sgemm rate.
+// Single-rank engine benchmark (figures in docs/PERFORMANCE.md): in one run, (a) single-thread
+// sgemm GFLOP/s at 2048^3 through the same BLAS, and (b) single-thread training steps (forward,
+// backward, AdamW) for two GPT configurations: tokens/s and model FLOP/s (PaLM: 6 N + 12 L C T per
+// token, N the parameter count without position embeddings) as a fraction of the sgemm rate.
 //
 // Usage: bench_engine [--steps N] [--warmup N] [--only small|large|recompute]
 //                     [--recompute-steps N]
@@ -208,17 +208,18 @@ void bench_recompute(const tessera::nn::GPTConfig& cfg, int B, int warmup, int s
   const double att = 4 * a * sq * sq * b * (cfg.dropout > 0 ? 2 : 1);
   const double formula[3] = {b * sq * (64 * h + 16) + masks + att, b * sq * (64 * h + 16) + masks,
                              4 * b * sq * h};
-  std::printf("\nrecompute (L%d C%d H%d T%d V%d B%d, dropout %.2f; forward + backward, steps "
-              "interleaved across modes, median of %d):\n",
-              cfg.n_layer, cfg.n_embd, cfg.n_head, T, cfg.vocab_size, B, cfg.dropout, steps);
+  std::printf(
+      "\nrecompute (L%d C%d H%d T%d V%d B%d, dropout %.2f; forward + backward, steps "
+      "interleaved across modes, median of %d):\n",
+      cfg.n_layer, cfg.n_embd, cfg.n_head, T, cfg.vocab_size, B, cfg.dropout, steps);
   std::printf("%-10s %10s %9s %14s %14s %8s %s\n", "mode", "step ms", "vs none", "act MiB/block",
               "formula MiB", "error", "loss (equal in every mode)");
   const double none_ms = median(ms[0].wall) * 1e3;
   for (int i = 0; i < 3; ++i) {
     const double ms_i = median(ms[i].wall) * 1e3;
-    std::printf("%-10s %10.1f %8.2fx %14.3f %14.3f %7.2f%% %.9g\n", tessera::nn::to_string(modes[i]),
-                ms_i, ms_i / none_ms, ms[i].act_bytes_per_block / 1048576.0,
-                formula[i] / 1048576.0,
+    std::printf("%-10s %10.1f %8.2fx %14.3f %14.3f %7.2f%% %.9g\n",
+                tessera::nn::to_string(modes[i]), ms_i, ms_i / none_ms,
+                ms[i].act_bytes_per_block / 1048576.0, formula[i] / 1048576.0,
                 100.0 * (ms[i].act_bytes_per_block - formula[i]) / formula[i], losses[i]);
   }
 }

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+
+#include "tessera/core/error.h"
 
 namespace tessera {
 namespace {
@@ -41,5 +44,24 @@ TEST(BF16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(from_bf16(to_bf16(NAN))));
 }
 
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+// Internal invariants are InternalErrors that say where and that they are bugs; user errors are
+// not.
+TEST(Errors, InternalAssertionNamesFileAndLine) {
+  try {
+    TESSERA_ASSERT(1 + 1 == 3, "arithmetic broke: ", 42);
+    FAIL();
+  } catch (const InternalError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("internal error at tests/core/tensor_test.cc:", 0), 0u) << m;
+    EXPECT_NE(m.find("arithmetic broke: 42"), std::string::npos) << m;
+    EXPECT_NE(m.find("bug in tessera"), std::string::npos) << m;
+  }
+  EXPECT_THROW(TESSERA_CHECK_AS(ConfigError, false, "x"), ConfigError);
+}
 }  // namespace
 }  // namespace tessera

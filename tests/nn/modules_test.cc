@@ -50,7 +50,9 @@ RefBatch make_batch(const GPTConfig& c, int B, int T, uint32_t seed, float p, in
 Batch as_batch(const RefBatch& r) {
   return Batch{r.tokens.data(), r.targets.data(), r.B, r.T, r.first_sample};
 }
-StepContext ctx_of(const RefBatch& r, float scale) { return StepContext{r.seed, r.step, true, scale}; }
+StepContext ctx_of(const RefBatch& r, float scale) {
+  return StepContext{r.seed, r.step, true, scale};
+}
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
   std::mt19937 rng(seed);

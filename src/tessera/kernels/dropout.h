@@ -1,4 +1,4 @@
-// Inverted dropout with layout-invariant masks (DESIGN.md 3.4). Element i is kept when
+// Inverted dropout with layout-invariant masks (docs/ARCHITECTURE.md, decision 3). Element i is kept when
 // philox_uniform(seed, stream, index_of(i)) > p and then scaled by 1 / (1 - p). The caller maps
 // local elements to global coordinates, so any shard of a tensor (a row range of samples, a
 // column range of features) draws exactly the numbers that one device draws for those elements.

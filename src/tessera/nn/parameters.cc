@@ -47,8 +47,8 @@ int64_t ParamInfo::global_index(int64_t i) const {
 
 int ParameterSet::add(std::string name, Shape global_shape, Init init, float init_std,
                       bool weight_decay, ShardSpec shard) {
-  TESSERA_CHECK(!materialized(), "parameter ", name, " registered after materialize()");
-  TESSERA_CHECK(!by_name_.count(name), "parameter ", name, " registered twice");
+  TESSERA_ASSERT(!materialized(), "parameter ", name, " registered after materialize()");
+  TESSERA_ASSERT(!by_name_.count(name), "parameter ", name, " registered twice");
   ParamInfo p;
   p.name = std::move(name);
   p.global_shape = std::move(global_shape);
@@ -65,13 +65,13 @@ int ParameterSet::add(std::string name, Shape global_shape, Init init, float ini
 }
 
 void ParameterSet::pad_to_multiple(int64_t floats) {
-  TESSERA_CHECK(!materialized(), "pad_to_multiple() after materialize()");
-  TESSERA_CHECK(floats > 0, "pad_to_multiple(", floats, ")");
+  TESSERA_ASSERT(!materialized(), "pad_to_multiple() after materialize()");
+  TESSERA_ASSERT(floats > 0, "pad_to_multiple(", floats, ")");
   numel_ = (numel_ + floats - 1) / floats * floats;
 }
 
 void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_grads) {
-  TESSERA_CHECK(!materialized(), "parameters materialized twice");
+  TESSERA_ASSERT(!materialized(), "parameters materialized twice");
   if (full_params)
     flat_params_ =
         Tensor::zeros({numel_}, DType::F32, MemCategory::Parameters, "parameters", &alloc);

@@ -1,6 +1,6 @@
 // A rank's parameters: global identity (name, global shape, shard) plus one contiguous buffer for
 // values and one for gradients, with a view per parameter. A data-parallel bucket is then a slice
-// of the gradient buffer and a ZeRO shard an offset range (DESIGN.md 3.3).
+// of the gradient buffer and a ZeRO shard an offset range (docs/ARCHITECTURE.md, decision 2).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct ShardSpec {
   int64_t length = 0;
 };
 
-// The parameter groups of DESIGN.md 6.4: over which communicators a parameter's gradient is
+// Parameter groups (docs/ARCHITECTURE.md, decision 16): over which communicators a parameter's gradient is
 // summed and which copy the global gradient norm counts. Every gradient is summed over the
 // data-parallel group; these say what comes on top.
 struct GradReduction {

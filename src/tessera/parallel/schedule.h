@@ -1,5 +1,5 @@
 // A training step as data: for each pipeline rank, the list of actions it performs in order
-// (DESIGN.md 6.3). One executor runs any schedule; a simulator times it with given costs, draws
+// (docs/ARCHITECTURE.md, decision 18). One executor runs any schedule; a simulator times it with given costs, draws
 // it and checks it for deadlock before it runs. Generators build the lists for each named
 // schedule (gpipe, 1f1b, interleaved, zb-h1); data parallelism alone is the one-stage schedule.
 //
