@@ -181,6 +181,9 @@ void dispatch(const Dsts& dst, const void* const* srcs, int k, size_t count, DTy
     case DType::F32:
       reduce_typed<float>(dst, srcs, k, count, f, div);
       return;
+    case DType::F64:
+      reduce_typed<double>(dst, srcs, k, count, f, div);
+      return;
     case DType::I32:
       reduce_typed<int32_t>(dst, srcs, k, count, f, div);
       return;

@@ -44,8 +44,8 @@ Group::Group(std::shared_ptr<WorldState> w, std::vector<int> ranks, std::string 
 }
 
 std::string WaitCtx::describe() const {
-  return detail::concat(desc ? desc->describe() : std::string(what), " on communicator '",
-                        g->opts.name, "' rank ", rank, "/", g->n);
+  return desc ? detail::op_context(*desc, g->opts.name, rank, g->n)
+              : detail::op_context(what, g->opts.name, rank, g->n);
 }
 
 static std::string rank_list(const std::vector<int>& r) {
