@@ -156,8 +156,8 @@ void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& 
     if (!found) groups.push_back({fps[r], {r}});
   }
   std::ostringstream os;
-  os << "collective mismatch on communicator '" << comm_name << "' (seen by rank " << my_rank
-     << "): ";
+  os << op_context("collective mismatch", comm_name, my_rank, static_cast<int>(fps.size()))
+     << ": ";
   for (size_t i = 0; i < groups.size(); ++i)
     os << (i ? "; " : "") << rank_list(groups[i].second) << " called "
        << fingerprint_str(groups[i].first);

@@ -73,7 +73,9 @@ Fingerprint fingerprint_of(const OpDesc& d);
 std::string fingerprint_str(const Fingerprint& f);  // "all_reduce #5 (F32 x 1000, sum)"
 
 // Throws MismatchError when the fingerprints of the ranks differ. `fps[r]` is rank r's. The message
-// names the op, the communicator and which ranks called what; every rank computes the same text.
+// names the communicator and which ranks called what ("collective mismatch on communicator 'world'
+// rank 0/3: ranks 0,2 called all_reduce #1 (F32 x 2, sum); rank 1 called all_gather #1 (F32 x
+// 1)"); only the rank in it differs between ranks.
 void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& comm_name,
                         int my_rank);
 
