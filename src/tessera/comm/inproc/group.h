@@ -72,6 +72,17 @@ struct Mailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Message> q;
+  // Bumped, under `mu`, whenever a message arrives or one this rank lent is consumed, so a
+  // waiter can spin on it without the lock.
+  std::atomic<uint64_t> version{0};
+
+  // Under `mu`: records a change and wakes the waiters.
+  void changed() { version.fetch_add(1, std::memory_order_release); }
+  // Between two checks of a point-to-point wait (`lk` holds `mu`): spins while nothing changes
+  // (iteration 0), then yields (iterations 1-199), then sleeps on `cv` in slices of at most 2 ms,
+  // as wait_counters does; never past `deadline`.
+  void idle(std::unique_lock<std::mutex>& lk, int iter,
+            std::chrono::steady_clock::time_point deadline, bool oversubscribed);
 };
 
 struct Group {

@@ -384,6 +384,7 @@ void InprocCommunicator::send(const OpDesc& d) {
   {
     std::lock_guard lk(mb.mu);
     mb.q.push_back(std::move(m));
+    mb.changed();
   }
   mb.cv.notify_all();
 }
@@ -415,6 +416,7 @@ bool InprocCommunicator::take(std::unique_lock<std::mutex>& lk, const OpDesc& d,
     {
       std::lock_guard l(back.mu);
       consumed->store(true, std::memory_order_release);
+      back.changed();
     }
     back.cv.notify_all();
     lk.lock();
@@ -428,7 +430,7 @@ void InprocCommunicator::recv(const OpDesc& d) {
   const auto deadline = Clock::now() + d.timeout;
   WorldState& w = *g_->world;
   std::unique_lock lk(mb.mu);
-  for (;;) {
+  for (int iter = 0;; ++iter) {
     if (take(lk, d, d.root, d.tag, d.count, d.recv)) return;
     if (w.poisoned.load(std::memory_order_acquire))
       throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
@@ -438,11 +440,10 @@ void InprocCommunicator::recv(const OpDesc& d) {
       throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
                                            " returned from its function without sending"));
     }
-    auto now = Clock::now();
-    if (now >= deadline)
+    if (Clock::now() >= deadline)
       throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                         " ms waiting for rank ", d.root, " to send"));
-    mb.cv.wait_for(lk, std::min<Clock::duration>(std::chrono::milliseconds(2), deadline - now));
+    mb.idle(lk, iter, deadline, w.oversubscribed);
   }
 }
 
@@ -463,6 +464,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
     {
       std::lock_guard lk(out.mu);
       out.q.push_back(std::move(m));
+      out.changed();
     }
     out.cv.notify_all();
   }
@@ -471,7 +473,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
   bool got = !receiving;
   try {
     std::unique_lock lk(mb.mu);
-    for (;;) {
+    for (int iter = 0;; ++iter) {
       if (!got) got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
       // Receivers set `consumed` under this mailbox's lock, which is held here.
       const bool sent = !sending || consumed.load(std::memory_order_acquire);
@@ -489,8 +491,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
           !consumed.load(std::memory_order_acquire))
         throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
                                              " returned from its function without receiving"));
-      auto now = Clock::now();
-      if (now >= deadline) {
+      if (Clock::now() >= deadline) {
         std::string missing;
         if (!got) missing = detail::concat("rank ", d.recv_peer, " to send");
         if (!sent)
@@ -499,7 +500,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
         throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                           " ms waiting for ", missing));
       }
-      mb.cv.wait_for(lk, std::min<Clock::duration>(std::chrono::milliseconds(2), deadline - now));
+      mb.idle(lk, iter, deadline, w.oversubscribed);
     }
   } catch (...) {
     if (sending) withdraw(d, consumed);

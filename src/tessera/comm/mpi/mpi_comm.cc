@@ -26,6 +26,22 @@ void check_mpi(int rc, const std::string& where) {
   throw CommError(where + ": MPI error: " + std::string(msg, len));
 }
 
+// The prefix of the error messages about one operation (detail::op_context), formatted only when
+// an error needs it: it would cost more than a small message's whole transfer.
+class Where {
+ public:
+  Where(const Communicator& c, const OpDesc& d) : c_(&c), d_(&d) {}
+  std::string str() const { return detail::op_context(*d_, c_->name(), c_->rank(), c_->size()); }
+
+ private:
+  const Communicator* c_;
+  const OpDesc* d_;
+};
+
+void check_mpi(int rc, const Where& where) {
+  if (rc != MPI_SUCCESS) check_mpi(rc, where.str());
+}
+
 // bf16 reductions: MPI has no bf16 type, so bf16 travels as MPI_UINT16_T with user-defined ops.
 template <ReduceOp Op>
 void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -107,9 +123,9 @@ constexpr size_t kRingMinBytes = 64 * 1024;
 constexpr size_t kRingMaxBytes = 64 * 1024 * 1024;
 constexpr size_t kRingSegmentBytes = 512 * 1024;
 
-int to_int(size_t v, const std::string& where) {
+int to_int(size_t v, const Where& where) {
   if (v > static_cast<size_t>(INT_MAX))
-    throw CommUsageError(where + ": more than INT_MAX elements in one MPI call");
+    throw CommUsageError(where.str() + ": more than INT_MAX elements in one MPI call");
   return static_cast<int>(v);
 }
 
@@ -155,14 +171,14 @@ class MpiCommunicator final : public Communicator {
   // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
   // (point to point) and throws TimeoutError naming `missing(reqs)`.
   void wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline, const OpDesc& d,
-                const std::string& waiting_for, bool cancellable = false);
+                std::string_view waiting_for, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
   void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
-  void send_recv(const OpDesc& d, Clock::time_point deadline, const std::string& w);
+  void send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w);
   // A receive from `peer` completed with MPI return code `rc` and status `st`: throws
   // MismatchError when the message did not have `count` elements (or did not fit).
   void check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer, size_t count,
-                      const std::string& w) const;
+                      const Where& w) const;
   // After a timeout: cancels a pending receive (waiting a bounded time for the cancellation);
   // a receive that cannot be cancelled in that time, or a send (Open MPI cannot cancel sends),
   // is abandoned.
@@ -186,8 +202,8 @@ class MpiCommunicator final : public Communicator {
 };
 
 void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline,
-                               const OpDesc& d, const std::string& waiting_for, bool cancellable) {
-  const std::string w = where(d);  // once: the loop below polls thousands of times
+                               const OpDesc& d, std::string_view waiting_for, bool cancellable) {
+  const Where w(*this, d);
   int flag = 0;
   for (long iter = 0;; ++iter) {
     check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
@@ -207,8 +223,8 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
   } else {
     abandoned_ = true;
   }
-  throw TimeoutError(
-      detail::concat(w, ": timed out after ", d.timeout.count(), " ms waiting for ", waiting_for));
+  throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
+                                    " ms waiting for ", waiting_for));
 }
 
 // Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
@@ -279,19 +295,19 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
 }
 
 void MpiCommunicator::check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer,
-                                     size_t count, const std::string& w) const {
+                                     size_t count, const Where& w) const {
   if (rc != MPI_SUCCESS) {
     int cls = 0;
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
-      throw MismatchError(detail::concat(w, ": rank ", peer, " sent more than ", count, " ",
+      throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent more than ", count, " ",
                                          dtype_name(d.dtype), " elements, which this rank expects"));
     check_mpi(rc, w);
   }
   int got = 0;
   MPI_Get_count(&st, mpi_type(d.dtype), &got);
   if (got == MPI_UNDEFINED || static_cast<size_t>(got) != count)
-    throw MismatchError(detail::concat(w, ": rank ", peer, " sent ", got, " ", dtype_name(d.dtype),
+    throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent ", got, " ", dtype_name(d.dtype),
                                        " elements, this rank expects ", count));
 }
 
@@ -314,7 +330,7 @@ void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
 // deadlock), and polls both against the deadline. The send goes straight from the user's buffer:
 // the call returns when MPI is done with it.
 void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline,
-                                const std::string& w) {
+                                const Where& w) {
   if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
   const MPI_Datatype type = mpi_type(d.dtype);
   MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
@@ -354,7 +370,7 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline,
                                     " to receive this rank's message");
         cancel_or_abandon(reqs[0], false);
         cancel_or_abandon(reqs[1], true);
-        throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
+        throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
                                           " ms waiting for ", missing));
       }
       std::this_thread::yield();
@@ -427,11 +443,12 @@ void MpiCommunicator::execute(const OpDesc& d) {
   if (!pending_.empty()) reap_sends(&d);
   const auto deadline = Clock::now() + d.timeout;
   if (options().debug && detail::is_collective(d.type)) exchange_fingerprints(d, deadline);
-  const std::string w = where(d);
+  const Where w(*this, d);
   const int count = to_int(d.count, w);
   const MPI_Datatype type = mpi_type(d.dtype);
   const size_t es = dtype_size(d.dtype);
-  const std::string all_peers = "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
+  constexpr std::string_view all_peers =
+      "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
   std::vector<unsigned char> tmp;
   switch (d.type) {
@@ -501,7 +518,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       check_mpi(MPI_Iallreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, comm_, &reqs[0]), w);
       wait_all(reqs, deadline, d, all_peers);
       if (worst >= 0)
-        throw MismatchError(detail::concat(w, ": send and receive counts disagree (rank ", worst,
+        throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ", worst,
                                            " expects different counts than its peers send it)"));
       std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
       int so = 0, ro = 0;
@@ -533,7 +550,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       PendingSend p;
       p.data.assign(static_cast<const unsigned char*>(d.send),
                     static_cast<const unsigned char*>(d.send) + d.count * es);
-      p.what = w;
+      p.what = w.str();
       check_mpi(MPI_Isend(p.data.data(), count, type, d.root, d.tag, comm_, &p.req), w);
       pending_.push_back(std::move(p));
       reap_sends(&d);
@@ -562,7 +579,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
     case OpType::Split:
       break;
   }
-  throw CommUsageError(w + ": unexpected op");
+  throw CommUsageError(w.str() + ": unexpected op");
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, Timeout timeout) {
