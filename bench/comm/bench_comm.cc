@@ -260,8 +260,8 @@ PairedOp all_to_allv_op(Communicator& comm) {
       comm.all_to_allv((*s)[i % nbuf].data(), sc, (*r)[i % nbuf].data(), rc, DType::F32).wait();
     };
     z.raw = [s, r, isc, isd, irc, ird, nbuf](int i) {
-      MPI_Alltoallv((*s)[i % nbuf].data(), isc.data(), isd.data(), MPI_FLOAT,
-                    (*r)[i % nbuf].data(), irc.data(), ird.data(), MPI_FLOAT, MPI_COMM_WORLD);
+      MPI_Alltoallv((*s)[i % nbuf].data(), isc.data(), isd.data(), MPI_FLOAT, (*r)[i % nbuf].data(),
+                    irc.data(), ird.data(), MPI_FLOAT, MPI_COMM_WORLD);
     };
     z.check = [r, rc, src_off, n] {
       bool ok = true;
@@ -292,8 +292,8 @@ void print_ratio_table(const char* title, const Summary& in, const Summary& mb, 
     };
     const double m = get(mb), r = get(raw);
     const double tr = raw.us.count(b) && raw.us.at(b) > 0 ? mb.us.at(b) / raw.us.at(b) : 0;
-    std::printf("%12zu %12.3f %12.3f %12.3f %10.2f %10.3f %10.2f\n", b, x, m, r,
-                m > 0 ? x / m : 0, tr, bw1 > 0 ? x / bw1 : 0);
+    std::printf("%12zu %12.3f %12.3f %12.3f %10.2f %10.3f %10.2f\n", b, x, m, r, m > 0 ? x / m : 0,
+                tr, bw1 > 0 ? x / bw1 : 0);
   }
 }
 
@@ -376,9 +376,10 @@ int main(int argc, char** argv) {
         auto& us = m[name].us;
         return us.count(4) ? us.at(4) : 0.0;
       };
-      std::printf("send_recv one-way latency at 4 B (us): inproc %.2f, MPI backend %.2f, raw "
-                  "MPI_Sendrecv %.2f\n",
-                  lat(in), lat(mb), lat(raw));
+      std::printf(
+          "send_recv one-way latency at 4 B (us): inproc %.2f, MPI backend %.2f, raw "
+          "MPI_Sendrecv %.2f\n",
+          lat(in), lat(mb), lat(raw));
       print_ratio_table("send_recv one-way GB/s (ping-pong)", in[name], mb[name], raw[name], false,
                         bw1);
     } else {

@@ -222,13 +222,14 @@ TEST(InprocFailure, SendRecvTimeoutNamesPeer) {
 
 // The receive completes but the peer never takes this rank's message: the timeout names that
 // half alone. The failed call takes its message back out of the peer's mailbox (the peer, which
-// finds the world poisoned, fails cleanly; sanitizer builds would catch a read of the freed buffer).
+// finds the world poisoned, fails cleanly; sanitizer builds would catch a read of the freed
+// buffer).
 TEST(InprocFailure, SendRecvUnreceivedMessageTimesOut) {
   auto errs = spawn_collect(3, [](Communicator& c) {
     std::vector<float> s(1000, 1.0f), r(1000);
     if (c.rank() == 1) {
       c.send(s.data(), s.size(), DType::F32, 0).wait();  // eager: rank 0's receive completes
-      std::this_thread::sleep_for(500ms);               // rank 0 times out meanwhile
+      std::this_thread::sleep_for(500ms);                // rank 0 times out meanwhile
       // Fails on the poisoned world.
       c.recv(r.data(), r.size(), DType::F32, 0).wait();
       return;

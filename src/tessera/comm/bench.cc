@@ -16,8 +16,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string>& all_ops() {
-  static const std::vector<std::string> ops = {"all_reduce", "all_gather",  "reduce_scatter",
-                                               "broadcast",  "all_to_all",  "all_to_allv",
+  static const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter",
+                                               "broadcast",  "all_to_all", "all_to_allv",
                                                "send_recv"};
   return ops;
 }
@@ -100,8 +100,8 @@ double bus_factor(const std::string& op, int n) {
 
 size_t alltoallv_count(int from, int to, int n, size_t elems) {
   auto weight = [](int i, int j) {
-    const uint32_t h = (static_cast<uint32_t>(i) * 31u + static_cast<uint32_t>(j) * 17u + 7u) *
-                       2654435761u;
+    const uint32_t h =
+        (static_cast<uint32_t>(i) * 31u + static_cast<uint32_t>(j) * 17u + 7u) * 2654435761u;
     return static_cast<size_t>(1 + (h >> 28) % 8);
   };
   size_t total = 0, before = 0;
@@ -255,7 +255,7 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
           while (off >= rc[j]) off -= rc[j++];
           want = value(j, src_off[j] + off);
         } else {
-          if (me > 1) break;  // not in the ping-pong
+          if (me > 1) break;   // not in the ping-pong
           want = value(0, i);  // rank 1 received rank 0's message and sent it back
         }
         if (load(res, i, t) != want) ok = 0;

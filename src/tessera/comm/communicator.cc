@@ -75,8 +75,9 @@ void Communicator::validate(const OpDesc& d) const {
         fail(detail::concat(half, " peer ", peer, " is not a rank of a communicator of size ", n,
                             " (or -1 to skip the ", half, ")"));
     if ((d.root == rank()) != (d.recv_peer == rank()))
-      fail("a rank exchanges with itself only in one call: send_peer == rank() requires "
-           "recv_peer == rank() and vice versa");
+      fail(
+          "a rank exchanges with itself only in one call: send_peer == rank() requires "
+          "recv_peer == rank() and vice versa");
     if (d.tag < 0 || d.recv_tag < 0) fail("tags must be non-negative");
     const size_t es = dtype_size(d.dtype);
     const size_t sb = d.root >= 0 ? d.count * es : 0, rb = d.recv_peer >= 0 ? d.recv_count * es : 0;
@@ -142,9 +143,9 @@ Work Communicator::submit(OpDesc d, bool async) {
   }
   std::unique_lock lk(mu_);
   if (failure_) {
-    return Work::failed(std::make_exception_ptr(PeerFailedError(
-        detail::concat(where(d), " not run: the communicator is unusable after an earlier failure: ",
-                       what_of(failure_)))));
+    return Work::failed(std::make_exception_ptr(PeerFailedError(detail::concat(
+        where(d),
+        " not run: the communicator is unusable after an earlier failure: ", what_of(failure_)))));
   }
   if (!async && queue_.empty() && !busy_) {
     lk.unlock();

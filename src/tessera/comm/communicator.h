@@ -1,14 +1,14 @@
 // Communicator: the collective-communication interface every parallel method stands on.
 //
-// Contract (docs/COMM.md, "Failure behaviour"): all ranks of a communicator call collectives in the same order. Every
-// call has a deadline (the communicator's default, or OpOptions::timeout). A failed call poisons
-// the communicator: later calls on it fail at once with PeerFailedError. On the inproc backend a
-// failure (error, timeout, rank that throws or returns early) also poisons every communicator of
-// the world, so every rank fails fast instead of hanging.
+// Contract (docs/COMM.md, "Failure behaviour"): all ranks of a communicator call collectives in the
+// same order. Every call has a deadline (the communicator's default, or OpOptions::timeout). A
+// failed call poisons the communicator: later calls on it fail at once with PeerFailedError. On the
+// inproc backend a failure (error, timeout, rank that throws or returns early) also poisons every
+// communicator of the world, so every rank fails fast instead of hanging.
 //
 // Buffers are raw pointers + element count + dtype (later layers reduce slices of flat gradient
-// buffers); Tensor overloads forward to them. Reductions support F32, F64, BF16, I32 and I64 (Mean on
-// integers truncates); data movement supports every dtype. In place: pass the same pointer as
+// buffers); Tensor overloads forward to them. Reductions support F32, F64, BF16, I32 and I64 (Mean
+// on integers truncates); data movement supports every dtype. In place: pass the same pointer as
 // send and recv (AllReduce), or send == recv + rank*count (AllGather), or recv == send +
 // rank*count (ReduceScatter), or send == recv (AllToAll).
 //
@@ -99,8 +99,8 @@ class Communicator {
   // its own receive has completed and its send buffer may be reused; on the inproc backend the
   // receiver copies straight out of the send buffer, so that is when the peer has received it.
   // The two buffers must not overlap.
-  Work send_recv(const void* send, size_t send_count, int send_peer, void* recv,
-                 size_t recv_count, int recv_peer, DType dtype, const SendRecvOptions& o = {});
+  Work send_recv(const void* send, size_t send_count, int send_peer, void* recv, size_t recv_count,
+                 int recv_peer, DType dtype, const SendRecvOptions& o = {});
   // Tensor form: the tensors must have the same dtype; the tensor of a skipped half is ignored.
   Work send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer,
                  const SendRecvOptions& o = {});

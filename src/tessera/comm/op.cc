@@ -110,7 +110,8 @@ std::string OpDesc::describe() const {
   if (type == OpType::SendRecv) {
     std::ostringstream os;
     os << op_name(type) << " (";
-    if (root >= 0) os << dtype_name(dtype) << " x " << count << " to rank " << root << " tag " << tag;
+    if (root >= 0)
+      os << dtype_name(dtype) << " x " << count << " to rank " << root << " tag " << tag;
     if (root >= 0 && recv_peer >= 0) os << ", ";
     if (recv_peer >= 0)
       os << dtype_name(dtype) << " x " << recv_count << " from rank " << recv_peer << " tag "
@@ -156,8 +157,7 @@ void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& 
     if (!found) groups.push_back({fps[r], {r}});
   }
   std::ostringstream os;
-  os << op_context("collective mismatch", comm_name, my_rank, static_cast<int>(fps.size()))
-     << ": ";
+  os << op_context("collective mismatch", comm_name, my_rank, static_cast<int>(fps.size())) << ": ";
   for (size_t i = 0; i < groups.size(); ++i)
     os << (i ? "; " : "") << rank_list(groups[i].second) << " called "
        << fingerprint_str(groups[i].first);

@@ -37,7 +37,7 @@ struct OpDesc {
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
   int root = -1;  // Broadcast root; Send/Recv peer; SendRecv: the peer sent to (-1: no send)
-  int tag = 0;     // Send/Recv; SendRecv: the tag of the message sent
+  int tag = 0;    // Send/Recv; SendRecv: the tag of the message sent
   // SendRecv: the receiving half (the sending half is send, count, root and tag).
   size_t recv_count = 0;
   int recv_peer = -1;  // -1: no receive

@@ -395,10 +395,9 @@ bool InprocCommunicator::take(std::unique_lock<std::mutex>& lk, const OpDesc& d,
   for (auto it = mb.q.begin(); it != mb.q.end(); ++it) {
     if (it->src != src || it->tag != tag) continue;
     if (it->dtype != d.dtype || it->count != count)
-      throw MismatchError(detail::concat(where(d), ": rank ", src, " sent ", dtype_name(it->dtype),
-                                         " x ", it->count, " with tag ", tag,
-                                         ", this rank expects ", dtype_name(d.dtype), " x ",
-                                         count));
+      throw MismatchError(detail::concat(
+          where(d), ": rank ", src, " sent ", dtype_name(it->dtype), " x ", it->count, " with tag ",
+          tag, ", this rank expects ", dtype_name(d.dtype), " x ", count));
     const size_t bytes = count * dtype_size(d.dtype);
     if (!it->consumed) {  // eager
       if (bytes) std::memcpy(dst, it->data.data(), bytes);

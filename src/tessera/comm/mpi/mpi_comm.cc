@@ -301,14 +301,16 @@ void MpiCommunicator::check_received(int rc, const MPI_Status& st, const OpDesc&
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
       throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent more than ", count, " ",
-                                         dtype_name(d.dtype), " elements, which this rank expects"));
+                                         dtype_name(d.dtype),
+                                         " elements, which this rank expects"));
     check_mpi(rc, w);
   }
   int got = 0;
   MPI_Get_count(&st, mpi_type(d.dtype), &got);
   if (got == MPI_UNDEFINED || static_cast<size_t>(got) != count)
-    throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent ", got, " ", dtype_name(d.dtype),
-                                       " elements, this rank expects ", count));
+    throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent ", got, " ",
+                                       dtype_name(d.dtype), " elements, this rank expects ",
+                                       count));
 }
 
 void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
@@ -329,16 +331,15 @@ void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
 // Posts the receive, then the send (both nonblocking, so pairs and rings of exchanges cannot
 // deadlock), and polls both against the deadline. The send goes straight from the user's buffer:
 // the call returns when MPI is done with it.
-void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline,
-                                const Where& w) {
+void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w) {
   if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
   const MPI_Datatype type = mpi_type(d.dtype);
   MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
   MPI_Status st;
   if (d.recv_peer >= 0)
-    check_mpi(MPI_Irecv(d.recv, to_int(d.recv_count, w), type, d.recv_peer, d.recv_tag, comm_,
-                        &reqs[0]),
-              w);
+    check_mpi(
+        MPI_Irecv(d.recv, to_int(d.recv_count, w), type, d.recv_peer, d.recv_tag, comm_, &reqs[0]),
+        w);
   if (d.root >= 0) {
     const int rc = MPI_Isend(d.send, to_int(d.count, w), type, d.root, d.tag, comm_, &reqs[1]);
     if (rc != MPI_SUCCESS) cancel_or_abandon(reqs[0], false);
@@ -518,7 +519,8 @@ void MpiCommunicator::execute(const OpDesc& d) {
       check_mpi(MPI_Iallreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, comm_, &reqs[0]), w);
       wait_all(reqs, deadline, d, all_peers);
       if (worst >= 0)
-        throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ", worst,
+        throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ",
+                                           worst,
                                            " expects different counts than its peers send it)"));
       std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
       int so = 0, ro = 0;
