@@ -13,10 +13,11 @@ namespace tessera::app {
 namespace {
 DType parse_dtype(const std::string& s) {
   if (s == "f32") return DType::F32;
+  if (s == "f64") return DType::F64;
   if (s == "bf16") return DType::BF16;
   if (s == "i32") return DType::I32;
   if (s == "i64") return DType::I64;
-  throw ConfigError("--dtype must be f32, bf16, i32 or i64, not '" + s + "'");
+  throw ConfigError("--dtype must be f32, f64, bf16, i32 or i64, not '" + s + "'");
 }
 comm::Algorithm parse_algorithm(const std::string& s) {
   if (s == "auto") return comm::Algorithm::Auto;
@@ -46,8 +47,11 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
   CLI::App* cmd = root.add_subcommand(
       "bench-comm",
       "Time collectives (nccl-tests style): bytes, elements, median time, algbw, busbw.\n"
-      "busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter and\n"
-      "all_to_all, x 1 for broadcast. Every size is checked for correctness before it is timed.\n"
+      "busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter,\n"
+      "all_to_all and all_to_allv, x 1 for broadcast and send_recv. send_recv is a ping-pong\n"
+      "between ranks 0 and 1 whose time is one way (half the round trip); all_to_allv splits\n"
+      "each rank's bytes over the ranks unevenly (fixed pseudo-random weights). Every size is\n"
+      "checked for correctness before it is timed.\n"
       "Inproc: `tessera bench-comm --ranks 4` (ranks are threads). MPI: `mpirun -np 4 tessera\n"
       "bench-comm` (the MPI backend is chosen automatically under mpirun).");
   cmd->add_option("--ranks", a->ranks, "Number of ranks (threads) for the inproc backend")
@@ -58,7 +62,7 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--ops", a->ops,
                   "all, or a comma-separated list of all_reduce, all_gather, reduce_scatter, "
-                  "broadcast, all_to_all")
+                  "broadcast, all_to_all, all_to_allv, send_recv")
       ->capture_default_str();
   cmd->add_option("--min-bytes", a->min_bytes, "Smallest message (e.g. 4, 1KiB)")
       ->transform(CLI::AsSizeValue(false))
@@ -76,7 +80,7 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
   cmd->add_option("--warmup", a->warmup, "Untimed iterations per size")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
-  cmd->add_option("--dtype", a->dtype, "f32, bf16, i32 or i64")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32, f64, bf16, i32 or i64")->capture_default_str();
   cmd->add_option("--algorithm", a->algorithm, "all_reduce algorithm: auto, small, direct, ring")
       ->capture_default_str();
   cmd->add_option("--timeout-s", a->timeout_s, "Per-call timeout in seconds")

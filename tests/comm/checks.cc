@@ -9,7 +9,7 @@
 namespace tessera::comm::test {
 namespace {
 
-const DType kDtypes[] = {DType::F32, DType::BF16, DType::I32, DType::I64};
+const DType kDtypes[] = {DType::F32, DType::F64, DType::BF16, DType::I32, DType::I64};
 const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
 
 // Small integers, exact in every dtype, differing by rank and position.
@@ -26,6 +26,9 @@ struct Buf {
     switch (t) {
       case DType::F32:
         reinterpret_cast<float*>(p())[i] = static_cast<float>(v);
+        break;
+      case DType::F64:
+        reinterpret_cast<double*>(p())[i] = v;
         break;
       case DType::BF16:
         reinterpret_cast<bf16*>(p())[i] = to_bf16(static_cast<float>(v));
@@ -44,6 +47,8 @@ struct Buf {
     switch (t) {
       case DType::F32:
         return reinterpret_cast<float*>(p())[i];
+      case DType::F64:
+        return reinterpret_cast<double*>(p())[i];
       case DType::BF16:
         return from_bf16(reinterpret_cast<bf16*>(p())[i]);
       case DType::I32:
@@ -72,6 +77,7 @@ double reduce_expected(ReduceOp op, DType t, int n, const std::function<double(i
 void expect_eq(double got, double want, DType t, const std::string& what, size_t i) {
   double tol = t == DType::BF16  ? std::abs(want) * 1e-2
                : t == DType::F32 ? std::abs(want) * 1e-6
+               : t == DType::F64 ? std::abs(want) * 1e-14
                                  : 0;
   if (std::abs(got - want) > tol) {
     std::ostringstream os;
@@ -94,7 +100,9 @@ void check_all_reduce(Communicator& c, size_t count, bool full) {
   for (DType t : kDtypes) {
     if (!full && (t == DType::I32 || t == DType::I64)) continue;
     for (ReduceOp op : kOps) {
-      if (!full && (op == ReduceOp::Min || op == ReduceOp::Max) && t != DType::F32) continue;
+      if (!full && (op == ReduceOp::Min || op == ReduceOp::Max) && t != DType::F32 &&
+          t != DType::F64)
+        continue;
       for (bool in_place : {false, true}) {
         for (Algorithm a :
              {Algorithm::Auto, Algorithm::Small, Algorithm::Direct, Algorithm::Ring}) {
@@ -146,9 +154,9 @@ void check_all_gather(Communicator& c, size_t count, bool full) {
 void check_reduce_scatter(Communicator& c, size_t count, bool full) {
   const int n = c.size(), me = c.rank();
   for (DType t : kDtypes) {
-    if (!full && t != DType::F32 && t != DType::BF16) continue;
+    if (!full && t != DType::F32 && t != DType::F64 && t != DType::BF16) continue;
     for (ReduceOp op : kOps) {
-      if (!full && op != ReduceOp::Sum) continue;
+      if (!full && op != ReduceOp::Sum && t != DType::F64) continue;
       for (bool in_place : {false, true}) {
         Buf in(t, count * n), out(t, count);
         for (size_t i = 0; i < count * n; ++i) in.set(i, value(me, i));
@@ -268,6 +276,91 @@ void check_send_recv(Communicator& c, size_t count) {
     for (size_t i = 0; i < count; ++i) {
       expect_eq(got_a.get(i), value(left, i), t, w, i);
       expect_eq(got_b.get(i), value(left + 1, i), t, w, i);
+    }
+  }
+  c.barrier().wait();
+}
+
+}  // namespace tessera::comm::test
+
+namespace tessera::comm::test {
+
+void check_send_recv_exchange(Communicator& c, size_t count) {
+  const int n = c.size(), me = c.rank();
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  const std::string w = ctx(c, "send_recv", count);
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I64}) {
+    // 1. A ring: send to the right, receive from the left (with itself on one rank), synchronous
+    //    and on the progress thread.
+    for (bool async : {false, true}) {
+      Buf out(t, count), in(t, count);
+      for (size_t i = 0; i < count; ++i) out.set(i, value(me, i));
+      SendRecvOptions o;
+      o.async = async;
+      o.send_tag = o.recv_tag = 5;
+      Work wk = c.send_recv(out.p(), count, right, in.p(), count, left, t, o);
+      wk.wait();
+      for (size_t i = 0; i < count; ++i) expect_eq(in.get(i), value(left, i), t, w + " ring", i);
+    }
+    // 2. Pairs exchanging with the same peer (0<->1, 2<->3, ...; an odd rank out exchanges with
+    //    itself), with counts that differ by direction.
+    {
+      const int partner = (me ^ 1) < n ? (me ^ 1) : me;
+      const size_t mine = count + static_cast<size_t>(me % 2);
+      const size_t theirs = count + static_cast<size_t>(partner % 2);
+      Buf out(t, mine), in(t, theirs);
+      for (size_t i = 0; i < mine; ++i) out.set(i, value(me, i));
+      c.send_recv(out.p(), mine, partner, in.p(), theirs, partner, t).wait();
+      for (size_t i = 0; i < theirs; ++i)
+        expect_eq(in.get(i), value(partner, i), t, w + " pair", i);
+    }
+  }
+  // 3. A pipeline: activations forward (tag 1), then gradients backward (tag 2); the first and
+  //    last stages skip one half with peer -1.
+  const int next = me + 1 < n ? me + 1 : -1, prev = me > 0 ? me - 1 : -1;
+  Buf act(DType::F32, count), got(DType::F32, count), grad(DType::F32, count),
+      dgot(DType::F32, count);
+  for (size_t i = 0; i < count; ++i) {
+    act.set(i, value(me, i));
+    grad.set(i, -value(me, i));
+  }
+  SendRecvOptions fwd;
+  fwd.send_tag = fwd.recv_tag = 1;
+  c.send_recv(act.p(), count, next, got.p(), count, prev, DType::F32, fwd).wait();
+  SendRecvOptions bwd;
+  bwd.send_tag = bwd.recv_tag = 2;
+  c.send_recv(grad.p(), count, prev, dgot.p(), count, next, DType::F32, bwd).wait();
+  for (size_t i = 0; i < count; ++i) {
+    if (prev >= 0) expect_eq(got.get(i), value(prev, i), DType::F32, w + " pipeline fwd", i);
+    if (next >= 0) expect_eq(dgot.get(i), -value(next, i), DType::F32, w + " pipeline bwd", i);
+  }
+  // 4. Nothing to do.
+  c.send_recv(nullptr, 0, -1, nullptr, 0, -1, DType::F32).wait();
+  // 5. The same messages as send/recv: a plain (eager) send received by send_recv around the
+  //    ring, and a send_recv's message taken by a plain recv (rank 0 to rank 1 only: a send_recv
+  //    completes when its message is received, so a ring of send-only send_recvs followed by
+  //    recvs would wait on itself, as MPI_Ssend would).
+  if (n > 1) {
+    Buf a(DType::I32, count), b(DType::I32, count);
+    for (size_t i = 0; i < count; ++i) a.set(i, value(me, i) + 1000);
+    SendOptions so;
+    so.tag = 9;
+    c.send(a.p(), count, DType::I32, right, so).wait();
+    SendRecvOptions sr;
+    sr.recv_tag = 9;
+    c.send_recv(nullptr, 0, -1, b.p(), count, left, DType::I32, sr).wait();
+    for (size_t i = 0; i < count; ++i)
+      expect_eq(b.get(i), value(left, i) + 1000, DType::I32, w + " from send", i);
+    if (me == 0) {
+      SendRecvOptions ss;
+      ss.send_tag = 11;
+      c.send_recv(a.p(), count, 1, nullptr, 0, -1, DType::I32, ss).wait();
+    } else if (me == 1) {
+      RecvOptions ro;
+      ro.tag = 11;
+      c.recv(b.p(), count, DType::I32, 0, ro).wait();
+      for (size_t i = 0; i < count; ++i)
+        expect_eq(b.get(i), value(0, i) + 1000, DType::I32, w + " to recv", i);
     }
   }
   c.barrier().wait();

@@ -87,6 +87,9 @@ TEST_P(Collectives, AllToAllV) {
 TEST_P(Collectives, SendRecv) {
   spawn(n(), [&](Communicator& c) { check_send_recv(c, count()); });
 }
+TEST_P(Collectives, SendRecvExchange) {
+  spawn(n(), [&](Communicator& c) { check_send_recv_exchange(c, count()); });
+}
 TEST_P(Collectives, TensorOverloads) {
   if (!full()) GTEST_SKIP() << "covered by the raw-buffer tests";
   spawn(n(), [&](Communicator& c) {
@@ -104,6 +107,13 @@ TEST_P(Collectives, TensorOverloads) {
     Tensor rs = Tensor::zeros({k});
     c.reduce_scatter(g, rs).wait();
     for (float v : rs.to_vector()) ASSERT_EQ(v, static_cast<float>(c.rank() * c.size()));
+    // send_recv around the ring; an undefined tensor stands for a skipped half.
+    Tensor from = Tensor::zeros({k});
+    c.send_recv(s, (c.rank() + 1) % c.size(), from, (c.rank() + c.size() - 1) % c.size()).wait();
+    for (float v : from.to_vector())
+      ASSERT_EQ(v, static_cast<float>((c.rank() + c.size() - 1) % c.size()));
+    Tensor none;
+    c.send_recv(none, -1, none, -1).wait();
     c.barrier().wait();
   });
 }
@@ -150,6 +160,53 @@ TEST(Inproc, AllRanksAgreeBitwise) {
     });
     EXPECT_EQ(results[0], results[1]);
     EXPECT_EQ(results[0], results[2]);
+  }
+}
+
+// F64 reductions keep double precision: values 1 + k * 2^-45 need 46 significant bits (a float has
+// 24), and every algorithm gives the sum, mean, max and min computed in double, bit for bit.
+TEST(Inproc, F64ReductionsAreExactDoubles) {
+  const size_t count = 70001;
+  auto v = [](int r, size_t i) {
+    return 1.0 + std::ldexp(static_cast<double>((r + 1) * static_cast<int>(i % 7 + 1)), -45);
+  };
+  for (Algorithm a : {Algorithm::Small, Algorithm::Direct, Algorithm::Ring}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+      spawn(3, [&](Communicator& c) {
+        const size_t k = a == Algorithm::Small ? 100 : count;
+        std::vector<double> x(k);
+        for (size_t i = 0; i < k; ++i) x[i] = v(c.rank(), i);
+        AllReduceOptions o;
+        o.algorithm = a;
+        o.op = op;
+        c.all_reduce(x.data(), k, DType::F64, o).wait();
+        for (size_t i = 0; i < k; ++i) {
+          double want = v(0, i);
+          for (int r = 1; r < 3; ++r)
+            want = op == ReduceOp::Max   ? std::max(want, v(r, i))
+                   : op == ReduceOp::Min ? std::min(want, v(r, i))
+                                         : want + v(r, i);
+          if (op == ReduceOp::Mean) want /= 3;
+          ASSERT_EQ(x[i], want) << algorithm_name(a) << " " << reduce_op_name(op) << " at " << i;
+        }
+        // reduce_scatter too.
+        std::vector<double> in(3 * 5), out(5);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = v(c.rank(), i);
+        ReduceScatterOptions rs;
+        rs.op = op;
+        c.reduce_scatter(in.data(), out.data(), 5, DType::F64, rs).wait();
+        for (size_t i = 0; i < 5; ++i) {
+          const size_t g = static_cast<size_t>(c.rank()) * 5 + i;
+          double want = v(0, g);
+          for (int r = 1; r < 3; ++r)
+            want = op == ReduceOp::Max   ? std::max(want, v(r, g))
+                   : op == ReduceOp::Min ? std::min(want, v(r, g))
+                                         : want + v(r, g);
+          if (op == ReduceOp::Mean) want /= 3;
+          ASSERT_EQ(out[i], want) << "reduce_scatter " << reduce_op_name(op) << " at " << i;
+        }
+      });
+    }
   }
 }
 
@@ -218,6 +275,23 @@ TEST(Inproc, UsageErrors) {
     float f = 0;
     EXPECT_THROW(c.broadcast(&f, 1, DType::F32, bad), CommUsageError);
     EXPECT_THROW(c.send(&f, 1, DType::F32, c.rank()), CommUsageError);
+    // send_recv: peers out of range, itself on one side only, negative tags, overlapping buffers.
+    float s[4] = {}, r[4] = {};
+    const int other = 1 - c.rank();
+    EXPECT_THROW(c.send_recv(s, 1, 2, r, 1, other, DType::F32), CommUsageError);
+    EXPECT_THROW(c.send_recv(s, 1, other, r, 1, -2, DType::F32), CommUsageError);
+    EXPECT_THROW(c.send_recv(s, 1, c.rank(), r, 1, other, DType::F32), CommUsageError);
+    EXPECT_THROW(c.send_recv(s, 1, -1, r, 1, c.rank(), DType::F32), CommUsageError);
+    SendRecvOptions neg;
+    neg.recv_tag = -1;
+    EXPECT_THROW(c.send_recv(s, 1, other, r, 1, other, DType::F32, neg), CommUsageError);
+    EXPECT_THROW(c.send_recv(s, 4, other, s + 2, 2, other, DType::F32), CommUsageError);
+    EXPECT_THROW(c.send_recv(nullptr, 1, other, r, 1, other, DType::F32), CommUsageError);
+    // With itself: a copy; the two halves must agree.
+    s[0] = 3.5f;
+    c.send_recv(s, 1, c.rank(), r, 1, c.rank(), DType::F32).wait();
+    EXPECT_EQ(r[0], 3.5f);
+    EXPECT_THROW(c.send_recv(s, 2, c.rank(), r, 1, c.rank(), DType::F32), CommUsageError);
     // Data movement works for every dtype.
     uint8_t g[2] = {};
     c.all_gather(&u[0], g, 1, DType::U8).wait();

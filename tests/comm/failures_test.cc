@@ -196,6 +196,107 @@ TEST(InprocFailure, SendRecvCountMismatch) {
   EXPECT_TRUE(holds<MismatchError>(errs[1])) << what(errs[1]);
 }
 
+// A peer that never posts: the exchange times out naming the op, the communicator and the peer
+// for both halves.
+TEST(InprocFailure, SendRecvTimeoutNamesPeer) {
+  auto t0 = Clock::now();
+  auto errs = spawn_collect(2, [](Communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(500ms);
+      return;
+    }
+    float s[4] = {1, 2, 3, 4}, r[4];
+    SendRecvOptions o;
+    o.timeout = 200ms;
+    o.send_tag = 3;
+    c.send_recv(s, 4, 1, r, 4, 1, DType::F32, o).wait();
+  });
+  EXPECT_LT(since_ms(t0), 1500);
+  ASSERT_TRUE(holds<TimeoutError>(errs[0])) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("send_recv (F32 x 4 to rank 1 tag 3, F32 x 4 from rank 1 tag 0) on "
+                               "communicator 'world' rank 0/2: timed out after 200 ms waiting for "
+                               "rank 1 to send and for rank 1 to receive this rank's message"),
+            std::string::npos)
+      << what(errs[0]);
+}
+
+// The receive completes but the peer never takes this rank's message: the timeout names that
+// half alone. The failed call takes its message back out of the peer's mailbox (the peer, which
+// finds the world poisoned, fails cleanly; sanitizer builds would catch a read of the freed
+// buffer).
+TEST(InprocFailure, SendRecvUnreceivedMessageTimesOut) {
+  auto errs = spawn_collect(3, [](Communicator& c) {
+    std::vector<float> s(1000, 1.0f), r(1000);
+    if (c.rank() == 1) {
+      c.send(s.data(), s.size(), DType::F32, 0).wait();  // eager: rank 0's receive completes
+      std::this_thread::sleep_for(500ms);                // rank 0 times out meanwhile
+      // Fails on the poisoned world.
+      c.recv(r.data(), r.size(), DType::F32, 0).wait();
+      return;
+    }
+    if (c.rank() == 2) return;
+    SendRecvOptions o;
+    o.timeout = 200ms;
+    c.send_recv(s.data(), s.size(), 1, r.data(), r.size(), 1, DType::F32, o).wait();
+  });
+  ASSERT_TRUE(holds<TimeoutError>(errs[0])) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("rank 0/3: timed out after 200 ms waiting for rank 1 to receive "
+                               "this rank's message"),
+            std::string::npos)
+      << what(errs[0]);
+  ASSERT_TRUE(holds<PeerFailedError>(errs[1])) << what(errs[1]);
+  EXPECT_NE(what(errs[1]).find("recv (F32 x 1000, tag 0, from rank 0)"), std::string::npos)
+      << what(errs[1]);
+}
+
+TEST(InprocFailure, SendRecvWithExitedPeerFailsFast) {
+  auto t0 = Clock::now();
+  auto errs = spawn_collect(
+      3,
+      [](Communicator& c) {
+        if (c.rank() == 2) return;  // rank 1 receives from it
+        float s = 1, r = 0;
+        if (c.rank() == 0) {
+          c.send_recv(&s, 1, 1, nullptr, 0, -1, DType::F32).wait();
+        } else {
+          c.send_recv(nullptr, 0, -1, &r, 1, 2, DType::F32).wait();
+        }
+      },
+      with_timeout(20000ms));
+  EXPECT_LT(since_ms(t0), 2000) << "peers must not wait for the 20 s timeout";
+  ASSERT_TRUE(holds<PeerFailedError>(errs[1])) << what(errs[1]);
+  EXPECT_NE(what(errs[1]).find("rank 2 returned from its function without sending"),
+            std::string::npos)
+      << what(errs[1]);
+  // Rank 0 waits for rank 1 to take its message; rank 1's failure poisons the world.
+  ASSERT_TRUE(holds<PeerFailedError>(errs[0])) << what(errs[0]);
+  errs = spawn_collect(
+      2,
+      [](Communicator& c) {
+        if (c.rank() == 1) return;
+        float s = 1;
+        c.send_recv(&s, 1, 1, nullptr, 0, -1, DType::F32).wait();
+      },
+      with_timeout(20000ms));
+  ASSERT_TRUE(holds<PeerFailedError>(errs[0])) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("rank 1 returned from its function without receiving"),
+            std::string::npos)
+      << what(errs[0]);
+}
+
+TEST(InprocFailure, ExchangeCountMismatch) {
+  auto errs = spawn_collect(2, [](Communicator& c) {
+    float s[4] = {}, r[4] = {};
+    c.send_recv(s, 4, 1 - c.rank(), r, c.rank() == 1 ? 3 : 4, 1 - c.rank(), DType::F32).wait();
+  });
+  ASSERT_TRUE(holds<MismatchError>(errs[1])) << what(errs[1]);
+  EXPECT_NE(what(errs[1]).find("rank 0 sent F32 x 4 with tag 0, this rank expects F32 x 3"),
+            std::string::npos)
+      << what(errs[1]);
+  ASSERT_TRUE(holds<PeerFailedError>(errs[0])) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("this rank expects F32 x 3"), std::string::npos) << what(errs[0]);
+}
+
 TEST(InprocFailure, CommunicatorIsPoisonedAfterFailure) {
   auto errs = spawn_collect(2, [](Communicator& c) {
     float x[2] = {};

@@ -65,5 +65,8 @@ void check_broadcast(Communicator& c, size_t count, bool full);
 void check_all_to_all(Communicator& c, size_t count, bool full);
 void check_all_to_allv(Communicator& c, size_t count);
 void check_send_recv(Communicator& c, size_t count);
+// send_recv: a ring, pairs with unequal counts (and a rank paired with itself), a pipeline with
+// skipped halves, a no-op, and messages shared with send/recv; every dtype kind.
+void check_send_recv_exchange(Communicator& c, size_t count);
 
 }  // namespace tessera::comm::test

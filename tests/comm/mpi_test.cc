@@ -55,6 +55,7 @@ TEST_F(Mpi, AllOpsSmallCounts) {
     check_all_to_all(c, count, true);
     check_all_to_allv(c, count);
     check_send_recv(c, count);
+    check_send_recv_exchange(c, count);
   }
 }
 
@@ -67,6 +68,7 @@ TEST_F(Mpi, AllOpsLarge) {
   check_broadcast(c, kLarge, false);
   check_all_to_all(c, block, false);
   check_send_recv(c, kLarge);
+  check_send_recv_exchange(c, kLarge);
 }
 
 TEST_F(Mpi, SplitAndConcurrentCollectives) {
@@ -171,6 +173,65 @@ TEST_F(Mpi, RecvTimeoutNamesPeer) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("waiting for rank 1 to send"), std::string::npos)
         << e.what();
+  }
+}
+
+// A peer that never posts its half of an exchange: the exchange times out naming the peer.
+TEST_F(Mpi, SendRecvTimeoutNamesPeer) {
+  auto c = world().split(0, world().rank());
+  float s[2] = {1, 2}, r[2] = {};
+  if (c->rank() == 1) {
+    // Late: takes rank 0's (eagerly delivered) message only after rank 0 has timed out.
+    std::this_thread::sleep_for(600ms);
+    RecvOptions late;
+    late.tag = 4;
+    late.timeout = 30s;
+    c->recv(r, 2, DType::F32, 0, late).wait();
+    EXPECT_EQ(r[1], 2.0f);
+    return;
+  }
+  if (c->rank() != 0) return;
+  SendRecvOptions o;
+  o.timeout = 200ms;
+  o.send_tag = 4;
+  auto t0 = Clock::now();
+  try {
+    c->send_recv(s, 2, 1, r, 2, 1, DType::F32, o).wait();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("send_recv (F32 x 2 to rank 1 tag 4, F32 x 2 from rank 1 "
+                                         "tag 0) on communicator 'world.0' rank 0/"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("timed out after 200 ms waiting for rank 1 to send"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(since_ms(t0), 2000);
+  EXPECT_THROW(c->barrier().wait(), PeerFailedError);  // poisoned
+}
+
+// A receive that gets a different count than it expects fails with MismatchError, whether the
+// message is shorter or longer (MPI would truncate it).
+TEST_F(Mpi, SendRecvCountMismatch) {
+  for (size_t expect : {size_t{3}, size_t{5}}) {
+    auto c = world().split(world().rank() < 2 ? 0 : -1, world().rank());
+    if (!c) continue;
+    float s[4] = {1, 2, 3, 4}, r[5] = {};
+    const int other = 1 - c->rank();
+    // Rank 0 sends 4 and expects 4; rank 1 sends 4 and expects `expect`.
+    const size_t want = c->rank() == 1 ? expect : 4;
+    Work w = c->send_recv(s, 4, other, r, want, other, DType::F32);
+    if (c->rank() == 1) {
+      try {
+        w.wait();
+        ADD_FAILURE() << "expected a MismatchError";
+      } catch (const MismatchError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 0 sent"), std::string::npos) << e.what();
+      }
+    } else {
+      w.wait();
+    }
   }
 }
 

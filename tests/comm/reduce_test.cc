@@ -127,5 +127,43 @@ TEST(ReduceTo, IntegerAndBf16Dtypes) {
   }
 }
 
+TEST(ReduceTo, F64EveryOpStreamingOrNot) {
+  // 3 sources; values whose sums need double precision; destinations aligned and not.
+  const size_t count = 2051;
+  std::vector<std::vector<double>> src(3, std::vector<double>(count));
+  for (int j = 0; j < 3; ++j)
+    for (size_t i = 0; i < count; ++i)
+      src[j][i] = 1e8 + static_cast<double>((i * 7 + static_cast<size_t>(j) * 13) % 23) * 1e-7 -
+                  static_cast<double>(j);
+  const void* srcs[3] = {src[0].data(), src[1].data(), src[2].data()};
+  for (bool streaming : {false, true}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+      std::vector<double> a(count + 8, -99.0), b(count + 8, -99.0);
+      void* dsts[2] = {a.data(), b.data() + 3};
+      reduce_n_to(dsts, 2, streaming, srcs, 3, count, DType::F64, op, 3);
+      store_fence();
+      for (size_t i = 0; i < count; ++i) {
+        double want = src[0][i];
+        for (int j = 1; j < 3; ++j)
+          want = op == ReduceOp::Max   ? std::max(want, src[j][i])
+                 : op == ReduceOp::Min ? std::min(want, src[j][i])
+                                       : want + src[j][i];
+        if (op == ReduceOp::Mean) want /= 3;
+        ASSERT_EQ(a[i], want) << "op " << static_cast<int>(op) << " element " << i;
+        ASSERT_EQ(b[i + 3], want) << "op " << static_cast<int>(op) << " element " << i;
+      }
+      EXPECT_EQ(a[count], -99.0);
+      EXPECT_EQ(b[2], -99.0);
+      EXPECT_EQ(b[count + 3], -99.0);
+    }
+  }
+  // divide (the MPI backend's Mean) in place.
+  std::vector<double> x = {3.0, 1e-300, -7.5};
+  divide(x.data(), x.size(), DType::F64, 3);
+  EXPECT_EQ(x[0], 1.0);
+  EXPECT_EQ(x[1], 1e-300 / 3);
+  EXPECT_EQ(x[2], -2.5);
+}
+
 }  // namespace
 }  // namespace tessera::comm::detail

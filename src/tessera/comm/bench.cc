@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -16,7 +17,8 @@ using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string>& all_ops() {
   static const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter",
-                                               "broadcast", "all_to_all"};
+                                               "broadcast",  "all_to_all", "all_to_allv",
+                                               "send_recv"};
   return ops;
 }
 
@@ -25,6 +27,8 @@ double load(const void* buf, size_t i, DType t) {
   switch (t) {
     case DType::F32:
       return static_cast<const float*>(buf)[i];
+    case DType::F64:
+      return static_cast<const double*>(buf)[i];
     case DType::I32:
       return static_cast<const int32_t*>(buf)[i];
     case DType::I64:
@@ -39,6 +43,9 @@ void store(void* buf, size_t i, DType t, double v) {
   switch (t) {
     case DType::F32:
       static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DType::F64:
+      static_cast<double*>(buf)[i] = v;
       break;
     case DType::I32:
       static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
@@ -79,7 +86,7 @@ std::vector<std::string> parse_bench_ops(const std::string& csv) {
     if (std::find(all_ops().begin(), all_ops().end(), op) == all_ops().end())
       throw ConfigError("unknown op '" + op +
                         "' (expected all or a comma-separated list of all_reduce, all_gather, "
-                        "reduce_scatter, broadcast, all_to_all)");
+                        "reduce_scatter, broadcast, all_to_all, all_to_allv, send_recv)");
     out.push_back(op);
   }
   return out;
@@ -87,8 +94,21 @@ std::vector<std::string> parse_bench_ops(const std::string& csv) {
 
 double bus_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "broadcast") return 1.0;
+  if (op == "broadcast" || op == "send_recv") return 1.0;
   return static_cast<double>(n - 1) / n;
+}
+
+size_t alltoallv_count(int from, int to, int n, size_t elems) {
+  auto weight = [](int i, int j) {
+    const uint32_t h =
+        (static_cast<uint32_t>(i) * 31u + static_cast<uint32_t>(j) * 17u + 7u) * 2654435761u;
+    return static_cast<size_t>(1 + (h >> 28) % 8);
+  };
+  size_t total = 0, before = 0;
+  for (int j = 0; j < n; ++j) total += weight(from, j);
+  for (int j = 0; j < to; ++j) before += elems * weight(from, j) / total;
+  if (to == n - 1) return elems - before;
+  return elems * weight(from, to) / total;
 }
 
 int bench_iters(const BenchOptions& opts, size_t bytes) {
@@ -125,6 +145,8 @@ std::string bench_header(const Communicator& comm, const BenchOptions& opts) {
      << algorithm_name(opts.algorithm) << ", iters " << opts.iters
      << " (fewer above 1 MiB, at least " << opts.min_iters << "), warmup " << opts.warmup << "\n"
      << "# time: median over iterations of the slowest rank; GB/s = 1e9 bytes/s\n";
+  if (std::find(opts.ops.begin(), opts.ops.end(), "send_recv") != opts.ops.end())
+    os << "# send_recv: ping-pong between ranks 0 and 1; time = one way (half the round trip)\n";
   char line[160];
   std::snprintf(line, sizeof line, "%-15s %12s %12s %12s %12s %12s %6s\n", "# op", "bytes",
                 "elements", "time_us", "algbw_GB/s", "busbw_GB/s", "check");
@@ -153,6 +175,10 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
     for (int i = 0; i < 2000; ++i) comm.all_reduce(&x, 1, DType::F32).wait();
   }
   for (const std::string& op : opts.ops) {
+    if (op == "send_recv" && n < 2) {
+      if (out) *out << "# send_recv: a ping-pong needs 2 ranks; skipped\n";
+      continue;
+    }
     const bool per_rank = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
     for (size_t bytes = std::max<size_t>(opts.min_bytes, es); bytes <= opts.max_bytes; bytes *= 2) {
       // Elements of the large buffer; ops with per-rank blocks need a multiple of n.
@@ -162,6 +188,17 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
       size_t send_elems = elems, recv_elems = elems;
       if (op == "all_gather") send_elems = block;
       if (op == "reduce_scatter") recv_elems = block;
+      // all_to_allv: this rank's counts, and where its block starts in each sender's buffer.
+      std::vector<size_t> sc(n), rc(n), src_off(n);
+      if (op == "all_to_allv") {
+        recv_elems = 0;
+        for (int j = 0; j < n; ++j) {
+          sc[j] = alltoallv_count(me, j, n, elems);
+          rc[j] = alltoallv_count(j, me, n, elems);
+          recv_elems += rc[j];
+          for (int k = 0; k < me; ++k) src_off[j] += alltoallv_count(j, k, n, elems);
+        }
+      }
       const size_t pair = (send_elems + recv_elems) * es;
       const int nbuf = static_cast<int>(
           std::clamp<size_t>(opts.rotate_bytes / std::max<size_t>(pair, 1), 2, 64));
@@ -184,8 +221,16 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
           comm.reduce_scatter(s, r, block, t).wait();
         } else if (op == "broadcast") {
           comm.broadcast(s, elems, t).wait();  // in place: root 0's pattern
-        } else {
+        } else if (op == "all_to_all") {
           comm.all_to_all(s, r, block, t).wait();
+        } else if (op == "all_to_allv") {
+          comm.all_to_allv(s, sc, r, rc, t).wait();
+        } else if (me == 0) {  // send_recv ping-pong
+          comm.send_recv(s, elems, 1, nullptr, 0, -1, t).wait();
+          comm.send_recv(nullptr, 0, -1, r, elems, 1, t).wait();
+        } else if (me == 1) {  // echoes what it received
+          comm.send_recv(nullptr, 0, -1, r, elems, 0, t).wait();
+          comm.send_recv(r, elems, 0, nullptr, 0, -1, t).wait();
         }
       };
       // Correctness first.
@@ -202,8 +247,16 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
           for (int r = 0; r < n; ++r) want += value(r, me * block + i);
         } else if (op == "broadcast") {
           want = value(0, i);
-        } else {
+        } else if (op == "all_to_all") {
           want = value(static_cast<int>(i / block), me * block + i % block);
+        } else if (op == "all_to_allv") {
+          size_t off = i;
+          int j = 0;
+          while (off >= rc[j]) off -= rc[j++];
+          want = value(j, src_off[j] + off);
+        } else {
+          if (me > 1) break;   // not in the ping-pong
+          want = value(0, i);  // rank 1 received rank 0's message and sent it back
         }
         if (load(res, i, t) != want) ok = 0;
       }
@@ -219,6 +272,7 @@ std::vector<BenchRow> bench_collectives(Communicator& comm, const BenchOptions& 
       row.elements = elems;
       row.ok = ok != 0;
       row.median_us = time_collective_us(comm, warm, iters, [&](int i) { run(i + 1); });
+      if (op == "send_recv") row.median_us /= 2;  // one way: half the round trip
       row.algbw_gbs = row.median_us > 0 ? row.bytes / (row.median_us * 1e3) : 0;
       row.busbw_gbs = row.algbw_gbs * bus_factor(op, n);
       rows.push_back(row);

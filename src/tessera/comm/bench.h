@@ -2,10 +2,17 @@
 // `tessera bench-comm` command and the bench_comm binary share it.
 //
 // Conventions (nccl-tests): `bytes` is the size of the larger buffer of one rank (AllReduce and
-// Broadcast: the buffer; AllGather: the gathered output; ReduceScatter: the input; AllToAll: the
-// send buffer). algbw = bytes / time; busbw = algbw x 2(n-1)/n (AllReduce), x (n-1)/n (AllGather,
-// ReduceScatter, AllToAll), x 1 (Broadcast). Times: before every iteration a barrier; each rank
-// times its call; an iteration's time is the maximum over ranks; the table shows the median.
+// Broadcast: the buffer; AllGather: the gathered output; ReduceScatter: the input; AllToAll and
+// AllToAllV: the send buffer; SendRecv: the message). algbw = bytes / time; busbw = algbw x
+// 2(n-1)/n (AllReduce), x (n-1)/n (AllGather, ReduceScatter, AllToAll, AllToAllV), x 1
+// (Broadcast, SendRecv). Times: before every iteration a barrier; each rank times its call; an
+// iteration's time is the maximum over ranks; the table shows the median.
+//
+// send_recv is a ping-pong between ranks 0 and 1 (the others wait at the barrier): rank 0 sends
+// the message with send_recv(to 1, no receive), rank 1 receives it with send_recv(no send, from 0)
+// and sends it back the same way; time_us is half the round trip (the one-way latency) and
+// algbw = bytes / that. all_to_allv: every rank sends `bytes` in all, split over the ranks by
+// deterministic pseudo-random weights (alltoallv_count), so the blocks differ in size.
 // Every size is checked for correctness before it is timed, and buffers rotate through a pool
 // (BenchOptions::rotate_bytes per rank) so that large sizes are not measured from cache.
 #pragma once
@@ -20,8 +27,8 @@
 namespace tessera::comm {
 
 struct BenchOptions {
-  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                  "all_to_all"};
+  std::vector<std::string> ops = {"all_reduce", "all_gather",  "reduce_scatter", "broadcast",
+                                  "all_to_all", "all_to_allv", "send_recv"};
   size_t min_bytes = 4;
   size_t max_bytes = size_t{256} << 20;
   int iters = 20;     // timed iterations at sizes up to 1 MiB; fewer above, down to min_iters
@@ -41,6 +48,11 @@ struct BenchRow {
   double busbw_gbs = 0;
   bool ok = false;  // the correctness check passed
 };
+
+// Elements rank `from` sends rank `to` in the all_to_allv benchmark: `elems` split over the n
+// ranks in proportion to weights 1..8 drawn from (from, to) by a fixed hash; the last rank gets
+// the remainder, so a rank sends exactly `elems`. Every rank computes every count.
+size_t alltoallv_count(int from, int to, int n, size_t elems);
 
 // "all_reduce,all_gather" or "all" -> op names; throws ConfigError on unknown names.
 std::vector<std::string> parse_bench_ops(const std::string& csv);

@@ -1,7 +1,9 @@
 #include "tessera/comm/communicator.h"
 
+#include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 namespace tessera::comm {
 
@@ -55,19 +57,39 @@ std::exception_ptr Communicator::record_failure(std::exception_ptr e, const OpDe
 
 void Communicator::validate(const OpDesc& d) const {
   const int n = size();
-  auto fail = [&](const std::string& why) {
-    throw CommUsageError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
-                                        rank(), "/", n, ": ", why));
-  };
+  auto fail = [&](const std::string& why) { throw CommUsageError(where(d) + ": " + why); };
   if ((d.type == OpType::AllReduce || d.type == OpType::ReduceScatter) &&
       !detail::reduction_supported(d.dtype))
-    fail(detail::concat("reductions support F32, BF16, I32 and I64, not ", dtype_name(d.dtype)));
+    fail(detail::concat("reductions support F32, F64, BF16, I32 and I64, not ",
+                        dtype_name(d.dtype)));
   if (d.type == OpType::Broadcast && (d.root < 0 || d.root >= n))
     fail(detail::concat("root ", d.root, " is not a rank of a communicator of size ", n));
   if (d.type == OpType::Send || d.type == OpType::Recv) {
     if (d.root < 0 || d.root >= n || d.root == rank())
       fail(detail::concat("peer ", d.root, " is not another rank of a communicator of size ", n));
     if (d.tag < 0) fail("tags must be non-negative");
+  }
+  if (d.type == OpType::SendRecv) {
+    for (auto [peer, half] : {std::pair{d.root, "send"}, std::pair{d.recv_peer, "receive"}})
+      if (peer < -1 || peer >= n)
+        fail(detail::concat(half, " peer ", peer, " is not a rank of a communicator of size ", n,
+                            " (or -1 to skip the ", half, ")"));
+    if ((d.root == rank()) != (d.recv_peer == rank()))
+      fail(
+          "a rank exchanges with itself only in one call: send_peer == rank() requires "
+          "recv_peer == rank() and vice versa");
+    if (d.tag < 0 || d.recv_tag < 0) fail("tags must be non-negative");
+    const size_t es = dtype_size(d.dtype);
+    const size_t sb = d.root >= 0 ? d.count * es : 0, rb = d.recv_peer >= 0 ? d.recv_count * es : 0;
+    if (sb && d.send == nullptr) fail("null send buffer");
+    if (rb && d.recv == nullptr) fail("null recv buffer");
+    const auto s0 = reinterpret_cast<uintptr_t>(d.send), r0 = reinterpret_cast<uintptr_t>(d.recv);
+    if (sb && rb && s0 < r0 + rb && r0 < s0 + sb) fail("the send and recv buffers overlap");
+    if (d.root == rank() && (d.count != d.recv_count || d.tag != d.recv_tag))
+      fail(detail::concat("exchanging with itself, this rank sends ", d.count,
+                          " elements with tag ", d.tag, " but receives ", d.recv_count,
+                          " with tag ", d.recv_tag));
+    return;
   }
   if (d.type == OpType::AllToAllV &&
       (static_cast<int>(d.send_counts.size()) != n || static_cast<int>(d.recv_counts.size()) != n))
@@ -91,14 +113,20 @@ void Communicator::run_local(const OpDesc& d) {
       break;
     case OpType::AllToAllV:
       if (d.send_counts[0] != d.recv_counts[0])
-        throw MismatchError(detail::concat("all_to_allv on communicator '", name(),
-                                           "': rank 0 sends ", d.send_counts[0],
+        throw MismatchError(detail::concat(where(d), ": rank 0 sends ", d.send_counts[0],
                                            " elements to itself but expects ", d.recv_counts[0]));
       copy(d.send_counts[0]);
+      break;
+    case OpType::SendRecv:
+      if (d.root == 0) exchange_with_self(d);  // validated: the peers are 0 or both -1
       break;
     default:
       break;  // Broadcast (in place), Barrier: nothing to do
   }
+}
+
+void Communicator::exchange_with_self(const OpDesc& d) {
+  if (d.count && d.send != d.recv) std::memcpy(d.recv, d.send, d.count * dtype_size(d.dtype));
 }
 
 Work Communicator::submit(OpDesc d, bool async) {
@@ -116,7 +144,7 @@ Work Communicator::submit(OpDesc d, bool async) {
   std::unique_lock lk(mu_);
   if (failure_) {
     return Work::failed(std::make_exception_ptr(PeerFailedError(detail::concat(
-        d.describe(), " on communicator '", name(), "' rank ", rank(), "/", size(),
+        where(d),
         " not run: the communicator is unusable after an earlier failure: ", what_of(failure_)))));
   }
   if (!async && queue_.empty() && !busy_) {
@@ -128,8 +156,7 @@ Work Communicator::submit(OpDesc d, bool async) {
       return Work::failed(record_failure(std::current_exception(), d));
     }
   }
-  Work w = Work::pending(
-      detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank(), "/", size()));
+  Work w = Work::pending(where(d));
   queue_.push_back(Task{std::move(d), w});
   if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
   lk.unlock();
@@ -156,7 +183,7 @@ void Communicator::progress_loop() {
     std::exception_ptr err;
     if (failed) {
       err = std::make_exception_ptr(PeerFailedError(detail::concat(
-          t.desc.describe(), " on communicator '", name(), "' rank ", rank(), "/", size(),
+          where(t.desc),
           " not run: the communicator is unusable after an earlier failure: ", what_of(failed))));
     } else {
       try {
@@ -175,17 +202,18 @@ void Communicator::progress_loop() {
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, Timeout timeout) {
   drain();
+  OpDesc d;
+  d.type = OpType::Split;
+  d.seq = seq_ + 1;
   {
     std::lock_guard lk(mu_);
     if (failure_)
-      throw PeerFailedError(detail::concat("split on communicator '", name(), "' rank ", rank(),
+      throw PeerFailedError(detail::concat(where(d),
                                            " not run: the communicator is unusable after an "
                                            "earlier failure: ",
                                            what_of(failure_)));
   }
   ++seq_;
-  OpDesc d;
-  d.type = OpType::Split;
   try {
     return do_split(color, key, resolve_timeout(timeout));
   } catch (...) {
@@ -267,6 +295,18 @@ Work Communicator::recv(void* buf, size_t count, DType dtype, int peer, const Re
   return submit(std::move(d), o.async);
 }
 
+Work Communicator::send_recv(const void* send, size_t send_count, int send_peer, void* recv,
+                             size_t recv_count, int recv_peer, DType dtype,
+                             const SendRecvOptions& o) {
+  OpDesc d = make_desc(OpType::SendRecv, send, recv, send_count, dtype, o);
+  d.root = send_peer;
+  d.tag = o.send_tag;
+  d.recv_count = recv_count;
+  d.recv_peer = recv_peer;
+  d.recv_tag = o.recv_tag;
+  return submit(std::move(d), o.async);
+}
+
 Work Communicator::barrier(const BarrierOptions& o) {
   return submit(make_desc(OpType::Barrier, nullptr, nullptr, 0, DType::F32, o), o.async);
 }
@@ -316,6 +356,17 @@ Work Communicator::send(const Tensor& buf, int peer, const SendOptions& o) {
 
 Work Communicator::recv(Tensor& buf, int peer, const RecvOptions& o) {
   return recv(buf.raw(), static_cast<size_t>(buf.numel()), buf.dtype(), peer, o);
+}
+
+Work Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer,
+                             const SendRecvOptions& o) {
+  const bool both = send_peer >= 0 && recv_peer >= 0;
+  check_sizes(!both || send.dtype() == recv.dtype(), "send_recv", send, recv, "the same dtype");
+  const DType t = send_peer >= 0 ? send.dtype() : recv.dtype();
+  return send_recv(send_peer >= 0 ? send.raw() : nullptr,
+                   send_peer >= 0 ? static_cast<size_t>(send.numel()) : 0, send_peer,
+                   recv_peer >= 0 ? recv.raw() : nullptr,
+                   recv_peer >= 0 ? static_cast<size_t>(recv.numel()) : 0, recv_peer, t, o);
 }
 
 }  // namespace tessera::comm

@@ -1,14 +1,14 @@
 // Communicator: the collective-communication interface every parallel method stands on.
 //
-// Contract (DESIGN.md 3.7): all ranks of a communicator call collectives in the same order. Every
-// call has a deadline (the communicator's default, or OpOptions::timeout). A failed call poisons
-// the communicator: later calls on it fail at once with PeerFailedError. On the inproc backend a
-// failure (error, timeout, rank that throws or returns early) also poisons every communicator of
-// the world, so every rank fails fast instead of hanging.
+// Contract (docs/COMM.md, "Failure behaviour"): all ranks of a communicator call collectives in the
+// same order. Every call has a deadline (the communicator's default, or OpOptions::timeout). A
+// failed call poisons the communicator: later calls on it fail at once with PeerFailedError. On the
+// inproc backend a failure (error, timeout, rank that throws or returns early) also poisons every
+// communicator of the world, so every rank fails fast instead of hanging.
 //
 // Buffers are raw pointers + element count + dtype (later layers reduce slices of flat gradient
-// buffers); Tensor overloads forward to them. Reductions support F32, BF16, I32 and I64 (Mean on
-// integers truncates); data movement supports every dtype. In place: pass the same pointer as
+// buffers); Tensor overloads forward to them. Reductions support F32, F64, BF16, I32 and I64 (Mean
+// on integers truncates); data movement supports every dtype. In place: pass the same pointer as
 // send and recv (AllReduce), or send == recv + rank*count (AllGather), or recv == send +
 // rank*count (ReduceScatter), or send == recv (AllToAll).
 //
@@ -89,6 +89,21 @@ class Communicator {
   Work send(const Tensor& buf, int peer, const SendOptions& o = {});
   Work recv(void* buf, size_t count, DType dtype, int peer, const RecvOptions& o = {});
   Work recv(Tensor& buf, int peer, const RecvOptions& o = {});
+  // Paired exchange (MPI_Sendrecv): sends send_count elements to send_peer and receives
+  // recv_count elements from recv_peer at once, so that pairs and rings of exchanges cannot
+  // deadlock (pipeline parallelism: send activations on, receive gradients back). Either peer may
+  // be -1 to skip that half; the peers may be the same rank. A rank exchanges with itself only in
+  // one call (send_peer == rank() exactly when recv_peer == rank(); a copy). The messages are
+  // those of send/recv: a send_recv's message may be taken by a recv with its tag and vice versa,
+  // and the receive must match the message's dtype and count (else MismatchError). Completes when
+  // its own receive has completed and its send buffer may be reused; on the inproc backend the
+  // receiver copies straight out of the send buffer, so that is when the peer has received it.
+  // The two buffers must not overlap.
+  Work send_recv(const void* send, size_t send_count, int send_peer, void* recv, size_t recv_count,
+                 int recv_peer, DType dtype, const SendRecvOptions& o = {});
+  // Tensor form: the tensors must have the same dtype; the tensor of a skipped half is ignored.
+  Work send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer,
+                 const SendRecvOptions& o = {});
   Work barrier(const BarrierOptions& o = {});
 
   // Number of collectives issued so far (the next one gets seq_issued() + 1).
@@ -106,6 +121,13 @@ class Communicator {
   // Derived destructors call this first: finishes queued work and joins the progress thread.
   void stop_progress_thread();
   Timeout resolve_timeout(Timeout t) const { return t == kDefaultTimeout ? opts_.timeout : t; }
+  // "all_reduce #2 (F32 x 1048576, sum) on communicator 'world' rank 0/3": the prefix of every
+  // error message about `d` (detail::op_context).
+  std::string where(const detail::OpDesc& d) const {
+    return detail::op_context(d, name(), rank(), size());
+  }
+  // A send_recv of a rank with itself (d.root == d.recv_peer == rank()): copies send to recv.
+  static void exchange_with_self(const detail::OpDesc& d);
 
  private:
   Work submit(detail::OpDesc d, bool async);

@@ -55,6 +55,8 @@ std::string_view op_name(OpType t) {
       return "send";
     case OpType::Recv:
       return "recv";
+    case OpType::SendRecv:
+      return "send_recv";
     case OpType::Barrier:
       return "barrier";
     case OpType::Split:
@@ -64,11 +66,12 @@ std::string_view op_name(OpType t) {
 }
 
 bool is_collective(OpType t) {
-  return t != OpType::Send && t != OpType::Recv;
+  return t != OpType::Send && t != OpType::Recv && t != OpType::SendRecv;
 }
 
 bool reduction_supported(DType t) {
-  return t == DType::F32 || t == DType::BF16 || t == DType::I32 || t == DType::I64;
+  return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::I32 ||
+         t == DType::I64;
 }
 
 Fingerprint fingerprint_of(const OpDesc& d) {
@@ -104,7 +107,28 @@ std::string OpDesc::describe() const {
        << (type == OpType::Send ? ", to rank " : ", from rank ") << root << ")";
     return os.str();
   }
+  if (type == OpType::SendRecv) {
+    std::ostringstream os;
+    os << op_name(type) << " (";
+    if (root >= 0)
+      os << dtype_name(dtype) << " x " << count << " to rank " << root << " tag " << tag;
+    if (root >= 0 && recv_peer >= 0) os << ", ";
+    if (recv_peer >= 0)
+      os << dtype_name(dtype) << " x " << recv_count << " from rank " << recv_peer << " tag "
+         << recv_tag;
+    if (root < 0 && recv_peer < 0) os << "nothing";
+    os << ")";
+    return os.str();
+  }
   return fingerprint_str(fingerprint_of(*this));
+}
+
+std::string op_context(std::string_view what, std::string_view comm_name, int rank, int size) {
+  return concat(what, " on communicator '", comm_name, "' rank ", rank, "/", size);
+}
+
+std::string op_context(const OpDesc& d, std::string_view comm_name, int rank, int size) {
+  return op_context(d.describe(), comm_name, rank, size);
 }
 
 static std::string rank_list(const std::vector<int>& ranks) {
@@ -133,8 +157,7 @@ void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& 
     if (!found) groups.push_back({fps[r], {r}});
   }
   std::ostringstream os;
-  os << "collective mismatch on communicator '" << comm_name << "' (seen by rank " << my_rank
-     << "): ";
+  os << op_context("collective mismatch", comm_name, my_rank, static_cast<int>(fps.size())) << ": ";
   for (size_t i = 0; i < groups.size(); ++i)
     os << (i ? "; " : "") << rank_list(groups[i].second) << " called "
        << fingerprint_str(groups[i].first);

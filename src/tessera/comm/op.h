@@ -20,6 +20,7 @@ enum class OpType : uint8_t {
   AllToAllV,
   Send,
   Recv,
+  SendRecv,
   Barrier,
   Split,
 };
@@ -35,17 +36,28 @@ struct OpDesc {
   size_t count = 0;
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
-  int root = -1;  // Broadcast root; Send/Recv peer
-  int tag = 0;
+  int root = -1;  // Broadcast root; Send/Recv peer; SendRecv: the peer sent to (-1: no send)
+  int tag = 0;    // Send/Recv; SendRecv: the tag of the message sent
+  // SendRecv: the receiving half (the sending half is send, count, root and tag).
+  size_t recv_count = 0;
+  int recv_peer = -1;  // -1: no receive
+  int recv_tag = 0;
   Algorithm algorithm = Algorithm::Auto;
   std::vector<size_t> send_counts, recv_counts;  // AllToAllV: elements per peer, packed
   Timeout timeout{0};                            // resolved (never kDefaultTimeout)
   uint64_t seq = 0;                              // collective sequence number in this comm, from 1
   int color = 0, key = 0;                        // Split
 
-  // "all_reduce #5 (F32 x 1000, sum)"
+  // "all_reduce #5 (F32 x 1000, sum)"; "send_recv (F32 x 4 to rank 1 tag 0, F32 x 4 from rank 3
+  // tag 0)".
   std::string describe() const;
 };
+
+// The prefix of every error message about one operation, built here and nowhere else:
+// "all_reduce #2 (F32 x 1048576, sum) on communicator 'world' rank 0/3".
+std::string op_context(const OpDesc& d, std::string_view comm_name, int rank, int size);
+// The same for an operation named by `what` alone ("split #3").
+std::string op_context(std::string_view what, std::string_view comm_name, int rank, int size);
 
 // What ranks compare in debug mode (and always, on the inproc backend).
 struct Fingerprint {
@@ -61,11 +73,14 @@ Fingerprint fingerprint_of(const OpDesc& d);
 std::string fingerprint_str(const Fingerprint& f);  // "all_reduce #5 (F32 x 1000, sum)"
 
 // Throws MismatchError when the fingerprints of the ranks differ. `fps[r]` is rank r's. The message
-// names the op, the communicator and which ranks called what; every rank computes the same text.
+// names the communicator and which ranks called what ("collective mismatch on communicator 'world'
+// rank 0/3: ranks 0,2 called all_reduce #1 (F32 x 2, sum); rank 1 called all_gather #1 (F32 x
+// 1)"); only the rank in it differs between ranks.
 void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& comm_name,
                         int my_rank);
 
-// Elements of `count` bytes for a reduce op / dtype pair that a reduction supports.
+// Whether all_reduce and reduce_scatter accept elements of this dtype (F32, F64, BF16, I32, I64;
+// every reduce op applies to each of them).
 bool reduction_supported(DType t);
 
 }  // namespace tessera::comm::detail

@@ -17,13 +17,16 @@ inline constexpr Timeout kDefaultTimeout{-1};
 enum class ReduceOp : uint8_t { Sum, Mean, Max, Min };
 std::string_view reduce_op_name(ReduceOp op);
 
-// AllReduce algorithm. Auto picks by message size; the others force one (tests cover each).
+// AllReduce algorithm of the inproc backend. Auto picks by message size and rank count; the others
+// force one (tests cover each).
 //   Small:  copy into a per-rank staging slot, one barrier, every rank reduces all slots
-//           (lowest latency; only for messages up to CommOptions::small_max_bytes).
-//   Direct: zero-copy; rank r reduces chunk r block by block, reading every peer's input in
-//           place and writing the result into every rank's output (inproc only).
+//           (lowest latency; up to CommOptions::small_max_bytes, above which Direct runs).
+//   Direct: zero-copy; the message is cut into blocks that the ranks claim from a shared queue;
+//           the rank that claims a block reduces it reading every rank's input in place and
+//           writes the result into every rank's output (docs/COMM.md).
 //   Ring:   chunked, pipelined ring ReduceScatter followed by ring AllGather.
-// The MPI backend always uses the MPI library's own algorithm and ignores this field.
+// The MPI backend ignores this field: it runs its own ring over point-to-point messages for
+// mid-sized messages and MPI_Iallreduce otherwise (docs/COMM.md gives the sizes and why).
 enum class Algorithm : uint8_t { Auto, Small, Direct, Ring };
 std::string_view algorithm_name(Algorithm a);
 
@@ -54,6 +57,10 @@ struct SendOptions : OpOptions {
 };
 struct RecvOptions : OpOptions {
   int tag = 0;
+};
+struct SendRecvOptions : OpOptions {
+  int send_tag = 0;  // tag of the message sent
+  int recv_tag = 0;  // tag of the message received
 };
 
 inline constexpr size_t kDefaultStreamMinBytes = size_t{4} << 20;

@@ -103,8 +103,8 @@ void reduce_typed_blocks(const Dsts& dst, const void* const* srcs, int k, size_t
 // Streaming fast path: `lines` whole 64-byte lines from element `start`, every destination
 // 64-byte aligned there. Each line is loaded from every source, combined in registers and stored
 // to every destination at once: loads and stores stay interleaved, which keeps more memory
-// requests in flight than the accumulator's separate read and write phases (measured 1.6x at 16
-// MiB on 2 threads).
+// requests in flight than the accumulator's separate read and write phases (faster at 16 MiB on
+// 2 threads; the figures are in docs/PERFORMANCE.md, "Collectives").
 template <typename T, typename F>
 void reduce_typed_lines(const Dsts& dst, const void* const* srcs, int k, size_t start, size_t lines,
                         int div) {
@@ -180,6 +180,9 @@ void dispatch(const Dsts& dst, const void* const* srcs, int k, size_t count, DTy
   switch (dtype) {
     case DType::F32:
       reduce_typed<float>(dst, srcs, k, count, f, div);
+      return;
+    case DType::F64:
+      reduce_typed<double>(dst, srcs, k, count, f, div);
       return;
     case DType::I32:
       reduce_typed<int32_t>(dst, srcs, k, count, f, div);

@@ -11,7 +11,8 @@ namespace tessera::comm::detail {
 // dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[k-1][i]) for i < count, combining in source order
 // (so every rank computing the same element gets the same bits). Mean combines as Sum and, when
 // mean_divisor > 0, divides the result by it. dst may alias a source exactly (in place).
-// bf16 is accumulated in fp32 across the k sources and rounded once.
+// bf16 is accumulated in fp32 across the k sources and rounded once; F32, F64, I32 and I64 in
+// their own type.
 void reduce_n(void* dst, const void* const* srcs, int k, size_t count, DType dtype, ReduceOp op,
               int mean_divisor);
 

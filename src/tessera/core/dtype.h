@@ -7,7 +7,8 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64, U16, U8 };
+// F64 comes last so that the values of the others stay what they were.
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, U16, U8, F64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -25,6 +26,8 @@ constexpr size_t dtype_size(DType t) {
       return 2;
     case DType::U8:
       return 1;
+    case DType::F64:
+      return 8;
   }
   return 0;
 }
@@ -46,6 +49,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "U16";
     case DType::U8:
       return "U8";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }

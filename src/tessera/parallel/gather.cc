@@ -20,10 +20,8 @@ std::vector<std::string> all_gather_strings(comm::Communicator& c, const std::st
 }
 
 double all_reduce_sum(comm::Communicator& c, double x) {
-  float parts[2] = {static_cast<float>(x), 0.0f};
-  parts[1] = static_cast<float>(x - static_cast<double>(parts[0]));
-  c.all_reduce(parts, 2, DType::F32).wait();
-  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+  c.all_reduce(&x, 1, DType::F64).wait();
+  return x;
 }
 
 }  // namespace tessera::parallel

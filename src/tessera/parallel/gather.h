@@ -11,7 +11,7 @@ namespace tessera::parallel {
 
 // Every rank's string, in rank order, on every rank.
 std::vector<std::string> all_gather_strings(comm::Communicator& c, const std::string& s);
-// The sum over ranks of `x`, carried as two floats so it keeps about double precision.
+// The sum over ranks of `x` (an F64 all-reduce: every rank gets the same double).
 double all_reduce_sum(comm::Communicator& c, double x);
 
 }  // namespace tessera::parallel

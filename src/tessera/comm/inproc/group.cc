@@ -43,9 +43,30 @@ Group::Group(std::shared_ptr<WorldState> w, std::vector<int> ranks, std::string 
   mail = std::make_unique<Mailbox[]>(n);
 }
 
+void Mailbox::idle(std::unique_lock<std::mutex>& lk, int iter,
+                   std::chrono::steady_clock::time_point deadline, bool oversubscribed) {
+  if (iter < 200) {
+    const uint64_t v = version.load(std::memory_order_acquire);
+    lk.unlock();
+    if (iter == 0) {
+      const int spins = oversubscribed ? 64 : 20000;
+      for (int i = 0; i < spins && version.load(std::memory_order_acquire) == v; ++i)
+        TESSERA_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+    lk.lock();
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (now < deadline)
+    cv.wait_for(lk, std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(2),
+                                                                  deadline - now));
+}
+
 std::string WaitCtx::describe() const {
-  return detail::concat(desc ? desc->describe() : std::string(what), " on communicator '",
-                        g->opts.name, "' rank ", rank, "/", g->n);
+  return desc ? detail::op_context(*desc, g->opts.name, rank, g->n)
+              : detail::op_context(what, g->opts.name, rank, g->n);
 }
 
 static std::string rank_list(const std::vector<int>& r) {

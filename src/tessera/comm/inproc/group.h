@@ -54,18 +54,35 @@ struct SlotData {
   unsigned char* staging = nullptr;  // small_max_bytes, 64-byte aligned
 };
 
+// A point-to-point message in its destination's mailbox. send() is eager: `data` holds a copy.
+// send_recv() lends its buffer instead: the receiver copies from `lent` and then sets `*consumed`
+// under the sender's mailbox lock and notifies that mailbox; the sender waits for it before it
+// returns (or takes the message back out of the queue when it fails first).
 struct Message {
   int src = 0;
   int tag = 0;
   DType dtype = DType::F32;
   size_t count = 0;
   std::vector<unsigned char> data;
+  const void* lent = nullptr;
+  std::atomic<bool>* consumed = nullptr;  // non-null: a lent message
 };
 
 struct Mailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Message> q;
+  // Bumped, under `mu`, whenever a message arrives or one this rank lent is consumed, so a
+  // waiter can spin on it without the lock.
+  std::atomic<uint64_t> version{0};
+
+  // Under `mu`: records a change and wakes the waiters.
+  void changed() { version.fetch_add(1, std::memory_order_release); }
+  // Between two checks of a point-to-point wait (`lk` holds `mu`): spins while nothing changes
+  // (iteration 0), then yields (iterations 1-199), then sleeps on `cv` in slices of at most 2 ms,
+  // as wait_counters does; never past `deadline`.
+  void idle(std::unique_lock<std::mutex>& lk, int iter,
+            std::chrono::steady_clock::time_point deadline, bool oversubscribed);
 };
 
 struct Group {
@@ -109,7 +126,7 @@ struct WaitCtx {
   const detail::OpDesc* desc;  // may be null (split)
   std::string_view what;       // used when desc is null
   std::chrono::steady_clock::time_point deadline;
-  std::string describe() const;  // "all_reduce #3 (F32 x 8, sum) on 'world' rank 1/4"
+  std::string describe() const;  // "all_reduce #3 (F32 x 8, sum) on communicator 'world' rank 1/4"
 };
 
 // Waits until counters[p].v >= target for every rank p of the group (skipping `skip`, if >= 0),

@@ -62,6 +62,15 @@ class InprocCommunicator final : public Communicator {
   void all_to_allv(const OpDesc& d);
   void send(const OpDesc& d);
   void recv(const OpDesc& d);
+  void send_recv(const OpDesc& d);
+  // Point to point: takes the oldest message from `src` with `tag` out of this rank's mailbox
+  // into `dst` (`count` elements of d.dtype, else MismatchError); false when there is none yet.
+  // `lk` holds this rank's mailbox lock (released while a lent message is copied).
+  bool take(std::unique_lock<std::mutex>& lk, const OpDesc& d, int src, int tag, size_t count,
+            void* dst);
+  // A rank that stopped waiting for a lent message to be consumed: takes it back out of the
+  // destination's mailbox, or waits (bounded) until the receiver that took it has copied it.
+  void withdraw(const OpDesc& d, std::atomic<bool>& consumed);
   // After a failure inside collective `seq`: waits (bounded) until every peer that has arrived at
   // `seq` has left it, so no peer still reads this rank's buffers when the error reaches the
   // caller.
@@ -88,11 +97,10 @@ void InprocCommunicator::on_failure(const std::exception_ptr& e) {
 
 void InprocCommunicator::execute(const OpDesc& d) {
   if (g_->world->poisoned.load(std::memory_order_acquire))  // entering a poisoned world
-    throw PeerFailedError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
-                                         rank_, "/", g_->n,
-                                         " not run: ", g_->world->poison_reason()));
+    throw PeerFailedError(where(d) + " not run: " + g_->world->poison_reason());
   if (d.type == OpType::Send) return send(d);
   if (d.type == OpType::Recv) return recv(d);
+  if (d.type == OpType::SendRecv) return send_recv(d);
   try {
     collective(d);
   } catch (...) {
@@ -152,8 +160,8 @@ void InprocCommunicator::collective(const OpDesc& d) {
   detail::check_fingerprints(fps, g.opts.name, rank_);
   for (int p = 0; p < g.n; ++p)
     if (peer(p, s).algo != me.algo)
-      throw MismatchError(detail::concat(d.describe(), " on communicator '", name(),
-                                         "': ranks chose different algorithms (rank ", p, ": ",
+      throw MismatchError(detail::concat(where(d), ": ranks chose different algorithms (rank ", p,
+                                         ": ",
                                          algorithm_name(static_cast<Algorithm>(peer(p, s).algo)),
                                          ", rank ", rank_, ": ", algorithm_name(algo), ")"));
 
@@ -340,8 +348,7 @@ void InprocCommunicator::all_to_allv(const OpDesc& d) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j)
       if (peer(i, d.seq).send_counts[j] != peer(j, d.seq).recv_counts[i])
-        throw MismatchError(detail::concat("all_to_allv #", d.seq, " on communicator '", name(),
-                                           "' (seen by rank ", rank_, "): rank ", i, " sends ",
+        throw MismatchError(detail::concat(where(d), ": rank ", i, " sends ",
                                            peer(i, d.seq).send_counts[j], " elements to rank ", j,
                                            ", which expects ", peer(j, d.seq).recv_counts[i]));
   auto* out = static_cast<unsigned char*>(d.recv);
@@ -358,7 +365,10 @@ void InprocCommunicator::all_to_allv(const OpDesc& d) {
   }
 }
 
-// Point to point: eager. send copies into the destination's mailbox and completes at once.
+// Point to point. send is eager: it copies the message into the destination's mailbox and
+// completes at once. send_recv lends its buffer: the receiver copies straight out of it (one copy
+// instead of two, no allocation) and send_recv returns once that copy is done and its own receive
+// has completed. Both post before they wait, so exchanges in pairs or rings cannot deadlock.
 void InprocCommunicator::send(const OpDesc& d) {
   Message m;
   m.src = rank_;
@@ -369,51 +379,149 @@ void InprocCommunicator::send(const OpDesc& d) {
   m.data.resize(bytes);
   if (bytes) std::memcpy(m.data.data(), d.send, bytes);
   if (g_->world->poisoned.load(std::memory_order_acquire))
-    throw PeerFailedError(detail::concat(d.describe(), " on communicator '", name(), "' rank ",
-                                         rank_, " aborted: ", g_->world->poison_reason()));
+    throw PeerFailedError(where(d) + " aborted: " + g_->world->poison_reason());
   Mailbox& mb = g_->mail[d.root];
   {
     std::lock_guard lk(mb.mu);
     mb.q.push_back(std::move(m));
+    mb.changed();
   }
   mb.cv.notify_all();
+}
+
+bool InprocCommunicator::take(std::unique_lock<std::mutex>& lk, const OpDesc& d, int src, int tag,
+                              size_t count, void* dst) {
+  Mailbox& mb = g_->mail[rank_];
+  for (auto it = mb.q.begin(); it != mb.q.end(); ++it) {
+    if (it->src != src || it->tag != tag) continue;
+    if (it->dtype != d.dtype || it->count != count)
+      throw MismatchError(detail::concat(
+          where(d), ": rank ", src, " sent ", dtype_name(it->dtype), " x ", it->count, " with tag ",
+          tag, ", this rank expects ", dtype_name(d.dtype), " x ", count));
+    const size_t bytes = count * dtype_size(d.dtype);
+    if (!it->consumed) {  // eager
+      if (bytes) std::memcpy(dst, it->data.data(), bytes);
+      mb.q.erase(it);
+      return true;
+    }
+    // Lent: out of the queue (so the sender cannot take it back), copy without holding the lock,
+    // then tell the sender, under its mailbox lock, that its buffer is free.
+    const void* from = it->lent;
+    std::atomic<bool>* consumed = it->consumed;
+    mb.q.erase(it);
+    lk.unlock();
+    if (bytes) std::memcpy(dst, from, bytes);
+    Mailbox& back = g_->mail[src];
+    {
+      std::lock_guard l(back.mu);
+      consumed->store(true, std::memory_order_release);
+      back.changed();
+    }
+    back.cv.notify_all();
+    lk.lock();
+    return true;
+  }
+  return false;
 }
 
 void InprocCommunicator::recv(const OpDesc& d) {
   Mailbox& mb = g_->mail[rank_];
   const auto deadline = Clock::now() + d.timeout;
   WorldState& w = *g_->world;
-  auto where = [&] {
-    return detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank_, "/", g_->n);
-  };
   std::unique_lock lk(mb.mu);
-  for (;;) {
-    for (auto it = mb.q.begin(); it != mb.q.end(); ++it) {
-      if (it->src != d.root || it->tag != d.tag) continue;
-      if (it->dtype != d.dtype || it->count != d.count)
-        throw MismatchError(detail::concat(where(), ": rank ", d.root, " sent ",
-                                           dtype_name(it->dtype), " x ", it->count,
-                                           " with this tag"));
-      if (!it->data.empty()) std::memcpy(d.recv, it->data.data(), it->data.size());
-      mb.q.erase(it);
-      return;
-    }
+  for (int iter = 0;; ++iter) {
+    if (take(lk, d, d.root, d.tag, d.count, d.recv)) return;
     if (w.poisoned.load(std::memory_order_acquire))
-      throw PeerFailedError(where() + " aborted: " + w.poison_reason());
+      throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
     if (w.exited[g_->world_ranks[d.root]].load(std::memory_order_acquire)) {
-      bool again = false;  // the message may have arrived just before the peer exited
-      for (auto& m : mb.q) again = again || (m.src == d.root && m.tag == d.tag);
-      if (!again)
-        throw PeerFailedError(detail::concat(where(), ": rank ", d.root,
-                                             " returned from its function without sending"));
-      continue;
+      // The message may have arrived just before the peer exited: look once more.
+      if (take(lk, d, d.root, d.tag, d.count, d.recv)) return;
+      throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
+                                           " returned from its function without sending"));
     }
-    auto now = Clock::now();
-    if (now >= deadline)
-      throw TimeoutError(detail::concat(where(), ": timed out after ", d.timeout.count(),
+    if (Clock::now() >= deadline)
+      throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                         " ms waiting for rank ", d.root, " to send"));
-    mb.cv.wait_for(lk, std::min<Clock::duration>(std::chrono::milliseconds(2), deadline - now));
+    mb.idle(lk, iter, deadline, w.oversubscribed);
   }
+}
+
+void InprocCommunicator::send_recv(const OpDesc& d) {
+  if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
+  const bool sending = d.root >= 0, receiving = d.recv_peer >= 0;
+  WorldState& w = *g_->world;
+  std::atomic<bool> consumed{false};
+  if (sending) {
+    Message m;
+    m.src = rank_;
+    m.tag = d.tag;
+    m.dtype = d.dtype;
+    m.count = d.count;
+    m.lent = d.send;
+    m.consumed = &consumed;
+    Mailbox& out = g_->mail[d.root];
+    {
+      std::lock_guard lk(out.mu);
+      out.q.push_back(std::move(m));
+      out.changed();
+    }
+    out.cv.notify_all();
+  }
+  Mailbox& mb = g_->mail[rank_];
+  const auto deadline = Clock::now() + d.timeout;
+  bool got = !receiving;
+  try {
+    std::unique_lock lk(mb.mu);
+    for (int iter = 0;; ++iter) {
+      if (!got) got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
+      // Receivers set `consumed` under this mailbox's lock, which is held here.
+      const bool sent = !sending || consumed.load(std::memory_order_acquire);
+      if (got && sent) return;
+      if (w.poisoned.load(std::memory_order_acquire))
+        throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
+      if (!got && w.exited[g_->world_ranks[d.recv_peer]].load(std::memory_order_acquire)) {
+        got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
+        if (!got)
+          throw PeerFailedError(detail::concat(where(d), ": rank ", d.recv_peer,
+                                               " returned from its function without sending"));
+        continue;
+      }
+      if (!sent && w.exited[g_->world_ranks[d.root]].load(std::memory_order_acquire) &&
+          !consumed.load(std::memory_order_acquire))
+        throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
+                                             " returned from its function without receiving"));
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        if (!got) missing = detail::concat("rank ", d.recv_peer, " to send");
+        if (!sent)
+          missing += detail::concat(got ? "" : " and for ", "rank ", d.root,
+                                    " to receive this rank's message");
+        throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
+                                          " ms waiting for ", missing));
+      }
+      mb.idle(lk, iter, deadline, w.oversubscribed);
+    }
+  } catch (...) {
+    if (sending) withdraw(d, consumed);
+    throw;
+  }
+}
+
+void InprocCommunicator::withdraw(const OpDesc& d, std::atomic<bool>& consumed) {
+  {
+    Mailbox& out = g_->mail[d.root];
+    std::lock_guard lk(out.mu);
+    for (auto it = out.q.begin(); it != out.q.end(); ++it)
+      if (it->consumed == &consumed) {
+        out.q.erase(it);
+        return;
+      }
+  }
+  // Taken: the receiver is copying out of the send buffer (a memcpy, so this ends quickly).
+  Mailbox& mb = g_->mail[rank_];
+  std::unique_lock lk(mb.mu);
+  mb.cv.wait_for(lk, std::chrono::seconds(10),
+                 [&] { return consumed.load(std::memory_order_acquire); });
 }
 
 std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key, Timeout timeout) {

@@ -26,6 +26,22 @@ void check_mpi(int rc, const std::string& where) {
   throw CommError(where + ": MPI error: " + std::string(msg, len));
 }
 
+// The prefix of the error messages about one operation (detail::op_context), formatted only when
+// an error needs it: it would cost more than a small message's whole transfer.
+class Where {
+ public:
+  Where(const Communicator& c, const OpDesc& d) : c_(&c), d_(&d) {}
+  std::string str() const { return detail::op_context(*d_, c_->name(), c_->rank(), c_->size()); }
+
+ private:
+  const Communicator* c_;
+  const OpDesc* d_;
+};
+
+void check_mpi(int rc, const Where& where) {
+  if (rc != MPI_SUCCESS) check_mpi(rc, where.str());
+}
+
 // bf16 reductions: MPI has no bf16 type, so bf16 travels as MPI_UINT16_T with user-defined ops.
 template <ReduceOp Op>
 void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -76,6 +92,8 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::F32:
       return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
     case DType::I32:
       return MPI_INT32_T;
     case DType::I64:
@@ -99,15 +117,15 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 }
 
 // All-reduces of [kRingMinBytes, kRingMaxBytes) use ring_all_reduce, in segments of
-// kRingSegmentBytes; from 64 MiB on, Open MPI's own MPI_Iallreduce measured as fast as the ring
-// and as blocking MPI (2 ranks, 2026-11-29; docs/PERFORMANCE.md).
+// kRingSegmentBytes; the others MPI_Iallreduce. docs/COMM.md ("MPI all-reduce of 64 KiB to
+// 64 MiB") says why, and docs/PERFORMANCE.md ("Collectives") has the measurements.
 constexpr size_t kRingMinBytes = 64 * 1024;
 constexpr size_t kRingMaxBytes = 64 * 1024 * 1024;
 constexpr size_t kRingSegmentBytes = 512 * 1024;
 
-int to_int(size_t v, const std::string& where) {
+int to_int(size_t v, const Where& where) {
   if (v > static_cast<size_t>(INT_MAX))
-    throw CommUsageError(where + ": more than INT_MAX elements in one MPI call");
+    throw CommUsageError(where.str() + ": more than INT_MAX elements in one MPI call");
   return static_cast<int>(v);
 }
 
@@ -150,15 +168,21 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) override;
 
  private:
-  std::string where(const OpDesc& d) const {
-    return detail::concat(d.describe(), " on communicator '", name(), "' rank ", rank_, "/", size_);
-  }
   // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
   // (point to point) and throws TimeoutError naming `missing(reqs)`.
   void wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline, const OpDesc& d,
-                const std::string& waiting_for, bool cancellable = false);
+                std::string_view waiting_for, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
   void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
+  void send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w);
+  // A receive from `peer` completed with MPI return code `rc` and status `st`: throws
+  // MismatchError when the message did not have `count` elements (or did not fit).
+  void check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer, size_t count,
+                      const Where& w) const;
+  // After a timeout: cancels a pending receive (waiting a bounded time for the cancellation);
+  // a receive that cannot be cancelled in that time, or a send (Open MPI cannot cancel sends),
+  // is abandoned.
+  void cancel_or_abandon(MPI_Request& req, bool is_send);
 
   // Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
   // the requests finish in the background (progressed by later MPI calls) and are reaped here.
@@ -178,8 +202,8 @@ class MpiCommunicator final : public Communicator {
 };
 
 void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline,
-                               const OpDesc& d, const std::string& waiting_for, bool cancellable) {
-  const std::string w = where(d);  // once: the loop below polls thousands of times
+                               const OpDesc& d, std::string_view waiting_for, bool cancellable) {
+  const Where w(*this, d);
   int flag = 0;
   for (long iter = 0;; ++iter) {
     check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
@@ -199,8 +223,8 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
   } else {
     abandoned_ = true;
   }
-  throw TimeoutError(
-      detail::concat(w, ": timed out after ", d.timeout.count(), " ms waiting for ", waiting_for));
+  throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
+                                    " ms waiting for ", waiting_for));
 }
 
 // Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
@@ -208,10 +232,10 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
 // AllGather (n-1 steps: pass the finished chunks on). Each chunk travels in segments, all posted
 // at once, and a received segment is reduced while the next ones are still arriving. Open MPI
 // serves MPI_Iallreduce (which a deadline needs: a blocking call cannot time out) with its
-// nonblocking-collective algorithms, which measured 10-80% slower than blocking MPI_Allreduce
-// at 1-16 MiB on 2 ranks; this keeps the deadline and overlaps transfer with the reduction, and
-// reads the input in place (no copy into the output first). Measured 0.75-1.0x the time of
-// blocking MPI_Allreduce at 1-32 MiB.
+// nonblocking-collective algorithms, which are slower than blocking MPI_Allreduce at these sizes;
+// this keeps the deadline, overlaps transfer with the reduction and reads the input in place (no
+// copy into the output first). The measurements against blocking MPI_Allreduce are in
+// docs/PERFORMANCE.md ("Collectives"), and docs/COMM.md explains the size range.
 void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadline) {
   const size_t es = dtype_size(d.dtype);
   const std::string w = where(d);
@@ -268,6 +292,92 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
     }
     for (MPI_Request& s : sends) wait_one(s);
   }
+}
+
+void MpiCommunicator::check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer,
+                                     size_t count, const Where& w) const {
+  if (rc != MPI_SUCCESS) {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (cls == MPI_ERR_TRUNCATE)
+      throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent more than ", count, " ",
+                                         dtype_name(d.dtype),
+                                         " elements, which this rank expects"));
+    check_mpi(rc, w);
+  }
+  int got = 0;
+  MPI_Get_count(&st, mpi_type(d.dtype), &got);
+  if (got == MPI_UNDEFINED || static_cast<size_t>(got) != count)
+    throw MismatchError(detail::concat(w.str(), ": rank ", peer, " sent ", got, " ",
+                                       dtype_name(d.dtype), " elements, this rank expects ",
+                                       count));
+}
+
+void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
+  if (req == MPI_REQUEST_NULL) return;
+  if (!is_send) {
+    MPI_Cancel(&req);
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    int done = 0;
+    while (!done && Clock::now() < until) {
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::yield();
+    }
+    if (done) return;
+  }
+  abandoned_ = true;  // the request may still use the user's buffer: leak the communicators
+}
+
+// Posts the receive, then the send (both nonblocking, so pairs and rings of exchanges cannot
+// deadlock), and polls both against the deadline. The send goes straight from the user's buffer:
+// the call returns when MPI is done with it.
+void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w) {
+  if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
+  const MPI_Datatype type = mpi_type(d.dtype);
+  MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
+  MPI_Status st;
+  if (d.recv_peer >= 0)
+    check_mpi(
+        MPI_Irecv(d.recv, to_int(d.recv_count, w), type, d.recv_peer, d.recv_tag, comm_, &reqs[0]),
+        w);
+  if (d.root >= 0) {
+    const int rc = MPI_Isend(d.send, to_int(d.count, w), type, d.root, d.tag, comm_, &reqs[1]);
+    if (rc != MPI_SUCCESS) cancel_or_abandon(reqs[0], false);
+    check_mpi(rc, w);
+  }
+  std::exception_ptr recv_error;  // a failed receive; the send is still completed first
+  for (long iter = 0;; ++iter) {
+    int flag = 0;
+    if (reqs[0] != MPI_REQUEST_NULL) {
+      const int rc = MPI_Test(&reqs[0], &flag, &st);
+      if (rc != MPI_SUCCESS || flag) {
+        reqs[0] = MPI_REQUEST_NULL;  // completed (an erroneous request is freed too)
+        try {
+          check_received(rc, st, d, d.recv_peer, d.recv_count, w);
+        } catch (...) {
+          recv_error = std::current_exception();
+        }
+      }
+    }
+    if (reqs[1] != MPI_REQUEST_NULL) check_mpi(MPI_Test(&reqs[1], &flag, MPI_STATUS_IGNORE), w);
+    if (reqs[0] == MPI_REQUEST_NULL && reqs[1] == MPI_REQUEST_NULL) break;
+    if ((iter & 255) == 255) {
+      if (Clock::now() >= deadline) {
+        if (recv_error) std::rethrow_exception(recv_error);
+        std::string missing;
+        if (reqs[0] != MPI_REQUEST_NULL) missing = detail::concat("rank ", d.recv_peer, " to send");
+        if (reqs[1] != MPI_REQUEST_NULL)
+          missing += detail::concat(missing.empty() ? "" : " and for ", "rank ", d.root,
+                                    " to receive this rank's message");
+        cancel_or_abandon(reqs[0], false);
+        cancel_or_abandon(reqs[1], true);
+        throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
+                                          " ms waiting for ", missing));
+      }
+      std::this_thread::yield();
+    }
+  }
+  if (recv_error) std::rethrow_exception(recv_error);
 }
 
 void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
@@ -334,11 +444,12 @@ void MpiCommunicator::execute(const OpDesc& d) {
   if (!pending_.empty()) reap_sends(&d);
   const auto deadline = Clock::now() + d.timeout;
   if (options().debug && detail::is_collective(d.type)) exchange_fingerprints(d, deadline);
-  const std::string w = where(d);
+  const Where w(*this, d);
   const int count = to_int(d.count, w);
   const MPI_Datatype type = mpi_type(d.dtype);
   const size_t es = dtype_size(d.dtype);
-  const std::string all_peers = "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
+  constexpr std::string_view all_peers =
+      "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
   std::vector<unsigned char> tmp;
   switch (d.type) {
@@ -408,7 +519,8 @@ void MpiCommunicator::execute(const OpDesc& d) {
       check_mpi(MPI_Iallreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, comm_, &reqs[0]), w);
       wait_all(reqs, deadline, d, all_peers);
       if (worst >= 0)
-        throw MismatchError(detail::concat(w, ": send and receive counts disagree (rank ", worst,
+        throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ",
+                                           worst,
                                            " expects different counts than its peers send it)"));
       std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
       int so = 0, ro = 0;
@@ -440,7 +552,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       PendingSend p;
       p.data.assign(static_cast<const unsigned char*>(d.send),
                     static_cast<const unsigned char*>(d.send) + d.count * es);
-      p.what = w;
+      p.what = w.str();
       check_mpi(MPI_Isend(p.data.data(), count, type, d.root, d.tag, comm_, &p.req), w);
       pending_.push_back(std::move(p));
       reap_sends(&d);
@@ -451,7 +563,8 @@ void MpiCommunicator::execute(const OpDesc& d) {
       check_mpi(MPI_Irecv(d.recv, count, type, d.root, d.tag, comm_, &reqs[0]), w);
       int flag = 0;
       for (long iter = 0;; ++iter) {
-        check_mpi(MPI_Test(&reqs[0], &flag, &st), w);
+        const int rc = MPI_Test(&reqs[0], &flag, &st);
+        if (rc != MPI_SUCCESS) check_received(rc, st, d, d.root, d.count, w);
         if (flag) break;
         if ((iter & 255) == 255) {
           if (Clock::now() >= deadline)
@@ -459,16 +572,16 @@ void MpiCommunicator::execute(const OpDesc& d) {
           std::this_thread::yield();
         }
       }
-      int got = 0;
-      MPI_Get_count(&st, type, &got);
-      if (got != count)
-        throw MismatchError(detail::concat(w, ": rank ", d.root, " sent ", got, " elements"));
+      check_received(MPI_SUCCESS, st, d, d.root, d.count, w);
       return;
     }
+    case OpType::SendRecv:
+      send_recv(d, deadline, w);
+      return;
     case OpType::Split:
       break;
   }
-  throw CommUsageError(w + ": unexpected op");
+  throw CommUsageError(w.str() + ": unexpected op");
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, Timeout timeout) {
