@@ -18,16 +18,26 @@ Schedule single_stage_schedule(int micro_batches) {
 
 std::string to_string(ActionKind k) {
   switch (k) {
-    case ActionKind::Forward: return "F";
-    case ActionKind::Backward: return "B";
-    case ActionKind::BackwardInput: return "BI";
-    case ActionKind::BackwardWeight: return "W";
-    case ActionKind::SendForward: return "send F";
-    case ActionKind::RecvForward: return "recv F";
-    case ActionKind::SendBackward: return "send B";
-    case ActionKind::RecvBackward: return "recv B";
-    case ActionKind::ReduceGradients: return "reduce";
-    case ActionKind::OptimizerStep: return "step";
+    case ActionKind::Forward:
+      return "F";
+    case ActionKind::Backward:
+      return "B";
+    case ActionKind::BackwardInput:
+      return "BI";
+    case ActionKind::BackwardWeight:
+      return "W";
+    case ActionKind::SendForward:
+      return "send F";
+    case ActionKind::RecvForward:
+      return "recv F";
+    case ActionKind::SendBackward:
+      return "send B";
+    case ActionKind::RecvBackward:
+      return "recv B";
+    case ActionKind::ReduceGradients:
+      return "reduce";
+    case ActionKind::OptimizerStep:
+      return "step";
   }
   return "?";
 }
@@ -42,6 +52,42 @@ std::string to_string(const Action& a) {
     }
   }
   return s;
+}
+
+bool is_compute(ActionKind k) {
+  return k == ActionKind::Forward || k == ActionKind::Backward || k == ActionKind::BackwardInput ||
+         k == ActionKind::BackwardWeight;
+}
+
+bool is_send(ActionKind k) {
+  return k == ActionKind::SendForward || k == ActionKind::SendBackward;
+}
+
+bool is_recv(ActionKind k) {
+  return k == ActionKind::RecvForward || k == ActionKind::RecvBackward;
+}
+
+std::string trace_category(ActionKind k) {
+  switch (k) {
+    case ActionKind::Forward:
+      return "forward";
+    case ActionKind::Backward:
+      return "backward";
+    case ActionKind::BackwardInput:
+      return "backward-input";
+    case ActionKind::BackwardWeight:
+      return "backward-weight";
+    case ActionKind::SendForward:
+    case ActionKind::RecvForward:
+    case ActionKind::SendBackward:
+    case ActionKind::RecvBackward:
+      return "comm";
+    case ActionKind::ReduceGradients:
+      return "reduce";
+    case ActionKind::OptimizerStep:
+      return "optimizer";
+  }
+  return "?";
 }
 
 }  // namespace tessera::parallel

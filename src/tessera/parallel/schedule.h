@@ -22,10 +22,10 @@ enum class ActionKind : uint8_t {
   BackwardWeight,  // ... and later the weight gradients of that micro-batch (W)
   SendForward,     // send chunk c's output activation of micro-batch m to the next stage
   RecvForward,     // receive chunk c's input activation of micro-batch m from the previous stage
-  SendBackward,    // send the gradient w.r.t. chunk c's input of micro-batch m to the previous stage
-  RecvBackward,    // receive the gradient w.r.t. chunk c's output of micro-batch m from the next
-  ReduceGradients, // finish the data-parallel / embedding-group gradient reductions
-  OptimizerStep,   // gradient norm, clipping, update
+  SendBackward,  // send the gradient w.r.t. chunk c's input of micro-batch m to the previous stage
+  RecvBackward,  // receive the gradient w.r.t. chunk c's output of micro-batch m from the next
+  ReduceGradients,  // finish the data-parallel / embedding-group gradient reductions
+  OptimizerStep,    // gradient norm, clipping, update
 };
 
 struct Action {
@@ -36,10 +36,10 @@ struct Action {
 };
 
 struct Schedule {
-  std::string name;  // "gpipe", "1f1b", "interleaved", "zb-h1", "single"
-  int stages = 1;          // pipeline ranks (pp)
-  int micro_batches = 1;   // per optimizer step
-  int virtual_stages = 1;  // chunks per rank (v)
+  std::string name;                        // "gpipe", "1f1b", "interleaved", "zb-h1", "single"
+  int stages = 1;                          // pipeline ranks (pp)
+  int micro_batches = 1;                   // per optimizer step
+  int virtual_stages = 1;                  // chunks per rank (v)
   std::vector<std::vector<Action>> ranks;  // ranks[r] = rank r's actions, in order
   // The model stage of chunk c on pipeline rank r.
   int stage_of(int rank, int chunk) const { return chunk * stages + rank; }
@@ -50,7 +50,17 @@ struct Schedule {
 // accumulation; the data-parallel reduction of the last micro-batch overlaps its backward).
 Schedule single_stage_schedule(int micro_batches);
 
-std::string to_string(ActionKind k);  // "F", "B", "BI", "W", "send F", "recv F", ...
+std::string to_string(ActionKind k);     // "F", "B", "BI", "W", "send F", "recv F", ...
 std::string to_string(const Action& a);  // "F3", "B3.1" (chunk 1), "send F3", "reduce", "step"
+
+// Forward, Backward, BackwardInput and BackwardWeight: the actions that occupy the rank's compute.
+bool is_compute(ActionKind k);
+bool is_send(ActionKind k);  // SendForward, SendBackward
+bool is_recv(ActionKind k);  // RecvForward, RecvBackward
+
+// The trace-event category an executor records an action's span under, so that a timeline read
+// back from `tessera train --trace` is drawn like a simulated one: "forward", "backward",
+// "backward-input", "backward-weight", "comm" (sends and receives), "reduce", "optimizer".
+std::string trace_category(ActionKind k);
 
 }  // namespace tessera::parallel
