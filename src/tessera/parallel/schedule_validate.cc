@@ -1,5 +1,6 @@
 #include "tessera/parallel/schedule_validate.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
