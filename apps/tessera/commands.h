@@ -10,5 +10,7 @@ void register_train(CLI::App& root, int& exit_code);
 void register_eval(CLI::App& root, int& exit_code);
 void register_sample(CLI::App& root, int& exit_code);
 void register_bench_comm(CLI::App& root, int& exit_code);
+void register_schedule(CLI::App& root, int& exit_code);
+void register_plot(CLI::App& root, int& exit_code);
 
 }  // namespace tessera::app

@@ -1,4 +1,4 @@
-// The `tessera` command: train, eval, sample, bench-comm.
+// The `tessera` command: train, eval, sample, bench-comm, schedule, plot.
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   tessera::app::register_eval(root, exit_code);
   tessera::app::register_sample(root, exit_code);
   tessera::app::register_bench_comm(root, exit_code);
+  tessera::app::register_schedule(root, exit_code);
+  tessera::app::register_plot(root, exit_code);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

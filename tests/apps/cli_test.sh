@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: cli_test.sh path/to/tessera. Exercises train/eval/sample and their errors.
+# Usage: cli_test.sh path/to/tessera. Exercises train/eval/sample/schedule/plot and their errors.
 set -u
 bin=$1
 dir=$(mktemp -d)
@@ -57,6 +57,48 @@ check eval-truncated 1 "trunc.safetensors" -- "$bin" eval --weights "$dir/trunc.
 check bad-recompute 1 "recompute" -- "$bin" train "${tiny[@]}" --recompute partial
 check recompute-full 0 "recompute full" -- "$bin" train "${tiny[@]}" --steps 2 --recompute full
 check memory-limit 1 "out of memory" -- "$bin" train "${tiny[@]}" --memory-limit 100KiB
+
+# Pipeline schedules: simulated bubble, in-flight peaks, deadlock verdict, SVG; and their errors.
+sched=("$bin" schedule --pp 4 --micro-batches 8)
+check schedule-help 0 "--virtual-stages" -- "$bin" schedule --help
+check schedule-1f1b 0 "bubble: 27.27% of the step idle overall; per rank: 27.27% 27.27% 27.27%" \
+  -- "${sched[@]}" --schedule 1f1b --svg "$dir/1f1b.svg"
+check schedule-1f1b-peaks 0 "in flight per stage: 4 3 2 1$" -- "${sched[@]}" --schedule 1f1b
+check schedule-1f1b-ranks 0 "rank 3: \[recv F0\] F0 B0 \[send B0\] \[recv F1\]" -- \
+  "${sched[@]}" --schedule 1f1b
+check schedule-deadlock 0 "deadlock check: no deadlock" -- "${sched[@]}" --schedule 1f1b
+check schedule-svg 0 "^64$" -- grep -c 'class="box"' "$dir/1f1b.svg"
+check schedule-gpipe 0 "in flight per stage: 8 8 8 8" -- "${sched[@]}" --schedule gpipe
+check schedule-interleaved 0 "bubble: 15.79% of the step" -- "${sched[@]}" --schedule interleaved \
+  --virtual-stages 2
+check schedule-zb 0 "bubble: 11.11% of the step" -- "${sched[@]}" --schedule zb-h1 \
+  --svg "$dir/zb.svg"
+check schedule-zb-svg 0 "^96$" -- grep -c 'class="box"' "$dir/zb.svg"
+check schedule-costs 0 "bubble formula: " -- "${sched[@]}" --schedule 1f1b --costs 1,3,1
+check schedule-unknown 1 "gpipe" -- "${sched[@]}" --schedule pipedream
+check schedule-not-multiple 1 "multiple of the pipeline size pp=4: 6 is not" -- \
+  "$bin" schedule --pp 4 --micro-batches 6 --schedule interleaved --virtual-stages 2
+check schedule-v-needs-interleaved 1 "need the interleaved schedule" -- "${sched[@]}" \
+  --schedule 1f1b --virtual-stages 2
+check schedule-bad-costs 1 "F,B,W" -- "${sched[@]}" --schedule 1f1b --costs 1,2
+check schedule-missing-pp 1 "pp" -- "$bin" schedule --micro-batches 8 --schedule 1f1b
+
+# Pictures of a run: its timeline and its loss curves.
+check train-trace 0 "timeline written" -- "$bin" train "${tiny[@]}" --steps 2 \
+  --trace "$dir/trace.json"
+check plot-trace 0 "wrote .*trace.svg: 1 ranks, [0-9]+ spans, bubble" -- "$bin" plot \
+  --schedule-trace "$dir/trace.json" --out "$dir/trace.svg"
+check plot-trace-svg 0 "bubble .*idle share" -- cat "$dir/trace.svg"
+check plot-metrics 0 "wrote .*curves.svg: 2 curves" -- "$bin" plot --metrics "$dir/m.jsonl" \
+  --key loss --key val_loss --label tiny --out "$dir/curves.svg"
+check plot-metrics-svg 0 "tiny val_loss" -- cat "$dir/curves.svg"
+check plot-nothing 1 "needs --schedule-trace FILE or --metrics FILE" -- "$bin" plot \
+  --out "$dir/x.svg"
+check plot-labels 1 "one --label per --metrics file" -- "$bin" plot --metrics "$dir/m.jsonl" \
+  --label a --label b --out "$dir/x.svg"
+check plot-missing 1 "nope.jsonl" -- "$bin" plot --metrics "$dir/nope.jsonl" --out "$dir/x.svg"
+check plot-bad-key 1 "no lines with a step and a 'perplexity' value" -- "$bin" plot \
+  --metrics "$dir/m.jsonl" --key perplexity --out "$dir/x.svg"
 
 echo "cli: $pass passed, $failures failed"
 [ $failures -eq 0 ]

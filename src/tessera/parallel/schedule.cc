@@ -54,4 +54,40 @@ std::string to_string(const Action& a) {
   return s;
 }
 
+bool is_compute(ActionKind k) {
+  return k == ActionKind::Forward || k == ActionKind::Backward || k == ActionKind::BackwardInput ||
+         k == ActionKind::BackwardWeight;
+}
+
+bool is_send(ActionKind k) {
+  return k == ActionKind::SendForward || k == ActionKind::SendBackward;
+}
+
+bool is_recv(ActionKind k) {
+  return k == ActionKind::RecvForward || k == ActionKind::RecvBackward;
+}
+
+std::string trace_category(ActionKind k) {
+  switch (k) {
+    case ActionKind::Forward:
+      return "forward";
+    case ActionKind::Backward:
+      return "backward";
+    case ActionKind::BackwardInput:
+      return "backward-input";
+    case ActionKind::BackwardWeight:
+      return "backward-weight";
+    case ActionKind::SendForward:
+    case ActionKind::RecvForward:
+    case ActionKind::SendBackward:
+    case ActionKind::RecvBackward:
+      return "comm";
+    case ActionKind::ReduceGradients:
+      return "reduce";
+    case ActionKind::OptimizerStep:
+      return "optimizer";
+  }
+  return "?";
+}
+
 }  // namespace tessera::parallel

@@ -53,4 +53,14 @@ Schedule single_stage_schedule(int micro_batches);
 std::string to_string(ActionKind k);     // "F", "B", "BI", "W", "send F", "recv F", ...
 std::string to_string(const Action& a);  // "F3", "B3.1" (chunk 1), "send F3", "reduce", "step"
 
+// Forward, Backward, BackwardInput and BackwardWeight: the actions that occupy the rank's compute.
+bool is_compute(ActionKind k);
+bool is_send(ActionKind k);  // SendForward, SendBackward
+bool is_recv(ActionKind k);  // RecvForward, RecvBackward
+
+// The trace-event category an executor records an action's span under, so that a timeline read
+// back from `tessera train --trace` is drawn like a simulated one: "forward", "backward",
+// "backward-input", "backward-weight", "comm" (sends and receives), "reduce", "optimizer".
+std::string trace_category(ActionKind k);
+
 }  // namespace tessera::parallel

@@ -1,0 +1,149 @@
+#include "tessera/parallel/schedule_simulate.h"
+
+#include <algorithm>
+
+#include "tessera/core/error.h"
+
+namespace tessera::parallel {
+
+ActionCosts parse_costs(const std::string& text) {
+  std::vector<double> v;
+  size_t begin = 0;
+  while (true) {  // every comma-separated item, empty ones included
+    const size_t comma = text.find(',', begin);
+    const std::string item = text.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TESSERA_CHECK_AS(ConfigError, used > 0 && used == item.size(), "costs '", text, "': '", item,
+                     "' is not a number; write F,B,W such as 1,2,1");
+    v.push_back(x);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  TESSERA_CHECK_AS(ConfigError, v.size() == 3, "costs '", text,
+                   "' must be three numbers F,B,W (forward, whole backward, weight gradient), "
+                   "such as 1,2,1");
+  ActionCosts c;
+  c.forward = v[0];
+  c.backward = v[1];
+  c.weight = v[2];
+  return c;
+}
+
+namespace {
+bool splits_backward(const Schedule& s) {
+  for (const auto& list : s.ranks)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::BackwardInput || a.kind == ActionKind::BackwardWeight) return true;
+  return false;
+}
+}  // namespace
+
+void check_costs(const ActionCosts& c, const Schedule& s) {
+  TESSERA_CHECK_AS(ConfigError, c.forward > 0 && c.backward > 0,
+                   "the forward and backward costs must be positive (F=", c.forward,
+                   ", B=", c.backward, ")");
+  TESSERA_CHECK_AS(ConfigError, c.weight >= 0 && c.p2p >= 0 && c.reduce >= 0 && c.optimizer >= 0,
+                   "costs must not be negative");
+  TESSERA_CHECK_AS(ConfigError, !splits_backward(s) || c.weight < c.backward, "the ", s.name,
+                   " schedule splits each backward into BI and W, so the W cost (", c.weight,
+                   ") must be smaller than the whole backward B (", c.backward,
+                   "): BI takes B - W");
+  TESSERA_CHECK_AS(ConfigError, s.virtual_stages >= 1, "the schedule has no chunks");
+}
+
+double action_cost(const Schedule& s, const ActionCosts& c, const Action& a) {
+  const double per_chunk = 1.0 / s.virtual_stages;
+  switch (a.kind) {
+    case ActionKind::Forward:
+      return c.forward * per_chunk;
+    case ActionKind::Backward:
+      return c.backward * per_chunk;
+    case ActionKind::BackwardInput:
+      return (c.backward - c.weight) * per_chunk;
+    case ActionKind::BackwardWeight:
+      return c.weight * per_chunk;
+    case ActionKind::ReduceGradients:
+      return c.reduce;
+    case ActionKind::OptimizerStep:
+      return c.optimizer;
+    default:
+      return 0;
+  }
+}
+
+namespace {
+
+// Peak activations by model stage and by rank, from each rank's order of actions (a rank runs
+// one action at a time, so order is time).
+void count_in_flight(const Schedule& s, Simulation& sim) {
+  sim.peak_in_flight.assign(static_cast<size_t>(s.num_model_stages()), 0);
+  sim.peak_rank_activations.assign(s.ranks.size(), 0.0);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    std::vector<int> held(static_cast<size_t>(s.virtual_stages), 0);
+    int total = 0, peak_total = 0;
+    for (const Action& a : s.ranks[r]) {
+      if (a.chunk < 0 || a.chunk >= s.virtual_stages) continue;
+      int delta = 0;
+      if (a.kind == ActionKind::Forward) delta = 1;
+      if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) delta = -1;
+      if (delta == 0) continue;
+      int& h = held[static_cast<size_t>(a.chunk)];
+      h += delta;
+      total += delta;
+      peak_total = std::max(peak_total, total);
+      int& peak = sim.peak_in_flight[static_cast<size_t>(s.stage_of(static_cast<int>(r), a.chunk))];
+      peak = std::max(peak, h);
+    }
+    sim.peak_rank_activations[r] = static_cast<double>(peak_total) / s.virtual_stages;
+  }
+}
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const ActionCosts& costs) {
+  check_costs(costs, s);
+  Replay run = replay_schedule(
+      s, [&](const Action& a) { return action_cost(s, costs, a); }, costs.p2p);
+  Simulation sim;
+  sim.deadlock = deadlock_report(s, run.next);
+  sim.ranks = std::move(run.ranks);
+  const size_t n = sim.ranks.size();
+  sim.busy.assign(n, 0.0);
+  for (size_t r = 0; r < n; ++r)
+    for (const TimedAction& t : sim.ranks[r]) {
+      sim.makespan = std::max(sim.makespan, t.end);
+      if (!is_send(t.action.kind) && !is_recv(t.action.kind)) sim.busy[r] += t.end - t.start;
+    }
+  sim.bubble.assign(n, 0.0);
+  double idle = 0;
+  for (size_t r = 0; r < n; ++r) {
+    idle += sim.makespan - sim.busy[r];
+    if (sim.makespan > 0) sim.bubble[r] = (sim.makespan - sim.busy[r]) / sim.makespan;
+  }
+  if (sim.makespan > 0 && n > 0)
+    sim.bubble_overall = idle / (static_cast<double>(n) * sim.makespan);
+  count_in_flight(s, sim);
+  return sim;
+}
+
+std::optional<double> closed_form_bubble(const Schedule& s, const ActionCosts& c) {
+  if (c.p2p != 0 || c.reduce != 0 || c.optimizer != 0) return std::nullopt;
+  const double p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  if (s.name == "gpipe" || s.name == "1f1b") return (p - 1) / (m + p - 1);
+  if (s.name == "interleaved") return (p - 1) / (v * m + p - 1);
+  if (s.name == "zb-h1") {
+    const double bi = c.backward - c.weight;
+    if (m < p || c.weight > c.forward || c.weight > bi) return std::nullopt;
+    const double idle = (p - 1) * (c.forward + bi - c.weight);
+    return idle / (m * (c.forward + c.backward) + idle);
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera::parallel
