@@ -32,7 +32,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   };
   unit_begin_.push_back(0);
   if (first_unit_ == 0) {
-    embedding_.emplace(params_, cfg_);
+    embedding_.emplace(params_, cfg_, tp);
     end_unit();
   }
   blocks_.reserve(static_cast<size_t>(std::max(0, last_block - first_block_ + 1)));
@@ -41,7 +41,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     end_unit();
   }
   if (last_unit_ == L + 1) {
-    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1);
+    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1, tp);
     end_unit();
   }
   // Parameter groups: replicated tensor-parallel copies count in the norm once; the two copies of

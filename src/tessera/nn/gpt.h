@@ -116,7 +116,8 @@ class GPT {
   // Single-record form (whole model): forward() then backward() of the same batch.
   double forward(const Batch& b, const StepContext& ctx);
   void backward();
-  // [B, T, V] logits of the last single-record forward(); valid until backward().
+  // [B, T, V] logits of the last single-record forward(); valid until backward(). Under tensor
+  // parallelism only this rank's vocabulary slice: [B, T, head vocab().size()].
   const float* logits() const;
   // Per-token losses [B, T] of the last single-record forward() with targets.
   const float* losses() const;
