@@ -429,6 +429,19 @@ TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
   }
 }
 
+// Sampling gathers the vocabulary slices of the last position's logits: the same text as one rank.
+TEST(TensorParallelTraining, SamplesTheSameTextAsOneRank) {
+  auto dir = temp_dir("tp_sample");
+  TrainConfig c = tp_config(dir);
+  c.steps = 4;
+  c.sample_tokens = 24;
+  const std::string one = run_training(c, nullptr).sample;
+  c.tp = 4;
+  const std::string four = run_training(c, nullptr).sample;
+  EXPECT_FALSE(one.empty());
+  EXPECT_EQ(four, one);
+}
+
 TEST(TensorParallelConfig, BadSizesAreConfigErrorsBeforeAnyWork) {
   auto dir = temp_dir("tp_bad");
   auto message = [&](TrainConfig c) -> std::string {

@@ -198,6 +198,16 @@ const float* GPT::logits() const {
   return single_->head->logits.f32();
 }
 
+std::vector<float> GPT::full_logits_row(int64_t row) const {
+  TESSERA_CHECK(single_ != nullptr && head_, "full_logits_row() before forward()");
+  const VocabRange v = head_->vocab();
+  std::vector<float> out(static_cast<size_t>(cfg_.vocab_size), 0.0f);
+  const float* slice = single_->head->logits.f32() + row * v.size();
+  std::copy(slice, slice + v.size(), out.begin() + v.begin);
+  reduce_from_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
+  return out;
+}
+
 const float* GPT::losses() const {
   TESSERA_CHECK(single_ != nullptr, "losses() before forward()");
   return single_->head->losses.f32();

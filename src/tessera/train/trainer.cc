@@ -402,11 +402,8 @@ void RankRun::validate(int64_t at_step) {
 
 void RankRun::sample() {
   if (!plan_.pd.tokenizer || cfg_.sample_tokens <= 0) return;
-  if (cfg_.tp > 1) {  // generate() reads full logits; a rank holds only its vocabulary slice
-    say(log_, nullptr, "sample: skipped (not supported yet with --tp > 1)");
-    return;
-  }
-  // Every rank samples (ZeRO-3 gathers parameters collectively); rank 0 prints.
+  // Every rank samples (ZeRO-3 gathers parameters, tensor parallelism the logits' vocabulary
+  // slices, collectively); rank 0 prints.
   std::vector<uint32_t> p = plan_.pd.tokenizer->encode(cfg_.prompt);
   std::vector<int32_t> prompt(p.begin(), p.end());
   if (prompt.empty())
