@@ -255,6 +255,28 @@ TEST_P(TensorParallelLayers, GPTEqualsOneDevice) {
   expect_equivalent(on_ranks(1, body), on_ranks(t, body), 1e-5);
 }
 
+// More ranks than ceil(V/t) rows leave the last rank an empty vocabulary shard (V=5, t=4:
+// 2, 2, 1, 0 rows): it computes no logits but still takes part in every collective.
+TEST(TensorParallelLayersEdge, EmptyVocabularyShard) {
+  const GPTConfig cfg = config(12, 24, 5, 0.1f);
+  const Data d = make_data(cfg, 5);
+  auto body = [&](TensorSplit split, Allocator& alloc) {
+    GPTLayout layout;
+    layout.tensor = split;
+    GPT m(cfg, d.B, alloc, layout);
+    m.initialize(42);
+    RankOut o;
+    o.loss = m.forward(d.batch(), kCtx);
+    m.backward();
+    o.grads = expand(m.params(), true);
+    o.values = expand(m.params(), false);
+    return o;
+  };
+  const auto tp = on_ranks(4, body);
+  EXPECT_EQ(vocab_range(TensorSplit{}, 5).size(), 5);
+  expect_equivalent(on_ranks(1, body), tp, 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelLayers, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
@@ -429,17 +451,22 @@ TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
   }
 }
 
-// Sampling gathers the vocabulary slices of the last position's logits: the same text as one rank.
-TEST(TensorParallelTraining, SamplesTheSameTextAsOneRank) {
+// Validation runs the vocabulary-parallel loss on every rank, and sampling gathers the vocabulary
+// slices of the last position's logits: the same validation loss and text as one rank.
+TEST(TensorParallelTraining, ValidatesAndSamplesLikeOneRank) {
   auto dir = temp_dir("tp_sample");
   TrainConfig c = tp_config(dir);
   c.steps = 4;
+  c.val_fraction = 0.1;
+  c.eval_every = 2;
   c.sample_tokens = 24;
-  const std::string one = run_training(c, nullptr).sample;
-  c.tp = 4;
-  const std::string four = run_training(c, nullptr).sample;
-  EXPECT_FALSE(one.empty());
-  EXPECT_EQ(four, one);
+  const TrainResult one = run_training(c, nullptr);
+  c.tp = 4;  // dp stays 1: validation evaluates batches of the per-rank size
+  const TrainResult four = run_training(c, nullptr);
+  EXPECT_FALSE(one.sample.empty());
+  EXPECT_EQ(four.sample, one.sample);
+  EXPECT_GT(one.last_val_loss, 0);
+  EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
 }
 
 TEST(TensorParallelConfig, BadSizesAreConfigErrorsBeforeAnyWork) {
