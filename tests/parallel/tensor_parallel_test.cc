@@ -427,7 +427,8 @@ TEST(TensorParallelCheckpoint, InitialWeightsEqualOneRankBitwise) {
   }
 }
 
-// Saved at tp=2 dp=1 halfway, resumed at tp=1 and at tp=4 dp=2 ZeRO-1: the same training.
+// Saved at tp=2 dp=1 halfway, resumed at tp=1, at tp=4 dp=2 ZeRO-1 and at tp=2 dp=2 ZeRO-3 (each
+// rank reads its runs of the full tensors): the same training.
 TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
   auto dir = temp_dir("tp_resume");
   TrainConfig c = tp_config(dir);
@@ -435,7 +436,7 @@ TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
   c.save = (dir / "a").string();
   c.save_every = 6;
   const TrainResult whole = run_training(c, nullptr);
-  for (const Layout l : {Layout{1, 1, 0}, Layout{4, 2, 1}}) {
+  for (const Layout l : {Layout{1, 1, 0}, Layout{4, 2, 1}, Layout{2, 2, 3}}) {
     SCOPED_TRACE(layout_name(l));
     TrainConfig r = tp_config(dir);
     r.tp = l.tp;
