@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -320,14 +321,21 @@ TrainConfig tp_config(const std::filesystem::path& dir) {
 
 struct Reference {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // from the metrics file: the norm counts each element once
   std::map<std::string, std::vector<float>> weights;
 };
 
 Reference run_reference(const std::string& name, TrainConfig c, const std::filesystem::path& dir) {
   c.save = (dir / name).string();
+  c.metrics = (dir / (name + ".jsonl")).string();
   Reference r;
   r.losses = run_training(c, nullptr).losses;
   r.weights = read_weights(dir / name / "model.safetensors");
+  std::ifstream in(c.metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("grad_norm")) r.grad_norms.push_back(j["grad_norm"].get<double>());
+  }
   return r;
 }
 
@@ -344,6 +352,13 @@ void expect_same_run(const Reference& ref, const Reference& got, double weight_r
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < got.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
+  // AdamW is nearly invariant to a constant gradient scale, so a miscounted norm would hide in the
+  // losses: compare the norms themselves.
+  ASSERT_EQ(got.grad_norms.size(), ref.losses.size());
+  ASSERT_EQ(ref.grad_norms.size(), ref.losses.size());
+  for (size_t i = 0; i < got.grad_norms.size(); ++i)
+    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 1e-5 * ref.grad_norms[i])
+        << "gradient norm, step " << i + 1;
   expect_same_weights(ref.weights, got.weights, weight_rel);
 }
 
@@ -380,7 +395,7 @@ TEST_P(TensorParallelTraining, SameLossesAndWeightsAsOneRank) {
 std::vector<Layout> layouts() {
   const char* grid = std::getenv("TESSERA_TP_GRID");
   if (grid == nullptr || std::string(grid) != "1")
-    return {{2, 1, 0}, {2, 2, 1}, {4, 1, 0}, {2, 2, 3}};
+    return {{2, 1, 0}, {2, 2, 0}, {2, 2, 1}, {4, 1, 0}, {2, 2, 3}};
   std::vector<Layout> v;
   for (int tp : {1, 2, 4})
     for (int dp : {1, 2})
