@@ -109,7 +109,11 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "beta2", v.beta2, "AdamW beta2");
   flag(cmd, *f, "seed", v.seed, "Seed of initialisation, data order, dropout and sampling");
   flag(cmd, *f, "dp", v.dp,
-       "Data-parallel ranks: threads of this process, or under mpirun the number of processes");
+       "Data-parallel ranks (replicas): threads of this process, or under mpirun processes "
+       "(mpirun starts dp x tp)");
+  flag(cmd, *f, "tp", v.tp,
+       "Tensor-parallel ranks per replica (Megatron split; vocabulary-parallel embedding and "
+       "loss); the job has dp x tp ranks: threads, or under mpirun the number of processes");
   flag(cmd, *f, "zero", v.zero,
        "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::Range(0, 3));

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Usage: mpi_train_test.sh path/to/tessera path/to/mpiexec. Data parallelism under mpirun (one
-# rank per process, MPI backend) trains the same model as one rank: dp=2 with ZeRO 0 and 3.
+# rank per process, MPI backend) trains the same model as one rank: dp=2 with ZeRO 0 and 3; tensor
+# parallelism tp=2 (2 processes) and dp=2 x tp=2 with ZeRO-1 (4 processes), whose final loss also
+# equals the same layout run as threads; and the error for too few processes.
 set -u
 bin=$1
 mpiexec=$2
@@ -14,13 +16,33 @@ args=(--data "$dir/c.txt" --cache-dir "$dir/cache" --vocab 300 --layers 2 --dim 
 losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1"; }
 "$bin" train "${args[@]}" --metrics "$dir/one.jsonl" --save "$dir/one" >"$dir/one.log" 2>&1 || { cat "$dir/one.log"; exit 1; }
 failures=0
-for zero in 0 3; do
-  if ! timeout 120 "$mpiexec" --oversubscribe -n 2 "$bin" train "${args[@]}" --dp 2 --zero $zero \
-      --metrics "$dir/mpi$zero.jsonl" --save "$dir/mpi$zero" >"$dir/mpi$zero.log" 2>&1; then
-    echo "FAIL mpirun dp=2 zero=$zero"; cat "$dir/mpi$zero.log"; failures=$((failures + 1)); continue
+checks=0
+# Each layout: "dp zero tp"; mpirun starts dp x tp processes.
+for layout in "2 0 1" "2 3 1" "1 0 2" "2 1 2"; do
+  read -r dp zero tp <<<"$layout"
+  np=$((dp * tp))
+  run="$dp-$zero-$tp"
+  name="dp=$dp zero=$zero tp=$tp"
+  checks=$((checks + 2))
+  if ! timeout 180 "$mpiexec" --oversubscribe -n $np "$bin" train "${args[@]}" --dp $dp \
+      --zero $zero --tp $tp \
+      --metrics "$dir/mpi$run.jsonl" --save "$dir/mpi$run" >"$dir/mpi$run.log" 2>&1; then
+    echo "FAIL mpirun -n $np $name"; cat "$dir/mpi$run.log"; failures=$((failures + 2)); continue
   fi
-  grep -q "mpi backend" "$dir/mpi$zero.log" || { echo "FAIL zero=$zero did not use the MPI backend"; failures=$((failures + 1)); }
-  if python3 - "$(losses "$dir/one.jsonl")" "$(losses "$dir/mpi$zero.jsonl")" <<'PY'
+  grep -q "mpi backend" "$dir/mpi$run.log" || { echo "FAIL $name did not use the MPI backend"; failures=$((failures + 1)); }
+  if [ "$tp" -gt 1 ]; then  # the same layout as threads: the same final loss
+    checks=$((checks + 1))
+    "$bin" train "${args[@]}" --dp $dp --zero $zero --tp $tp --backend inproc \
+      --metrics "$dir/thr$run.jsonl" >"$dir/thr$run.log" 2>&1 || { cat "$dir/thr$run.log"; exit 1; }
+    if python3 -c "import sys; a = float(sys.argv[1].split()[-1]); b = float(sys.argv[2].split()[-1]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" \
+        "$(losses "$dir/thr$run.jsonl")" "$(losses "$dir/mpi$run.jsonl")"; then
+      echo "ok   mpirun $name: final loss equals the thread run's"
+    else
+      echo "FAIL mpirun $name: final loss $(losses "$dir/mpi$run.jsonl" | awk '{print $NF}') vs threads $(losses "$dir/thr$run.jsonl" | awk '{print $NF}')"
+      failures=$((failures + 1))
+    fi
+  fi
+  if python3 - "$(losses "$dir/one.jsonl")" "$(losses "$dir/mpi$run.jsonl")" <<'PY'
 import sys
 a = [float(x) for x in sys.argv[1].split()]
 b = [float(x) for x in sys.argv[2].split()]
@@ -28,8 +50,8 @@ assert len(a) == len(b) == 8, (a, b)
 for i, (x, y) in enumerate(zip(a, b)):
     assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: one rank {x}, mpi {y}"
 PY
-  then echo "ok   mpirun dp=2 zero=$zero: losses match one rank"; else failures=$((failures + 1)); fi
-  if python3 - "$dir/one/model.safetensors" "$dir/mpi$zero/model.safetensors" <<'PY'
+  then echo "ok   mpirun $name: losses match one rank"; else failures=$((failures + 1)); fi
+  if python3 - "$dir/one/model.safetensors" "$dir/mpi$run/model.safetensors" <<'PY'
 import json, math, struct, sys
 def load(path):  # safetensors: u64 header length, JSON header, little-endian F32 data
     with open(path, "rb") as f:
@@ -53,7 +75,16 @@ for name in a:
     norm = math.sqrt(sum(p * p for p in x))
     assert diff <= 1e-4 * norm, f"{name}: |diff| {diff} > 1e-4 x {norm}"
 PY
-  then echo "ok   mpirun dp=2 zero=$zero: final parameters match one rank"; else failures=$((failures + 1)); fi
+  then echo "ok   mpirun $name: final parameters match one rank"; else failures=$((failures + 1)); fi
 done
-echo "mpi training: $((4 - failures)) passed, $failures failed"
+# Too few processes for --dp x --tp: a ConfigError that says what is wrong, before any work.
+checks=$((checks + 1))
+if timeout 60 "$mpiexec" --oversubscribe -n 2 "$bin" train "${args[@]}" --tp 2 --dp 2 >"$dir/bad.log" 2>&1; then
+  echo "FAIL mpirun -n 2 --dp 2 --tp 2 succeeded"; failures=$((failures + 1))
+elif grep -q "mpirun started 2 processes but --dp 2 x --tp 2 = 4" "$dir/bad.log"; then
+  echo "ok   mpirun -n 2 --dp 2 --tp 2: says the job needs 4 processes"
+else
+  echo "FAIL unexpected error for too few processes:"; cat "$dir/bad.log"; failures=$((failures + 1))
+fi
+echo "mpi training: $((checks - failures)) passed, $failures failed"
 [ $failures -eq 0 ]

@@ -17,3 +17,19 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         int T, int C);
 
 }  // namespace tessera::kernels
+
+// ---- Vocabulary-parallel embedding: a rank holds rows [row_begin, row_begin + rows) of wte ----
+namespace tessera::kernels {
+
+// ASSIGNS out[N, C] = wte_local[tokens[n] - row_begin] for tokens in the rank's rows, 0 otherwise.
+void embedding_lookup_rows(float* out, const int32_t* tokens, const float* wte_local,
+                           int64_t row_begin, int64_t rows, int64_t N, int C);
+// out[B, T, C] += wpe[t, :].
+void add_positions(float* out, const float* wpe, int B, int T, int C);
+// ACCUMULATES dwte_local[tokens[n] - row_begin] += dout[n] for tokens in the rank's rows and
+// dwpe[t] += sum over b of dout[b, t] (either may be null). Serial: deterministic.
+void embedding_rows_backward(float* dwte_local, float* dwpe, const float* dout,
+                             const int32_t* tokens, int64_t row_begin, int64_t rows, int B, int T,
+                             int C);
+
+}  // namespace tessera::kernels

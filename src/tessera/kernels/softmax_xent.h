@@ -19,3 +19,28 @@ void softmax_xent_backward(float* dlogits, const float* logits, const float* lse
                            const int32_t* targets, float scale, int N, int V);
 
 }  // namespace tessera::kernels
+
+// ---- The same loss over a vocabulary split across ranks (vocabulary-parallel head) -----------
+// A rank holds logits[N, V] for the vocabulary slice [vocab_begin, vocab_begin + V). The caller
+// combines the per-row statistics across the slices (max of row_max, sum of sum_exp and
+// target_logit) and never needs the full logits.
+namespace tessera::kernels {
+
+// ASSIGNS row_max[N] = max over the slice of logits[n].
+void vocab_slice_max(float* row_max, const float* logits, int N, int V);
+
+// Given the global row maxima, ASSIGNS sum_exp[N] = sum over the slice of exp(logits[n] - max[n])
+// and target_logit[N] = logits[n, targets[n] - vocab_begin] when the target lies in the slice,
+// else 0 (also for target -1).
+void vocab_slice_sum_exp(float* sum_exp, float* target_logit, const float* logits,
+                         const float* row_max, const int32_t* targets, int64_t vocab_begin, int N,
+                         int V);
+
+// ASSIGNS dlogits[N, V] = (softmax(logits[n]) - onehot(targets[n])) * scale over the slice, with
+// the global lse[N]; the one-hot term only where the target lies in the slice; zero rows where the
+// target is -1. dlogits may alias logits.
+void softmax_xent_backward_slice(float* dlogits, const float* logits, const float* lse,
+                                 const int32_t* targets, int64_t vocab_begin, float scale, int N,
+                                 int V);
+
+}  // namespace tessera::kernels

@@ -1,6 +1,12 @@
 // GPT-2's input layer as a module: token embedding (wte) + learned positions (wpe), then the
 // "drop" dropout. forward/backward run over an activation record that the caller owns, so any
 // number of micro-batches can be in flight. Parameter gradients ACCUMULATE.
+//
+// Vocabulary parallelism (built with a TensorSplit of t > 1 ranks): wte is split by rows
+// (vocab_range in tensor_parallel.h: unequal shards when t does not divide V, no padding rows).
+// A rank looks up the tokens in its rows and writes zeros for the others; one all-reduce over the
+// group completes the lookup (exact: every element is one value plus zeros), then the positions
+// and the dropout are applied as on one device. The backward accumulates only the local rows.
 
 #pragma once
 
@@ -10,6 +16,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
 
 namespace tessera::nn {
 
@@ -22,8 +29,8 @@ class Embedding {
     float p = 0.0f;  // dropout probability in effect for this micro-batch
   };
 
-  // Registers wte ([V, C]) and wpe ([block_size, C]).
-  Embedding(ParameterSet& ps, const GPTConfig& cfg);
+  // Registers wte ([V, C], this rank's rows under `split`) and wpe ([block_size, C]).
+  Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split = {});
   Record make_record(int max_batch, Allocator& alloc) const;
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
@@ -37,6 +44,8 @@ class Embedding {
  private:
   const ParameterSet& ps_;
   GPTConfig cfg_;
+  TensorSplit split_;
+  VocabRange rows_;
   int wte_ = -1, wpe_ = -1;
   uint64_t site_;
 };

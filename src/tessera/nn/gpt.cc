@@ -32,7 +32,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   };
   unit_begin_.push_back(0);
   if (first_unit_ == 0) {
-    embedding_.emplace(params_, cfg_);
+    embedding_.emplace(params_, cfg_, tp);
     end_unit();
   }
   blocks_.reserve(static_cast<size_t>(std::max(0, last_block - first_block_ + 1)));
@@ -41,7 +41,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     end_unit();
   }
   if (last_unit_ == L + 1) {
-    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1);
+    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1, tp);
     end_unit();
   }
   // Parameter groups: replicated tensor-parallel copies count in the norm once; the two copies of
@@ -196,6 +196,16 @@ void GPT::backward() {
 const float* GPT::logits() const {
   TESSERA_CHECK(single_ != nullptr, "logits() before forward()");
   return single_->head->logits.f32();
+}
+
+std::vector<float> GPT::full_logits_row(int64_t row) const {
+  TESSERA_CHECK(single_ != nullptr && head_, "full_logits_row() before forward()");
+  const VocabRange v = head_->vocab();
+  std::vector<float> out(static_cast<size_t>(cfg_.vocab_size), 0.0f);
+  const float* slice = single_->head->logits.f32() + row * v.size();
+  std::copy(slice, slice + v.size(), out.begin() + v.begin);
+  reduce_from_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
+  return out;
 }
 
 const float* GPT::losses() const {

@@ -116,8 +116,12 @@ class GPT {
   // Single-record form (whole model): forward() then backward() of the same batch.
   double forward(const Batch& b, const StepContext& ctx);
   void backward();
-  // [B, T, V] logits of the last single-record forward(); valid until backward().
+  // [B, T, V] logits of the last single-record forward(); valid until backward(). Under tensor
+  // parallelism only this rank's vocabulary slice: [B, T, head vocab().size()].
   const float* logits() const;
+  // The full [V] logits of row `row` (b * T + t) of the last single-record forward(). Under tensor
+  // parallelism a collective over the group (each rank's slice placed, summed; exact).
+  std::vector<float> full_logits_row(int64_t row) const;
   // Per-token losses [B, T] of the last single-record forward() with targets.
   const float* losses() const;
 

@@ -1,5 +1,6 @@
 #include "tessera/nn/head.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "tessera/core/error.h"
@@ -11,11 +12,19 @@ namespace tessera::nn {
 
 namespace k = tessera::kernels;
 
-Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte)
-    : ps_(ps), cfg_(cfg), wte_(wte), owns_wte_(wte < 0) {
+Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
+    : ps_(ps),
+      cfg_(cfg),
+      split_(split),
+      vocab_(vocab_range(split, cfg.vocab_size)),
+      wte_(wte),
+      owns_wte_(wte < 0) {
   const int64_t C = cfg.n_embd;
   if (owns_wte_)  // same name, so the same initial values and checkpoint entry as the embedding's
-    wte_ = ps.add("wte.weight", {cfg.vocab_size, C}, Init::Normal, 0.02f, true);
+    wte_ = ps.add("wte.weight", {cfg.vocab_size, C}, Init::Normal, 0.02f, true,
+                  vocab_shard(split, cfg.vocab_size));
+  TESSERA_ASSERT(ps.infos()[wte_].local_shape[0] == vocab_.size(),
+                 "the head's wte does not hold its vocabulary slice");
   lnf_w_ = ps.add("ln_f.weight", {C}, Init::Ones, 0.0f, false);
   lnf_b_ = ps.add("ln_f.bias", {C}, Init::Zeros, 0.0f, false);
 }
@@ -28,7 +37,7 @@ Head::Record Head::make_record(int max_batch, Allocator& alloc,
   r.lnf = a("ln_f", cfg_.n_embd);
   r.lnf_mean = a("ln_f.mean", 1);
   r.lnf_rstd = a("ln_f.rstd", 1);
-  r.logits = a("logits", cfg_.vocab_size);
+  r.logits = a("logits", vocab_.size());
   r.lse = a("logsumexp", 1);
   r.losses = a("losses", 1);
   r.targets = a("targets", 1, DType::I32);
@@ -36,7 +45,7 @@ Head::Record Head::make_record(int max_batch, Allocator& alloc,
 }
 
 double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Record& r) const {
-  const int BT = b.B * b.T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int BT = b.B * b.T, C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
   r.x = x;
   r.B = b.B;
   r.T = b.T;
@@ -44,21 +53,54 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   r.loss_scale = ctx.loss_scale;
   k::layernorm_forward(r.lnf.f32(), r.lnf_mean.f32(), r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_),
                        ps_.param_data(lnf_b_), BT, C, cfg_.ln_eps);
-  k::matmul_nt_forward(r.logits.f32(), r.lnf.f32(), ps_.param_data(wte_), BT, C, V);
+  if (V > 0) k::matmul_nt_forward(r.logits.f32(), r.lnf.f32(), ps_.param_data(wte_), BT, C, V);
   if (!r.have_targets) return 0.0;
   std::memcpy(r.targets.data<int32_t>(), b.targets, sizeof(int32_t) * BT);
-  return k::softmax_xent_forward(r.losses.f32(), r.lse.f32(), r.logits.f32(), b.targets, BT, V);
+  if (split_.size() == 1)
+    return k::softmax_xent_forward(r.losses.f32(), r.lse.f32(), r.logits.f32(), b.targets, BT, V);
+  // Vocabulary-parallel cross-entropy from the slices: global row max, then the sums of
+  // exponentials and the target logit (one rank holds it, the others add 0), summed over the group.
+  float* row_max = r.lse.f32();
+  k::vocab_slice_max(row_max, r.logits.f32(), BT, V);
+  comm::AllReduceOptions mx;
+  mx.op = comm::ReduceOp::Max;
+  split_.group->all_reduce(row_max, static_cast<size_t>(BT), DType::F32, mx).wait();
+  Tensor stats = Tensor::empty({2 * static_cast<int64_t>(BT)}, DType::F32, MemCategory::Activations,
+                               "head.vocab_stats");
+  float* sum_exp = stats.f32();
+  float* target_logit = sum_exp + BT;
+  k::vocab_slice_sum_exp(sum_exp, target_logit, r.logits.f32(), row_max, b.targets, vocab_.begin,
+                         BT, V);
+  reduce_from_tp(split_, sum_exp, 2 * static_cast<int64_t>(BT));
+  double total = 0.0;
+  float* losses = r.losses.f32();
+  for (int n = 0; n < BT; ++n) {
+    const float lse = row_max[n] + std::log(sum_exp[n]);
+    r.lse.f32()[n] = lse;
+    losses[n] = b.targets[n] < 0 ? 0.0f : lse - target_logit[n];
+    total += losses[n];
+  }
+  return total;
 }
 
 void Head::backward(Record& r, float* dx, float* scratch) const {
   TESSERA_CHECK(r.B > 0, "backward() without a preceding forward()");
   TESSERA_CHECK(r.have_targets, "backward() needs a forward() with targets");
-  const int BT = r.B * r.T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int BT = r.B * r.T, C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
   float* dlogits = r.logits.f32();  // in place
-  k::softmax_xent_backward(dlogits, r.logits.f32(), r.lse.f32(), r.targets.data<int32_t>(),
-                           r.loss_scale, BT, V);
-  k::matmul_nt_backward(scratch, ps_.grad_data(wte_), dlogits, r.lnf.f32(), ps_.param_data(wte_),
-                        BT, C, V);
+  if (split_.size() == 1)
+    k::softmax_xent_backward(dlogits, r.logits.f32(), r.lse.f32(), r.targets.data<int32_t>(),
+                             r.loss_scale, BT, V);
+  else
+    k::softmax_xent_backward_slice(dlogits, r.logits.f32(), r.lse.f32(), r.targets.data<int32_t>(),
+                                   vocab_.begin, r.loss_scale, BT, V);
+  if (V > 0) {
+    k::matmul_nt_backward(scratch, ps_.grad_data(wte_), dlogits, r.lnf.f32(), ps_.param_data(wte_),
+                          BT, C, V);
+  } else {
+    std::memset(scratch, 0, sizeof(float) * static_cast<size_t>(BT) * C);
+  }
+  copy_to_tp_backward(split_, scratch, static_cast<int64_t>(BT) * C);  // sum over the slices
   std::memset(dx, 0, sizeof(float) * static_cast<size_t>(BT) * C);
   k::layernorm_backward(dx, ps_.grad_data(lnf_w_), ps_.grad_data(lnf_b_), scratch, r.x,
                         ps_.param_data(lnf_w_), r.lnf_mean.f32(), r.lnf_rstd.f32(), BT, C);

@@ -5,6 +5,13 @@
 // pipeline stage without the embedding the head registers its own copy of "wte.weight", whose
 // gradient the caller sums with the first stage's (Megatron's embedding group) so both copies stay
 // equal to one device's.
+//
+// Vocabulary parallelism (a TensorSplit of t > 1 ranks; wte split by rows as in embedding.h): a
+// rank computes the logits of its vocabulary slice only, and the cross-entropy is assembled from
+// per-row statistics (all-reduce of the row maxima with max, then one all-reduce of the sums of
+// exponentials and of the target logit); the full logits are never gathered. Backward: the local
+// dlogits, dwte_local += dlogits^T . ln_f(x), and d ln_f(x) = dlogits . wte_local summed over the
+// group (copy_to_tp_backward). There are no padding rows, so a padding logit cannot exist.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +22,7 @@
 #include "tessera/nn/activations.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
 
 namespace tessera::nn {
 
@@ -22,7 +30,7 @@ class Head {
  public:
   struct Record {
     Tensor lnf, lnf_mean, lnf_rstd;  // [B, T, C], [B, T], [B, T]
-    Tensor logits;                   // [B, T, V]; the backward turns it into dlogits in place
+    Tensor logits;                   // [B, T, V_local]; the backward turns it into dlogits in place
     Tensor lse, losses;              // [B, T]
     Tensor targets;                  // I32 [B, T]
     const float* x = nullptr;        // the head's input, kept alive by the caller
@@ -32,10 +40,13 @@ class Head {
   };
 
   // Registers ln_f; `wte` is the index of the tied embedding in `ps`, or -1 to register a copy.
-  Head(ParameterSet& ps, const GPTConfig& cfg, int wte);
+  // With a split, wte must be this rank's rows (vocab_shard).
+  Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split = {});
   Record make_record(int max_batch, Allocator& alloc,
                      std::vector<NamedActivation>* list = nullptr) const;
   int wte() const { return wte_; }
+  // The vocabulary slice whose logits this rank computes (all of it without a split).
+  VocabRange vocab() const { return vocab_; }
   bool owns_wte() const { return owns_wte_; }
 
   // Logits of x[B, T, C]; returns the SUM of the token cross-entropies over targets that are not
@@ -48,6 +59,8 @@ class Head {
  private:
   const ParameterSet& ps_;
   GPTConfig cfg_;
+  TensorSplit split_;
+  VocabRange vocab_;
   int wte_, lnf_w_, lnf_b_;
   bool owns_wte_;
 };

@@ -45,6 +45,21 @@ int64_t ParamInfo::global_index(int64_t i) const {
   return (outer * global_d + gc) * inner + in;
 }
 
+std::vector<std::pair<int64_t, int64_t>> ParamInfo::global_runs(int64_t local_begin,
+                                                                int64_t n) const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  if (n <= 0) return runs;
+  if (shard.dim < 0) return {{local_begin, n}};
+  for (int64_t i = local_begin; i < local_begin + n; ++i) {
+    const int64_t g = global_index(i);
+    if (!runs.empty() && runs.back().first + runs.back().second == g)
+      ++runs.back().second;
+    else
+      runs.emplace_back(g, 1);
+  }
+  return runs;
+}
+
 int ParameterSet::add(std::string name, Shape global_shape, Init init, float init_std,
                       bool weight_decay, ShardSpec shard) {
   TESSERA_ASSERT(!materialized(), "parameter ", name, " registered after materialize()");

@@ -59,6 +59,9 @@ struct ParamInfo {
   int64_t global_numel() const { return shape_numel(global_shape); }
   // Global flat index (row-major in global_shape) of local flat element `i`.
   int64_t global_index(int64_t i) const;
+  // The local elements [local_begin, local_begin + n) as runs of consecutive global indices, in
+  // local order: {global offset, length} each. What a rank reads of a full tensor in a file.
+  std::vector<std::pair<int64_t, int64_t>> global_runs(int64_t local_begin, int64_t n) const;
 };
 
 class ParameterSet {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "tessera/comm/communicator.h"
+#include "tessera/nn/parameters.h"
 
 namespace tessera::nn {
 
@@ -21,6 +22,18 @@ struct TensorSplit {
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
 };
+
+// The vocabulary rows [begin, end) a tensor-parallel rank holds of wte (the vocabulary-parallel
+// embedding and head): rank r holds [r * ceil(V/t), min(V, (r + 1) * ceil(V/t))). When t does not
+// divide V the last shards are shorter (possibly empty); there are no padding rows, so no logit
+// exists for a token outside the vocabulary and padding can never be predicted.
+struct VocabRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+VocabRange vocab_range(const TensorSplit& s, int64_t vocab_size);
+// The ShardSpec of wte [V, C] for this rank's rows (whole tensor without tensor parallelism).
+ShardSpec vocab_shard(const TensorSplit& s, int64_t vocab_size);
 
 // Identity (the forward half of copy_to_tp); kept as a call so the layer reads like the math.
 inline void copy_to_tp(const TensorSplit&, const float*, int64_t) {}

@@ -18,8 +18,8 @@ nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTL
 }
 
 DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
-                           Allocator& alloc)
-    : model_(model), ps_(model.params()), dp_(dp), o_(o) {
+                           Allocator& alloc, ModelParallelGroups mp)
+    : model_(model), ps_(model.params()), dp_(dp), o_(o), mp_(mp), alloc_(alloc) {
   TESSERA_CHECK_AS(ConfigError, o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ",
                    o.zero);
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
@@ -48,8 +48,8 @@ void DataParallel::load_optimizer_state(const io::SafetensorsFile& file) {
   for (auto& [kind, buf] : opt_->state_buffers())
     for (const optim::Segment& s : opt_->segments()) {
       const nn::ParamInfo& info = ps_.infos()[s.param];
-      reads.push_back({kind + "." + info.name, info.global_shape, s.param_offset, s.n,
-                       buf.f32() + s.state_offset});
+      append_slice_reads(reads, kind + "." + info.name, info, s.param_offset, s.n,
+                         buf.f32() + s.state_offset);
     }
   io::load_slices(file, reads, " (was the checkpoint written with another --optimizer?)");
 }
@@ -68,6 +68,11 @@ void DataParallel::end_backward() {
 
 double DataParallel::grad_norm() {
   const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
+  if (mp_.world != nullptr && mp_.world->size() > dp_.size()) {
+    // Replicas of a ZeRO-0 segment are identical over dp: count data-parallel rank 0's.
+    const double mine = zero_->sharded() || dp_.rank() == 0 ? local : 0.0;
+    return std::sqrt(all_reduce_sum(*mp_.world, mine));
+  }
   return std::sqrt(zero_->sharded() ? all_reduce_sum(dp_, local) : local);
 }
 
@@ -81,6 +86,32 @@ void DataParallel::optimizer_step(float lr) {
     opt_->step(lr);
   }
   zero_->after_optimizer_step();
+}
+
+io::NamedTensors DataParallel::assemble_tensor_parallel(io::NamedTensors local) {
+  if (mp_.tp == nullptr || mp_.tp->size() == 1) return local;
+  for (auto& [name, t] : local) {
+    int i = ps_.contains(name) ? ps_.index(name) : -1;
+    if (i < 0) {  // "<kind>.<param>"
+      const size_t dot = name.find('.');
+      TESSERA_ASSERT(dot != std::string::npos && ps_.contains(name.substr(dot + 1)),
+                     "no parameter for checkpoint tensor ", name);
+      i = ps_.index(name.substr(dot + 1));
+    }
+    const nn::ParamInfo& info = ps_.infos()[i];
+    if (info.tp_replicated()) continue;  // every tensor-parallel rank holds the same values
+    TESSERA_ASSERT(t.numel() == info.local_numel(), "checkpoint tensor ", name, " has ", t.numel(),
+                   " elements, the shard ", info.local_numel());
+    Tensor full = Tensor::zeros(info.global_shape, DType::F32, MemCategory::Buffers,
+                                "checkpoint.tp_gather", &alloc_);
+    const float* src = t.f32();
+    float* dst = full.f32();
+    for (int64_t j = 0; j < info.local_numel(); ++j) dst[info.global_index(j)] = src[j];
+    // The shards are disjoint: each element is one rank's value plus zeros (exact).
+    mp_.tp->all_reduce(dst, static_cast<size_t>(full.numel()), DType::F32).wait();
+    t = std::move(full);
+  }
+  return local;
 }
 
 // ---- hooks -----------------------------------------------------------------------------------

@@ -34,6 +34,13 @@ struct DataParallelOptions {
 // every bucket splits into equal 64-byte-aligned shards; full buffers only where not sharded.
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {});
 
+// The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
+// gradient norm is summed, and the tensor-parallel group, over which checkpoints gather shards.
+struct ModelParallelGroups {
+  comm::Communicator* world = nullptr;  // null: the data-parallel group is the world
+  comm::Communicator* tp = nullptr;     // null: no tensor parallelism
+};
+
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
     std::vector<optim::Segment> segments, int64_t state_elems)>;
 
@@ -41,7 +48,7 @@ class DataParallel final : public nn::UnitHooks {
  public:
   // Adds itself to the model's hooks. The model must have been built with gpt_layout_for(o, dp).
   DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
-               Allocator& alloc);
+               Allocator& alloc, ModelParallelGroups mp = {});
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -56,16 +63,20 @@ class DataParallel final : public nn::UnitHooks {
   // Optimizer state from a file of "<kind>.<parameter name>" tensors (any layout wrote it).
   void load_optimizer_state(const io::SafetensorsFile& file);
 
-  // Collective: the full parameters / optimizer state under their global names, on every rank.
-  io::NamedTensors full_weights() { return zero_->full_weights(); }
-  io::NamedTensors full_optimizer_state() { return zero_->full_optimizer_state(*opt_); }
+  // Collective: the full parameters / optimizer state under their global names, on every rank
+  // (gathered over the data-parallel group, then tensor-parallel shards over the tp group).
+  io::NamedTensors full_weights() { return assemble_tensor_parallel(zero_->full_weights()); }
+  io::NamedTensors full_optimizer_state() {
+    return assemble_tensor_parallel(zero_->full_optimizer_state(*opt_));
+  }
 
   // One optimizer step: begin_step(); per micro-batch { begin_micro_batch(last); forward;
   // backward; } end_backward(); grad_norm(); clip(); optimizer_step().
   void begin_step();
   void begin_micro_batch(bool last) { last_micro_ = last; }
   void end_backward();  // waits for every reduction
-  // The exact global gradient norm (each global element counted once; collective when sharded).
+  // The exact global gradient norm (each global element counted once: counts_in_norm, ZeRO
+  // shards, and with ZeRO-0 only data-parallel rank 0's replica; summed over the world).
   double grad_norm();
   void clip(double norm, double max_norm);
   void optimizer_step(float lr);
@@ -86,12 +97,17 @@ class DataParallel final : public nn::UnitHooks {
   void for_each_bucket_of(int unit, F f);
   void bucket_backward_done(int bucket);
   void launch(int bucket);
+  // Tensors of this rank's local shapes (named "<param>" or "<kind>.<param>") -> full tensors:
+  // each tensor-parallel shard placed at its global indices, summed over the tp group.
+  io::NamedTensors assemble_tensor_parallel(io::NamedTensors local);
   void drain(size_t keep);  // completes reductions until at most `keep` remain
 
   nn::GPT& model_;
   nn::ParameterSet& ps_;
   comm::Communicator& dp_;
   DataParallelOptions o_;
+  ModelParallelGroups mp_;
+  Allocator& alloc_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;  // index: unit - model.first_unit()
   CommVolume volume_;

@@ -6,6 +6,14 @@
 
 namespace tessera::parallel {
 
+void append_slice_reads(std::vector<io::SliceRead>& reads, const std::string& name,
+                        const nn::ParamInfo& info, int64_t local_begin, int64_t n, float* dst) {
+  for (const auto& [global, len] : info.global_runs(local_begin, n)) {
+    reads.push_back({name, info.global_shape, global, len, dst});
+    dst += len;
+  }
+}
+
 ZeroStrategy::ZeroStrategy(const ZeroContext& c) : c_(c), rank_(c.dp.rank()), size_(c.dp.size()) {
   for (auto it = c_.buckets.rbegin(); it != c_.buckets.rend(); ++it) {  // flat order
     it->shard_offset = shard_elems_;
@@ -24,7 +32,19 @@ void ZeroStrategy::initialize(uint64_t seed) {
 }
 
 void ZeroStrategy::load_weights(const io::SafetensorsFile& file) {
-  io::load_into(file, parameter_views());
+  bool sharded = false;
+  for (const nn::ParamInfo& info : c_.ps.infos()) sharded = sharded || !info.tp_replicated();
+  if (!sharded) {
+    io::load_into(file, parameter_views());
+    return;
+  }
+  // Tensor-parallel shards: each rank reads its runs of the full tensors.
+  std::vector<io::SliceRead> reads;
+  for (int i = 0; i < c_.ps.size(); ++i) {
+    const nn::ParamInfo& info = c_.ps.infos()[i];
+    append_slice_reads(reads, info.name, info, 0, info.local_numel(), c_.ps.param_data(i));
+  }
+  io::load_slices(file, reads);
 }
 
 io::NamedTensors ZeroStrategy::full_weights() {
@@ -206,7 +226,7 @@ class ShardedParameters : public ShardedGradients {
     std::vector<io::SliceRead> reads;
     for (const optim::Segment& s : segments()) {
       const nn::ParamInfo& info = c_.ps.infos()[s.param];
-      reads.push_back({info.name, info.global_shape, s.param_offset, s.n, s.value});
+      append_slice_reads(reads, info.name, info, s.param_offset, s.n, s.value);
     }
     io::load_slices(file, reads);
   }

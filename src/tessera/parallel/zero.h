@@ -38,6 +38,12 @@ struct CommVolume {
   double total() const { return all_reduce + reduce_scatter + all_gather; }
 };
 
+// Reads of a full tensor `name` (stored with `info`'s global shape) that fill the local elements
+// [local_begin, local_begin + n) of `info` at dst: one run per stretch of consecutive global
+// indices (a tensor-parallel shard, a piece of a ZeRO shard, or both).
+void append_slice_reads(std::vector<io::SliceRead>& reads, const std::string& name,
+                        const nn::ParamInfo& info, int64_t local_begin, int64_t n, float* dst);
+
 // What a strategy works on (owned by the DataParallel engine).
 struct ZeroContext {
   nn::ParameterSet& ps;

@@ -43,8 +43,8 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
     int T = std::min<int>(block, static_cast<int>(context.size()));
     nn::Batch b{context.data() + context.size() - T, nullptr, 1, T, 0};
     model.forward(b, nn::StepContext{opt.seed, 0, false, 1.0f});
-    const float* last = model.logits() + static_cast<int64_t>(T - 1) * V;
-    int32_t next = sample_logits(last, V, opt.temperature, opt.top_k,
+    const std::vector<float> last = model.full_logits_row(T - 1);  // collective under --tp
+    int32_t next = sample_logits(last.data(), V, opt.temperature, opt.top_k,
                                  philox_uniform(opt.seed, stream, static_cast<uint64_t>(i)));
     context.push_back(next);
     out.push_back(next);

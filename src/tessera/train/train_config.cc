@@ -14,7 +14,7 @@ namespace tessera::train {
   X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
+  X(dp) X(tp) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -61,6 +61,14 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
+void check_tensor_parallel(int heads, int dim, int tp) {
+  TESSERA_CHECK_AS(ConfigError, heads % tp == 0, "--tp ", tp, " does not divide the ", heads,
+                   " attention heads; choose --tp among the divisors of the head count");
+  TESSERA_CHECK_AS(ConfigError, (4 * static_cast<int64_t>(dim)) % tp == 0, "--tp ", tp,
+                   " does not divide the MLP width 4 x dim = ", 4 * static_cast<int64_t>(dim),
+                   "; choose --tp dividing it");
+}
+
 void TrainConfig::validate() const {
   auto positive = [](const char* key, int64_t v) {
     TESSERA_CHECK_AS(ConfigError, v > 0, "--", key, " must be positive, got ", v);
@@ -81,6 +89,9 @@ void TrainConfig::validate() const {
                    " does not divide --dim ", dim,
                    "; choose heads so that dim/heads is a whole number");
   positive("dp", dp);
+  TESSERA_CHECK_AS(ConfigError, tp >= 1,
+                   "--tp must be at least 1 (1 = no tensor parallelism), got ", tp);
+  if (resume.empty() && init_from.empty()) check_tensor_parallel(new_model_heads(), dim, tp);
   TESSERA_CHECK_AS(ConfigError, batch % dp == 0, "--batch ", batch, " does not split over --dp ",
                    dp, " ranks; choose a batch that is a multiple of dp");
   TESSERA_CHECK_AS(ConfigError,

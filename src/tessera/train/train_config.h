@@ -39,6 +39,7 @@ struct TrainConfig {
 
   // Parallelism.
   int dp = 1;                    // data-parallel ranks (threads here, or the processes of mpirun)
+  int tp = 1;                    // tensor-parallel ranks per data-parallel replica (world = dp*tp)
   int zero = 0;                  // ZeRO stage 0..3
   double bucket_mb = 25;         // gradient bucket size (MiB)
   bool overlap = true;           // overlap bucket communication with backward
@@ -64,7 +65,11 @@ struct TrainConfig {
   // Throws ConfigError naming the offending key and what is accepted.
   void validate() const;
   int new_model_heads() const { return heads > 0 ? heads : 4; }
+  int world() const { return dp * tp; }  // ranks of the job
 };
+
+// ConfigError unless --tp divides the head count and the MLP width 4 * dim (Megatron's split).
+void check_tensor_parallel(int heads, int dim, int tp);
 
 nlohmann::json to_json(const TrainConfig& c);
 // Starts from the defaults; unknown keys and values of the wrong type are ConfigErrors.

@@ -141,6 +141,7 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   TESSERA_CHECK_AS(ConfigError, cfg.seq <= mcfg.block_size, "--seq ", cfg.seq,
                    " is longer than the model's context of ", mcfg.block_size, " positions");
   nn::validate(mcfg);
+  check_tensor_parallel(mcfg.n_head, mcfg.n_embd, cfg.tp);
   plan.split = data::split_train_val(plan.pd.tokens->size(), cfg.val_fraction, cfg.seq + 1);
   plan.unigram_entropy =
       data::unigram_entropy(*plan.pd.tokens, plan.split.train.begin, plan.split.train.end);
@@ -201,9 +202,11 @@ class RankRun {
   int64_t step_ = 0;
 };
 
-nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo) {
+nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo,
+                           const parallel::Mesh& mesh) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
+  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp()};
   return parallel::gpt_layout_for(dpo, cfg.dp, base);
 }
 
@@ -212,7 +215,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     : cfg_(cfg),
       plan_(plan),
       world_(world),
-      mesh_(world, parallel::MeshShape{cfg.dp, 1, 1}),
+      mesh_(world, parallel::MeshShape{cfg.dp, 1, cfg.tp}),
       lead_(world.rank() == 0),
       log_(lead_ ? log : nullptr),
       alloc_("rank " + std::to_string(world.rank()),
@@ -227,9 +230,11 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       n_micro_(per_rank_ / micro_),
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
       dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
-      model_(plan.mcfg, micro_, alloc_, model_layout(cfg, dpo_)),
+      model_(plan.mcfg, micro_, alloc_, model_layout(cfg, dpo_, mesh_)),
       timeline_(model_.num_units(), model_.num_units() - 1),
-      engine_((model_.add_hooks(&timeline_), model_), mesh_.dp(), dpo_, alloc_),
+      engine_((model_.add_hooks(&timeline_), model_), mesh_.dp(), dpo_, alloc_,
+              parallel::ModelParallelGroups{cfg.tp > 1 ? &world : nullptr,
+                                            cfg.tp > 1 ? &mesh_.tp() : nullptr}),
       executor_(model_, engine_),
       schedule_(parallel::single_stage_schedule(n_micro_)),
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
@@ -280,16 +285,16 @@ void RankRun::restore_or_initialize() {
 
 void RankRun::print_header() {
   const nn::GPTConfig& m = plan_.mcfg;
-  const int threads = set_compute_threads(cfg_.threads > 0 ? cfg_.threads : 0, cfg_.dp);
+  const int threads = set_compute_threads(cfg_.threads > 0 ? cfg_.threads : 0, cfg_.world());
   char line[700];
   std::snprintf(
       line, sizeof line,
       "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | zero %d | recompute %s | %s backend, %d "
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d | zero %d | recompute %s | %s backend, %d "
       "thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
       m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
       model_.params().global_numel() / 1e6, cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_,
-      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      cfg_.tp, cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -374,7 +379,7 @@ void RankRun::save(int64_t at_step) {
                {"optimizer_steps", opt.steps()},
                {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
                {"config", to_json(cfg_)},
-               {"layout", {{"dp", cfg_.dp}, {"zero", cfg_.zero}}},
+               {"layout", {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"zero", cfg_.zero}}},
                {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     export_weights(c.model, plan_.mcfg, cfg_.save);
@@ -397,7 +402,8 @@ void RankRun::validate(int64_t at_step) {
 
 void RankRun::sample() {
   if (!plan_.pd.tokenizer || cfg_.sample_tokens <= 0) return;
-  // Every rank samples (ZeRO-3 gathers parameters collectively); rank 0 prints.
+  // Every rank samples (ZeRO-3 gathers parameters, tensor parallelism the logits' vocabulary
+  // slices, collectively); rank 0 prints.
   std::vector<uint32_t> p = plan_.pd.tokenizer->encode(cfg_.prompt);
   std::vector<int32_t> prompt(p.begin(), p.end());
   if (prompt.empty())
@@ -479,8 +485,10 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   const comm::Backend backend = comm::resolve_backend(comm::parse_backend(cfg.backend));
   if (backend == comm::Backend::Mpi) {
     std::unique_ptr<comm::Communicator> world = comm::mpi_world();
-    TESSERA_CHECK_AS(ConfigError, world->size() == cfg.dp, "mpirun started ", world->size(),
-                     " processes but --dp is ", cfg.dp, "; pass --dp ", world->size());
+    TESSERA_CHECK_AS(ConfigError, world->size() == cfg.world(), "mpirun started ", world->size(),
+                     " processes but --dp ", cfg.dp, " x --tp ", cfg.tp, " = ", cfg.world(),
+                     "; start ", cfg.world(), " processes (mpirun -np ", cfg.world(),
+                     ") or choose --dp x --tp = ", world->size());
     // Rank 0 prepares the data (and fills the cache) before the others read it.
     std::optional<RunPlan> plan;
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
@@ -494,7 +502,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     return train_rank(cfg, *plan, *world, log);
   }
   RunPlan plan = make_plan(cfg, log);
-  if (cfg.dp == 1) {
+  if (cfg.world() == 1) {
     // One rank: no threads to start; a size-1 communicator short-circuits every collective.
     TrainResult result;
     comm::run_inproc(
@@ -502,7 +510,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     return result;
   }
   TrainResult result;
-  comm::run_inproc(cfg.dp, [&](comm::Communicator& world) {
+  comm::run_inproc(cfg.world(), [&](comm::Communicator& world) {
     TrainResult r = train_rank(cfg, plan, world, log);
     if (world.rank() == 0) result = std::move(r);
   });

@@ -25,8 +25,9 @@ struct TrainResult {
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
 };
 
-// Runs the whole job: cfg.dp ranks as threads of this process (inproc backend), or this
-// process's rank of an mpirun job (MPI backend, chosen automatically under mpirun). Rank 0's
+// Runs the whole job: cfg.dp x cfg.tp ranks as threads of this process (inproc backend), or this
+// process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically under
+// mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
 // `log` receives the progress line and messages (nullptr: silent); rank 0's result is returned
 // (other MPI ranks return theirs).
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log);

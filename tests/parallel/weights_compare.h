@@ -1,0 +1,55 @@
+// Reading a run's saved weights and comparing two runs' weights tensor by tensor (shared by the
+// data- and tensor-parallel equivalence tests).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/io/safetensors.h"
+
+namespace tessera::train::testing {
+
+inline std::map<std::string, std::vector<float>> read_weights(const std::filesystem::path& file) {
+  io::SafetensorsFile f(file);
+  std::map<std::string, std::vector<float>> out;
+  for (const std::string& n : f.names()) {
+    std::vector<float> v(f.info(n).numel());
+    f.read_f32(n, v.data(), static_cast<int64_t>(v.size()));
+    out[n] = std::move(v);
+  }
+  return out;
+}
+
+// Per tensor: ||b - a|| <= rel * ||a|| (2-norm), the usual relative error of a tensor.
+inline void expect_same_weights(const std::map<std::string, std::vector<float>>& a,
+                                const std::map<std::string, std::vector<float>>& b, double rel) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, va] : a) {
+    const std::vector<float>& vb = b.at(name);
+    ASSERT_EQ(va.size(), vb.size()) << name;
+    // The key bias (the middle third of c_attn.bias) has a gradient that is exactly zero in exact
+    // arithmetic: adding a constant to every key's dot product with a query does not change the
+    // softmax. In fp32 it receives rounding noise (~1e-9, below AdamW's eps), which AdamW turns
+    // into steps, so its values depend on summation order in any layout, even on the number of
+    // micro-batches of one rank. It is checked to stay negligible instead.
+    const bool key_bias = name.ends_with("attn.c_attn.bias");
+    const size_t C = va.size() / 3;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < va.size(); ++i) {
+      if (key_bias && i >= C && i < 2 * C) {
+        EXPECT_LT(std::abs(vb[i]), 1e-3) << name << "[" << i << "]";
+        continue;
+      }
+      diff += (static_cast<double>(vb[i]) - va[i]) * (static_cast<double>(vb[i]) - va[i]);
+      norm += static_cast<double>(va[i]) * va[i];
+    }
+    EXPECT_LE(std::sqrt(diff), rel * std::sqrt(norm)) << name;
+  }
+}
+
+}  // namespace tessera::train::testing
