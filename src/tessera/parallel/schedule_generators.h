@@ -1,4 +1,4 @@
-// Generators of the named pipeline schedules (DESIGN.md 6.3): for every pipeline rank, its
+// Generators of the named pipeline schedules (docs/ARCHITECTURE.md, decision 18): for every pipeline rank, its
 // actions in order. A compute action whose chunk borders another stage is preceded by the receive
 // it needs and followed by the send the next stage needs (RecvForward F SendForward; RecvBackward
 // B SendBackward; the first model stage receives no activation, the last no gradient), and every
