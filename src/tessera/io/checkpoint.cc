@@ -9,6 +9,7 @@
 #include "tessera/core/mapped_file.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/io/checksum.h"
+#include "tessera/io/json_parse.h"
 
 namespace tessera::io {
 namespace fs = std::filesystem;
@@ -228,7 +229,7 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   const fs::path state_path = step_dir / kStateFile;
   json state;
   try {
-    state = json::parse(read_file(state_path));
+    state = parse_json(read_file(state_path));
   } catch (const json::exception& e) {
     throw IoError(detail::concat("The checkpoint state file ", state_path.string(),
                                  " is not valid JSON (", e.what(),
