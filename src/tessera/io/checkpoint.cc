@@ -141,12 +141,11 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
-                         const CheckpointOptions& options) {
-  TESSERA_CHECK_AS(ConfigError, options.keep_last >= 1, "keep_last must be at least 1, got ",
-                   options.keep_last, ".");
-  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "A checkpoint step must be non-negative, got ",
-                   ckpt.step, ".");
+namespace {
+
+// save_checkpoint without the message context.
+fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
+                               const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fs_error("Creating the checkpoint directory", dir, ec);
@@ -191,6 +190,31 @@ fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
   write_file_atomic(dir / kLatestFile, name + "\n");
   prune(dir, options.keep_last, final_dir);
   return final_dir;
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
+                         const CheckpointOptions& options) {
+  TESSERA_CHECK_AS(ConfigError, options.keep_last >= 1, "keep_last must be at least 1, got ",
+                   options.keep_last, ".");
+  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "A checkpoint step must be non-negative, got ",
+                   ckpt.step, ".");
+  try {
+    return save_checkpoint_steps(dir, ckpt, options);
+  } catch (const IoError& e) {
+    // Say what failed (a full disk, an unwritable directory: the path and the system's reason
+    // are in e) and what the user still has.
+    std::string still;
+    try {
+      const auto latest = find_latest_checkpoint(dir);
+      still = latest ? " The latest complete checkpoint is still " + latest->string() + "."
+                     : " There is no earlier complete checkpoint in " + dir.string() + ".";
+    } catch (const Error&) {
+    }
+    throw IoError(detail::concat("Could not save checkpoint ", step_dir_name(ckpt.step), " in ",
+                                 dir.string(), ": ", e.what(), still));
+  }
 }
 
 std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
