@@ -21,6 +21,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -221,6 +222,7 @@ TEST_F(FullDiskTest, SaveCheckpointAtEveryPointOfAFullDisk) {
     const fs::path ckdir = disk_ / "ckpt";
     int failures = 0;
     bool succeeded = false;
+    std::set<std::string> failed_in;
     for (size_t extra = 0; extra <= (1u << 20) && !succeeded; extra += 4096) {
       fs::remove_all(ckdir);
       if (std::string why = resize_tmpfs(disk_, 8 << 20); !why.empty()) return "FAIL: " + why;
@@ -238,6 +240,12 @@ TEST_F(FullDiskTest, SaveCheckpointAtEveryPointOfAFullDisk) {
           out << "FAIL (" << extra << " bytes free): the path is not named: " << msg << "\n";
         if (msg.find("No space left on device") == std::string::npos)
           out << "FAIL (" << extra << " bytes free): the reason is not given: " << msg << "\n";
+        // "... Cannot write <path>: ..." names the file being written when space ran out.
+        const size_t at = msg.find("Cannot write ");
+        if (at != std::string::npos) {
+          const size_t begin = at + std::string_view("Cannot write ").size();
+          failed_in.insert(fs::path(msg.substr(begin, msg.find(": ", begin) - begin)).filename());
+        }
       }
       if (std::string bad = check_consistent(ckdir, succeeded); !bad.empty())
         out << "FAIL (" << extra << " bytes free): " << bad << "\n";
@@ -249,8 +257,13 @@ TEST_F(FullDiskTest, SaveCheckpointAtEveryPointOfAFullDisk) {
           out << "FAIL (retry after " << extra << " bytes free): " << bad << "\n";
       }
     }
-    out << failures << " failed saves before one fit\n";
-    if (failures < 10) out << "FAIL: expected many failure points, saw " << failures << "\n";
+    out << failures << " failed saves before one fit, in:";
+    for (const std::string& f : failed_in) out << " " << f;
+    out << "\n";
+    // Every file of a save ran out of space at some size: every step of the save was tried.
+    const std::set<std::string> all = {kModelFile, kOptimizerFile, kConfigFile, kStateFile,
+                                       kLatestFile};
+    if (failed_in != all) out << "FAIL: expected failures in every file of a save\n";
     if (!succeeded) out << "FAIL: the save never fitted\n";
     return out.str();
   });

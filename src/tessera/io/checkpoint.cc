@@ -267,8 +267,9 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
                    state_path.string(), " has checkpoint format_version ", version.dump(),
                    "; this build of tessera reads version ", kFormatVersion, ".");
   const json& step = field(state, "step", state_path);
-  TESSERA_CHECK_AS(IoError, step.is_number_integer(), state_path.string(),
-                   " has a non-integer \"step\": ", step.dump(), ".");
+  TESSERA_CHECK_AS(IoError, step.is_number_integer() && step.get<int64_t>() >= 0,
+                   state_path.string(),
+                   " has a \"step\" that is not a non-negative integer: ", step.dump(), ".");
   const json& files = field(state, "files", state_path);
   for (const char* name : {kModelFile, kOptimizerFile, kConfigFile}) {
     verify_file(step_dir, name, field(files, name, state_path), state_path,
@@ -279,6 +280,10 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   out.dir = step_dir;
   out.step = step.get<int64_t>();
   out.state = state.contains("state") ? state["state"] : json::object();
+  TESSERA_CHECK_AS(IoError, out.state.is_object(), "The checkpoint state file ",
+                   state_path.string(),
+                   " has a \"state\" that is not an object: the checkpoint is corrupt; use an "
+                   "earlier checkpoint.");
   const json& tv = field(state, "tessera_version", state_path);
   out.tessera_version = tv.is_string() ? tv.get<std::string>() : tv.dump();
   out.config = read_hf_config(step_dir / kConfigFile);
