@@ -12,8 +12,6 @@
 namespace tessera::fuzz {
 namespace {
 
-void remove_scratch();
-
 std::filesystem::path make_scratch() {
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/tessera-fuzz-XXXXXX";
@@ -22,18 +20,24 @@ std::filesystem::path make_scratch() {
                  std::strerror(errno));
     std::abort();
   }
-  std::atexit(remove_scratch);
   return pattern;
 }
 
-const std::filesystem::path& scratch() {
-  static const std::filesystem::path dir = make_scratch();
-  return dir;
-}
+// Never destroyed, so that the exit handler below can still read it (a function-local static
+// would be destroyed before a handler registered while constructing it runs).
+const std::filesystem::path* g_scratch = nullptr;
 
 void remove_scratch() {
   std::error_code ec;
-  std::filesystem::remove_all(scratch(), ec);
+  std::filesystem::remove_all(*g_scratch, ec);
+}
+
+const std::filesystem::path& scratch() {
+  if (g_scratch == nullptr) {
+    g_scratch = new std::filesystem::path(make_scratch());
+    std::atexit(remove_scratch);
+  }
+  return *g_scratch;
 }
 
 }  // namespace
