@@ -8,7 +8,9 @@
 
 #include "commands.h"
 #include "tessera/core/error.h"
+#include "tessera/io/atomic_file.h"
 #include "tessera/io/checkpoint.h"
+#include "tessera/train/metrics.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::app {
@@ -54,6 +56,11 @@ void run(TrainFlags& f, int& exit_code) {
     if (opt->count() > 0) merged[key] = given_json[key];
   merged["resume"] = resume;
   train::TrainConfig cfg = train::train_config_from_json(merged);
+  // Fail before any work when the results could not be written (docs/RELIABILITY.md).
+  if (!cfg.save.empty()) io::check_writable_directory(cfg.save);
+  if (!cfg.metrics.empty()) {
+    train::MetricsWriter probe(cfg.metrics, /*append=*/true);
+  }
   train::TrainResult r = train::run_training(cfg, stdout);
   exit_code = 0;
   if (r.rank != 0) return;  // under mpirun, rank 0 reports

@@ -109,6 +109,23 @@ TEST_F(CheckpointTest, TruncatedOrMissingFile) {
   expect_error<IoError>([&] { load_checkpoint(ckdir()); }, {"state.json", "not valid JSON"});
 }
 
+TEST_F(CheckpointTest, StateMustBeAnObjectAndStepNonNegative) {
+  // Found by fuzzing: both loaded, and the trainer then failed on the state (docs/RELIABILITY.md).
+  save_checkpoint(ckdir(), make(100));
+  const fs::path state_file = ckdir() / "step-00000100" / kStateFile;
+  const json saved = json::parse(slurp(state_file));
+  json bad = saved;
+  bad["state"] = 5;
+  spit(state_file, bad.dump());
+  expect_error<IoError>([&] { load_checkpoint(ckdir()); },
+                        {"state.json", "\"state\" that is not an object"});
+  bad = saved;
+  bad["step"] = -3;
+  spit(state_file, bad.dump());
+  expect_error<IoError>([&] { load_checkpoint(ckdir()); },
+                        {"state.json", "\"step\" that is not a non-negative integer: -3"});
+}
+
 TEST_F(CheckpointTest, CrashLeftoversFallBackToPreviousCheckpoint) {
   save_checkpoint(ckdir(), make(100));
   save_checkpoint(ckdir(), make(200));

@@ -31,6 +31,28 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreErrors) {
   EXPECT_THROW(train_config_from_json(nlohmann::json::array()), ConfigError);
 }
 
+TEST(TrainConfig, NumbersMustFitTheirField) {
+  using nlohmann::json;
+  // Rejected rather than wrapped, truncated or overflowed (found by fuzzing, docs/RELIABILITY.md).
+  for (const json& bad :
+       {json{{"vocab", 4294967809u}}, json{{"vocab", 1e300}}, json{{"layers", 2.5}},
+        json{{"seed", -1}}, json{{"steps", true}}, json{{"lr", 1e300}}, json{{"dropout", -1e39}}}) {
+    try {
+      train_config_from_json(bad);
+      ADD_FAILURE() << bad.dump() << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.begin().key()), std::string::npos) << e.what();
+    }
+  }
+  // Integral floats fit integer fields; integers fit float fields; the full uint64 seed range.
+  const TrainConfig c = train_config_from_json(
+      json{{"steps", 1000.0}, {"lr", 1}, {"seed", 18446744073709551615u}, {"warmup", -5}});
+  EXPECT_EQ(c.steps, 1000);
+  EXPECT_EQ(c.lr, 1.0f);
+  EXPECT_EQ(c.seed, 18446744073709551615u);
+  EXPECT_EQ(c.warmup, -5);
+}
+
 TEST(TrainConfig, ValidateNamesTheProblem) {
   TrainConfig c;
   c.heads = 5;

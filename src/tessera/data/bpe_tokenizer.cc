@@ -12,6 +12,7 @@
 #include "tessera/core/philox.h"
 #include "tessera/data/pretokenizer.h"
 #include "tessera/io/atomic_file.h"
+#include "tessera/io/json_parse.h"
 
 namespace tessera::data {
 namespace {
@@ -152,11 +153,22 @@ BpeTokenizer::BpeTokenizer() {
 
 BpeTokenizer::BpeTokenizer(std::vector<Merge> merges, bool end_of_text)
     : merges_(std::move(merges)) {
+  constexpr std::size_t kMaxMerges = kMaxVocabSize - kNumByteTokens;
+  TESSERA_CHECK_AS(ConfigError, merges_.size() <= kMaxMerges, "A BPE tokenizer of ", merges_.size(),
+                   " merges is too large; at most ", kMaxMerges, " are supported.");
+  // Token lengths in bytes: merges never cross a pre-tokenizer chunk, so no token is longer than
+  // kMaxChunkBytes. Checked before the vocabulary is built: doubling merges ((a, a), then the
+  // result with itself, ...) would otherwise ask for 2^k bytes after k merges.
+  std::vector<std::size_t> length(kNumByteTokens + merges_.size(), 1);
   for (std::size_t i = 0; i < merges_.size(); ++i) {
     const uint32_t next = kNumByteTokens + static_cast<uint32_t>(i);
-    TESSERA_CHECK_AS(ConfigError, merges_[i].first < next && merges_[i].second < next, "BPE merge ",
-                     i, " (", merges_[i].first, ", ", merges_[i].second,
+    const auto [a, b] = merges_[i];
+    TESSERA_CHECK_AS(ConfigError, a < next && b < next, "BPE merge ", i, " (", a, ", ", b,
                      ") names an id that is not defined before it (ids must be < ", next, ").");
+    length[next] = length[a] + length[b];
+    TESSERA_CHECK_AS(ConfigError, length[next] <= kMaxChunkBytes, "BPE merge ", i, " (", a, ", ", b,
+                     ") makes a token of ", length[next], " bytes; tokens are at most ",
+                     kMaxChunkBytes, " bytes (one pre-tokenizer chunk).");
   }
   if (end_of_text) end_of_text_ = kNumByteTokens + static_cast<uint32_t>(merges_.size());
   build_tables();
@@ -313,7 +325,7 @@ std::string BpeTokenizer::to_json() const {
 BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(json_text);
+    j = io::parse_json(json_text);
   } catch (const nlohmann::json::exception& e) {
     malformed(source, detail::concat("it is not valid JSON (", e.what(), ")"));
   }
@@ -364,7 +376,9 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
   try {
     return BpeTokenizer(std::move(merges), !eot.is_null());
   } catch (const ConfigError& e) {
-    malformed(source, e.what());
+    std::string what = e.what();
+    if (what.ends_with('.')) what.pop_back();  // malformed() continues the sentence
+    malformed(source, what);
   }
 }
 

@@ -81,8 +81,9 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
     const size_t chunk = std::min<size_t>(bytes, size_t{1} << 30);
     const ssize_t n = ::write(fd_, p, chunk);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("writing the temporary file " + temp_.string(), errno);
+      const int err = errno;
+      if (err == EINTR) continue;
+      fail("writing the temporary file " + temp_.string(), err);
     }
     p += n;
     bytes -= static_cast<size_t>(n);
@@ -92,14 +93,20 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 FileDigest AtomicFileWriter::commit() {
   TESSERA_CHECK_AS(IoError, !done_, "Cannot write ", target_.string(),
                    ": the atomic writer was already committed or abandoned.");
-  if (::fsync(fd_) != 0) fail("fsync of the temporary file " + temp_.string(), errno);
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    fail("closing the temporary file " + temp_.string(), errno);
+  // errno is read before the message is built: building it allocates, which may change errno.
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    fail("fsync of the temporary file " + temp_.string(), err);
   }
+  const int closed = ::close(fd_);
   fd_ = -1;
+  if (closed != 0) {
+    const int err = errno;
+    fail("closing the temporary file " + temp_.string(), err);
+  }
   if (::rename(temp_.c_str(), target_.c_str()) != 0) {
-    fail("renaming " + temp_.string() + " over it", errno);
+    const int err = errno;
+    fail("renaming " + temp_.string() + " over it", err);
   }
   done_ = true;
   fsync_directory(parent_or_dot(target_));
@@ -114,8 +121,9 @@ FileDigest write_file_atomic(const std::filesystem::path& path, std::string_view
 
 void fsync_directory(const std::filesystem::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int open_err = errno;
   TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot open directory ", dir.string(),
-                   " to make its entries durable: ", std::strerror(errno), ".");
+                   " to make its entries durable: ", std::strerror(open_err), ".");
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -124,10 +132,27 @@ void fsync_directory(const std::filesystem::path& dir) {
                    " failed: ", std::strerror(err), ".");
 }
 
+void check_writable_directory(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TESSERA_CHECK_AS(IoError, !ec, "Cannot create the directory ", dir.string(), ": ", ec.message(),
+                   ".");
+  TESSERA_CHECK_AS(IoError, std::filesystem::is_directory(dir, ec), "Cannot write into ",
+                   dir.string(), ": it exists and is not a directory.");
+  const std::filesystem::path probe = temp_name_for(dir / ".tessera-write-check");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int err = errno;
+  TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot write into the directory ", dir.string(),
+                   ": creating a file there failed: ", std::strerror(err), ".");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 std::string read_file(const std::filesystem::path& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
+  const int open_err = errno;
   TESSERA_CHECK_AS(IoError, f != nullptr, "Cannot open ", path.string(),
-                   " for reading: ", std::strerror(errno), ".");
+                   " for reading: ", std::strerror(open_err), ".");
   std::string out;
   char buf[1 << 16];
   size_t n;

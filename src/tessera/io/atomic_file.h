@@ -51,6 +51,11 @@ FileDigest write_file_atomic(const std::filesystem::path& path, std::string_view
 // Makes renames and creations inside `dir` durable. Throws IoError naming `dir`.
 void fsync_directory(const std::filesystem::path& dir);
 
+// Creates `dir` (and its parents) when missing and checks that files can be created in it, by
+// creating and removing a temporary file, so that a run fails before it starts rather than at
+// its first save. Throws IoError naming `dir` and the system's reason.
+void check_writable_directory(const std::filesystem::path& dir);
+
 // The whole file as bytes. Throws IoError naming `path`.
 std::string read_file(const std::filesystem::path& path);
 

@@ -9,6 +9,7 @@
 #include "tessera/core/mapped_file.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/io/checksum.h"
+#include "tessera/io/json_parse.h"
 
 namespace tessera::io {
 namespace fs = std::filesystem;
@@ -140,12 +141,11 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
-                         const CheckpointOptions& options) {
-  TESSERA_CHECK_AS(ConfigError, options.keep_last >= 1, "keep_last must be at least 1, got ",
-                   options.keep_last, ".");
-  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "A checkpoint step must be non-negative, got ",
-                   ckpt.step, ".");
+namespace {
+
+// save_checkpoint without the message context.
+fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
+                               const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fs_error("Creating the checkpoint directory", dir, ec);
@@ -192,6 +192,31 @@ fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
   return final_dir;
 }
 
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
+                         const CheckpointOptions& options) {
+  TESSERA_CHECK_AS(ConfigError, options.keep_last >= 1, "keep_last must be at least 1, got ",
+                   options.keep_last, ".");
+  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "A checkpoint step must be non-negative, got ",
+                   ckpt.step, ".");
+  try {
+    return save_checkpoint_steps(dir, ckpt, options);
+  } catch (const IoError& e) {
+    // Say what failed (a full disk, an unwritable directory: the path and the system's reason
+    // are in e) and what the user still has.
+    std::string still;
+    try {
+      const auto latest = find_latest_checkpoint(dir);
+      still = latest ? " The latest complete checkpoint is still " + latest->string() + "."
+                     : " There is no earlier complete checkpoint in " + dir.string() + ".";
+    } catch (const Error&) {
+    }
+    throw IoError(detail::concat("Could not save checkpoint ", step_dir_name(ckpt.step), " in ",
+                                 dir.string(), ": ", e.what(), still));
+  }
+}
+
 std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> out;
   for (const fs::path& p : entries_of(dir)) {
@@ -228,7 +253,7 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   const fs::path state_path = step_dir / kStateFile;
   json state;
   try {
-    state = json::parse(read_file(state_path));
+    state = parse_json(read_file(state_path));
   } catch (const json::exception& e) {
     throw IoError(detail::concat("The checkpoint state file ", state_path.string(),
                                  " is not valid JSON (", e.what(),
@@ -242,8 +267,9 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
                    state_path.string(), " has checkpoint format_version ", version.dump(),
                    "; this build of tessera reads version ", kFormatVersion, ".");
   const json& step = field(state, "step", state_path);
-  TESSERA_CHECK_AS(IoError, step.is_number_integer(), state_path.string(),
-                   " has a non-integer \"step\": ", step.dump(), ".");
+  TESSERA_CHECK_AS(IoError, step.is_number_integer() && step.get<int64_t>() >= 0,
+                   state_path.string(),
+                   " has a \"step\" that is not a non-negative integer: ", step.dump(), ".");
   const json& files = field(state, "files", state_path);
   for (const char* name : {kModelFile, kOptimizerFile, kConfigFile}) {
     verify_file(step_dir, name, field(files, name, state_path), state_path,
@@ -254,6 +280,10 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   out.dir = step_dir;
   out.step = step.get<int64_t>();
   out.state = state.contains("state") ? state["state"] : json::object();
+  TESSERA_CHECK_AS(IoError, out.state.is_object(), "The checkpoint state file ",
+                   state_path.string(),
+                   " has a \"state\" that is not an object: the checkpoint is corrupt; use an "
+                   "earlier checkpoint.");
   const json& tv = field(state, "tessera_version", state_path);
   out.tessera_version = tv.is_string() ? tv.get<std::string>() : tv.dump();
   out.config = read_hf_config(step_dir / kConfigFile);

@@ -6,6 +6,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
+#include "tessera/io/json_parse.h"
 
 namespace tessera::io {
 namespace {
@@ -66,8 +67,9 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
   }
   if (j.contains("n_inner") && !j["n_inner"].is_null()) {
     const int inner = positive_int(j, "n_inner", source);
-    TESSERA_CHECK_AS(ConfigError, inner == 4 * c.n_embd, "In ", source, ", \"n_inner\" is ", inner,
-                     "; tessera's GPT-2 MLP is 4 * n_embd = ", 4 * c.n_embd, " wide.");
+    const int64_t mlp = 4 * static_cast<int64_t>(c.n_embd);  // n_embd may be up to INT_MAX
+    TESSERA_CHECK_AS(ConfigError, inner == mlp, "In ", source, ", \"n_inner\" is ", inner,
+                     "; tessera's GPT-2 MLP is 4 * n_embd = ", mlp, " wide.");
   }
   TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "In ", source, ", n_embd ", c.n_embd,
                    " is not divisible by n_head ", c.n_head, ".");
@@ -78,7 +80,7 @@ HfGptConfig read_hf_config(const std::filesystem::path& path) {
   const std::string text = read_file(path);
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json(text);
   } catch (const json::exception& e) {
     throw ConfigError(
         detail::concat("The GPT-2 config ", path.string(), " is not valid JSON (", e.what(), ")."));

@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/io/half.h"
+#include "tessera/io/json_parse.h"
 
 namespace tessera::io {
 
@@ -95,7 +96,7 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
   const char* h = reinterpret_cast<const char*>(map_.data() + 8);
   json j;
   try {
-    j = json::parse(h, h + header_len);
+    j = parse_json(std::string_view(h, header_len));
   } catch (const json::exception& e) {
     invalid(detail::concat("the ", header_len, "-byte header is not valid JSON (",
                            printable(e.what()), ")"));

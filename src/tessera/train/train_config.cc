@@ -1,8 +1,12 @@
 #include "tessera/train/train_config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include "tessera/core/error.h"
+#include "tessera/io/json_parse.h"
 #include "tessera/nn/gpt_config.h"
 
 namespace tessera::train {
@@ -27,6 +31,60 @@ nlohmann::json to_json(const TrainConfig& c) {
   return j;
 }
 
+namespace {
+
+[[noreturn]] void wrong_type(const nlohmann::json& v, const char* key,
+                             const nlohmann::json& example) {
+  throw ConfigError(detail::concat("config key '", key, "' has the wrong type: got ", v.dump(),
+                                   ", expected something like ", example.dump()));
+}
+
+// Strings and booleans as they are; numbers only when the value fits the field exactly (an
+// integer field takes an integral value in its range, a float field a finite one in range), so
+// that 1e300 or 4294967809 in an int is an error, not a silent wrap or undefined behaviour.
+template <typename T>
+void read_value(const nlohmann::json& v, const char* key, const nlohmann::json& example, T& out) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) wrong_type(v, key, example);
+    out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) wrong_type(v, key, example);
+    out = v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    using limits = std::numeric_limits<T>;
+    bool ok = false;
+    if (v.is_number_unsigned()) {
+      ok = v.get<uint64_t>() <= static_cast<uint64_t>(limits::max());
+    } else if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      ok = x >= 0 ? static_cast<uint64_t>(x) <= static_cast<uint64_t>(limits::max())
+                  : limits::is_signed && x >= static_cast<int64_t>(limits::min());
+    } else if (v.is_number_float()) {
+      // 2^64 and 2^63 are exact doubles; an integral value below them converts exactly.
+      const double x = v.get<double>();
+      ok = std::isfinite(x) && x == std::floor(x) && x >= static_cast<double>(limits::min()) &&
+           x < std::ldexp(1.0, limits::digits);
+    } else {
+      wrong_type(v, key, example);
+    }
+    TESSERA_CHECK_AS(ConfigError, ok, "config key '", key, "' is ", v.dump(),
+                     ", which is not an integer in [", +limits::min(), ", ", +limits::max(), "]");
+    out = v.is_number_float()      ? static_cast<T>(v.get<double>())
+          : v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                   : static_cast<T>(v.get<int64_t>());
+  } else {
+    static_assert(std::is_floating_point_v<T>);
+    if (!v.is_number()) wrong_type(v, key, example);
+    const double x = v.get<double>();
+    TESSERA_CHECK_AS(ConfigError, std::isfinite(x) && std::fabs(x) <= std::numeric_limits<T>::max(),
+                     "config key '", key, "' is ", v.dump(), ", which is not a finite number",
+                     std::is_same_v<T, float> ? " in float range" : "");
+    out = static_cast<T>(x);
+  }
+}
+
+}  // namespace
+
 TrainConfig train_config_from_json(const nlohmann::json& j) {
   TESSERA_CHECK_AS(ConfigError, j.is_object(), "a training config must be a JSON object");
   TrainConfig c;
@@ -36,27 +94,20 @@ TrainConfig train_config_from_json(const nlohmann::json& j) {
                      "'; run `tessera train --help` for the accepted keys");
     (void)value;
   }
-#define X(name)                                                                           \
-  if (j.contains(#name)) {                                                                \
-    try {                                                                                 \
-      j.at(#name).get_to(c.name);                                                         \
-    } catch (const nlohmann::json::exception&) {                                          \
-      throw ConfigError(detail::concat("config key '" #name "' has the wrong type: got ", \
-                                       j.at(#name).dump(), ", expected something like ",  \
-                                       known.at(#name).dump()));                          \
-    }                                                                                     \
-  }
+#define X(name) \
+  if (j.contains(#name)) read_value(j.at(#name), #name, known.at(#name), c.name);
   TESSERA_TRAIN_CONFIG_FIELDS(X)
 #undef X
   return c;
 }
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   TESSERA_CHECK_AS(ConfigError, in.good(), "cannot open config file '", path, "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+    return io::parse_json(text);
+  } catch (const nlohmann::json::exception& e) {
     throw ConfigError(detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
   }
 }
