@@ -278,9 +278,20 @@ void RankRun::restore_or_initialize() {
                    ck.state.value("optimizer", std::string("?")), ", not ", opt.name());
   step_ = ck.step;
   engine_.load_optimizer_state(ck.optimizer);
-  opt.set_steps(ck.state.at("optimizer_steps").get<int64_t>());
-  sampler_.set_position(data::SamplerPosition{ck.state.at("sampler").at("epoch").get<int64_t>(),
-                                              ck.state.at("sampler").at("index").get<int64_t>()});
+  // A state.json written by hand or damaged beyond its checksum must not end in "internal error".
+  auto count = [&](const nlohmann::json& parent, const char* key) -> int64_t {
+    TESSERA_CHECK_AS(IoError,
+                     parent.is_object() && parent.contains(key) &&
+                         parent.at(key).is_number_integer() && parent.at(key).get<int64_t>() >= 0,
+                     "checkpoint '", ck.dir.string(), "': state.json needs a non-negative integer '",
+                     key, "'");
+    return parent.at(key).get<int64_t>();
+  };
+  opt.set_steps(count(ck.state, "optimizer_steps"));
+  TESSERA_CHECK_AS(IoError, ck.state.contains("sampler"), "checkpoint '", ck.dir.string(),
+                   "': state.json has no 'sampler' position");
+  const nlohmann::json& sp = ck.state.at("sampler");
+  sampler_.set_position(data::SamplerPosition{count(sp, "epoch"), count(sp, "index")});
 }
 
 void RankRun::print_header() {
