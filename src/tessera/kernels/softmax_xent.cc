@@ -76,6 +76,7 @@ void vocab_slice_sum_exp(float* sum_exp, float* target_logit, const float* logit
 void softmax_xent_backward_slice(float* dlogits, const float* logits, const float* lse,
                                  const int32_t* targets, int64_t vocab_begin, float scale, int N,
                                  int V) {
+  if (V == 0) return;  // an empty vocabulary shard has no logits (and null buffers)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * V;
     float* d = dlogits + n * V;
