@@ -1,10 +1,10 @@
-// Inverted dropout with layout-invariant masks (docs/ARCHITECTURE.md, decision 3). Element i is kept when
-// philox_uniform(seed, stream, index_of(i)) > p and then scaled by 1 / (1 - p). The caller maps
-// local elements to global coordinates, so any shard of a tensor (a row range of samples, a
-// column range of features) draws exactly the numbers that one device draws for those elements.
-// Conventional coordinates: stream = mix_stream(step, site id), and for a [B, T, C] activation
-// whose rows are global samples [s0, s0 + B): index = ((sample * T) + t) * C + c.
-// p == 0 is an exact identity that never touches the RNG (so is eval mode: the caller skips it).
+// Inverted dropout with layout-invariant masks (docs/ARCHITECTURE.md, decision 3). Element i is
+// kept when philox_uniform(seed, stream, index_of(i)) > p and then scaled by 1 / (1 - p). The
+// caller maps local elements to global coordinates, so any shard of a tensor (a row range of
+// samples, a column range of features) draws exactly the numbers that one device draws for those
+// elements. Conventional coordinates: stream = mix_stream(step, site id), and for a [B, T, C]
+// activation whose rows are global samples [s0, s0 + B): index = ((sample * T) + t) * C + c. p == 0
+// is an exact identity that never touches the RNG (so is eval mode: the caller skips it).
 #pragma once
 
 #include <cstdint>

@@ -28,9 +28,9 @@ struct ShardSpec {
   int64_t length = 0;
 };
 
-// Parameter groups (docs/ARCHITECTURE.md, decision 16): over which communicators a parameter's gradient is
-// summed and which copy the global gradient norm counts. Every gradient is summed over the
-// data-parallel group; these say what comes on top.
+// Parameter groups (docs/ARCHITECTURE.md, decision 16): over which communicators a parameter's
+// gradient is summed and which copy the global gradient norm counts. Every gradient is summed over
+// the data-parallel group; these say what comes on top.
 struct GradReduction {
   // Replicated across tensor-parallel ranks, but each rank's gradient is partial (sequence
   // parallelism: LayerNorms and row-parallel biases see only a slice of the sequence).

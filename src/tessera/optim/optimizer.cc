@@ -20,7 +20,7 @@ std::vector<NamedTensor> Optimizer::state(const nn::ParameterSet& params) {
     for (const Segment& s : segments()) {
       const nn::ParamInfo& info = params.infos()[s.param];
       TESSERA_ASSERT(s.param_offset == 0 && s.n == info.local_numel(),
-                    "per-parameter optimizer state needs whole-parameter segments");
+                     "per-parameter optimizer state needs whole-parameter segments");
       out.emplace_back(kind + "." + info.name, buf.view(s.state_offset, info.local_shape));
     }
   }

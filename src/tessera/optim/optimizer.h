@@ -21,8 +21,8 @@ struct Segment {
   int param = 0;             // index in the ParameterSet
   int64_t param_offset = 0;  // first element within the parameter (row-major, local shape)
   int64_t n = 0;
-  float* value = nullptr;  // the n parameter values, updated in place
-  float* grad = nullptr;  // read by the update; scaled in place by clipping
+  float* value = nullptr;    // the n parameter values, updated in place
+  float* grad = nullptr;     // read by the update; scaled in place by clipping
   int64_t state_offset = 0;  // where the n elements live in the optimizer's state buffers
   bool decay = true;         // weight decay applies
 };

@@ -1,7 +1,8 @@
 // A training step as data: for each pipeline rank, the list of actions it performs in order
-// (docs/ARCHITECTURE.md, decision 18). One executor runs any schedule; a simulator times it with given costs, draws
-// it and checks it for deadlock before it runs. Generators build the lists for each named
-// schedule (gpipe, 1f1b, interleaved, zb-h1); data parallelism alone is the one-stage schedule.
+// (docs/ARCHITECTURE.md, decision 18). One executor runs any schedule; a simulator times it with
+// given costs, draws it and checks it for deadlock before it runs. Generators build the lists for
+// each named schedule (gpipe, 1f1b, interleaved, zb-h1); data parallelism alone is the one-stage
+// schedule.
 //
 // Model chunks: with `virtual_stages` v, pipeline rank r holds chunks c = 0..v-1, which are the
 // model stages s = c * pp + r (Narayanan et al. 2021, interleaved 1F1B). Without interleaving

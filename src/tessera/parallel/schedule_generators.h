@@ -1,9 +1,10 @@
-// Generators of the named pipeline schedules (docs/ARCHITECTURE.md, decision 18): for every pipeline rank, its
-// actions in order. A compute action whose chunk borders another stage is preceded by the receive
-// it needs and followed by the send the next stage needs (RecvForward F SendForward; RecvBackward
-// B SendBackward; the first model stage receives no activation, the last no gradient), and every
-// rank ends with ReduceGradients, OptimizerStep. Sends are assumed asynchronous and receives
-// blocking; `check_deadlock` (schedule_deadlock.h) proves each generated list runs to the end.
+// Generators of the named pipeline schedules (docs/ARCHITECTURE.md, decision 18): for every
+// pipeline rank, its actions in order. A compute action whose chunk borders another stage is
+// preceded by the receive it needs and followed by the send the next stage needs (RecvForward F
+// SendForward; RecvBackward B SendBackward; the first model stage receives no activation, the last
+// no gradient), and every rank ends with ReduceGradients, OptimizerStep. Sends are assumed
+// asynchronous and receives blocking; `check_deadlock` (schedule_deadlock.h) proves each generated
+// list runs to the end.
 #pragma once
 
 #include <string>

@@ -8,7 +8,8 @@
 // time / (ranks * makespan). With equal stages and no transfer latency this is
 // (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v*m + p - 1) for interleaved 1F1B, i.e.
 // idle / (idle + compute); papers often quote idle / compute instead, (p - 1) / m and
-// (p - 1) / (v*m) (docs/ARCHITECTURE.md, "Pipeline schedules as data"), which is the same bubble measured against the ideal step.
+// (p - 1) / (v*m) (docs/ARCHITECTURE.md, "Pipeline schedules as data"), which is the same bubble
+// measured against the ideal step.
 #pragma once
 
 #include <optional>

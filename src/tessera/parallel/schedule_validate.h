@@ -1,6 +1,6 @@
-// Structural checks of a schedule (docs/ARCHITECTURE.md, decision 18), independent of timing: what any executor
-// needs from the lists before it runs them. check_deadlock (schedule_deadlock.h) then checks that
-// the lists, run with asynchronous sends and blocking receives, reach the end.
+// Structural checks of a schedule (docs/ARCHITECTURE.md, decision 18), independent of timing: what
+// any executor needs from the lists before it runs them. check_deadlock (schedule_deadlock.h) then
+// checks that the lists, run with asynchronous sends and blocking receives, reach the end.
 #pragma once
 
 #include <string>

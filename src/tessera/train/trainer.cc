@@ -283,8 +283,8 @@ void RankRun::restore_or_initialize() {
     TESSERA_CHECK_AS(IoError,
                      parent.is_object() && parent.contains(key) &&
                          parent.at(key).is_number_integer() && parent.at(key).get<int64_t>() >= 0,
-                     "checkpoint '", ck.dir.string(), "': state.json needs a non-negative integer '",
-                     key, "'");
+                     "checkpoint '", ck.dir.string(),
+                     "': state.json needs a non-negative integer '", key, "'");
     return parent.at(key).get<int64_t>();
   };
   opt.set_steps(count(ck.state, "optimizer_steps"));
