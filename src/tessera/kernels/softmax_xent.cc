@@ -29,19 +29,8 @@ double softmax_xent_forward(float* losses, float* lse, const float* logits, cons
 
 void softmax_xent_backward(float* dlogits, const float* logits, const float* lse,
                            const int32_t* targets, float scale, int N, int V) {
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * V;
-    float* d = dlogits + n * V;
-    const int32_t tgt = targets[n];
-    if (tgt < 0) {
-      std::memset(d, 0, sizeof(float) * V);
-      continue;
-    }
-    const float l = lse[n];
-#pragma omp simd
-    for (int v = 0; v < V; ++v) d[v] = detail::exp_f(x[v] - l) * scale;
-    d[tgt] -= scale;
-  }
+  // The whole vocabulary is the slice that starts at 0.
+  softmax_xent_backward_slice(dlogits, logits, lse, targets, 0, scale, N, V);
 }
 
 }  // namespace tessera::kernels

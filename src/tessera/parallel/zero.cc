@@ -74,6 +74,14 @@ io::NamedTensors ZeroStrategy::gather_shards(const float* packed, const std::str
 
 namespace {
 
+// Points bucket b's parameters' values or gradients (`set`) into the bucket-sized buffer `base`
+// (null: at nothing, the bucket's buffer is gone).
+void point_bucket(nn::ParameterSet& ps, const Bucket& b, float* base,
+                  void (nn::ParameterSet::*set)(int, float*)) {
+  for (int i = b.first_param; i < b.last_param; ++i)
+    (ps.*set)(i, base ? base + (ps.infos()[i].offset - b.begin) : nullptr);
+}
+
 // Stage 0: replicated parameters, gradients and optimizer state.
 class Replicated : public ZeroStrategy {
  public:
@@ -194,8 +202,7 @@ class ShardedGradients : public ShardedOptimizerState {
  protected:
   float* grad_at(int64_t, int64_t packed) const override { return grad_shard_.f32() + packed; }
   void point_grads(const Bucket& b, float* base) {
-    for (int i = b.first_param; i < b.last_param; ++i)
-      c_.ps.set_grad_data(i, base ? base + (c_.ps.infos()[i].offset - b.begin) : nullptr);
+    point_bucket(c_.ps, b, base, &nn::ParameterSet::set_grad_data);
   }
   Tensor grad_shard_;
 };
@@ -267,8 +274,7 @@ class ShardedParameters : public ShardedGradients {
  protected:
   float* value_at(int64_t, int64_t packed) const override { return param_shard_.f32() + packed; }
   void point_params(const Bucket& b, float* base) {
-    for (int i = b.first_param; i < b.last_param; ++i)
-      c_.ps.set_param_data(i, base ? base + (c_.ps.infos()[i].offset - b.begin) : nullptr);
+    point_bucket(c_.ps, b, base, &nn::ParameterSet::set_param_data);
   }
   Tensor param_shard_;
 };
