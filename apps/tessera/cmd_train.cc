@@ -117,10 +117,19 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "seed", v.seed, "Seed of initialisation, data order, dropout and sampling");
   flag(cmd, *f, "dp", v.dp,
        "Data-parallel ranks (replicas): threads of this process, or under mpirun processes "
-       "(mpirun starts dp x tp)");
+       "(mpirun starts pp x dp x tp)");
   flag(cmd, *f, "tp", v.tp,
        "Tensor-parallel ranks per replica (Megatron split; vocabulary-parallel embedding and "
        "loss); the job has dp x tp ranks: threads, or under mpirun the number of processes");
+  flag(cmd, *f, "pp", v.pp,
+       "Pipeline stages (ranks); the job has pp x dp x tp ranks (tp fastest, then dp, then pp)");
+  flag(cmd, *f, "pp_split", v.pp_split,
+       "Units per model stage, e.g. 4,4 for 6 blocks (the embedding and the head count as units); "
+       "empty = balanced by modelled cost");
+  flag(cmd, *f, "schedule", v.schedule, "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+  flag(cmd, *f, "virtual_stages", v.virtual_stages,
+       "Model chunks per pipeline rank (the interleaved schedule)");
   flag(cmd, *f, "zero", v.zero,
        "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::Range(0, 3));

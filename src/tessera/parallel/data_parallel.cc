@@ -66,14 +66,35 @@ void DataParallel::end_backward() {
   drain(0);
 }
 
-double DataParallel::grad_norm() {
+double DataParallel::grad_norm_contribution() {
   const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
-  if (mp_.world != nullptr && mp_.world->size() > dp_.size()) {
-    // Replicas of a ZeRO-0 segment are identical over dp: count data-parallel rank 0's.
-    const double mine = zero_->sharded() || dp_.rank() == 0 ? local : 0.0;
-    return std::sqrt(all_reduce_sum(*mp_.world, mine));
-  }
+  // Replicas of a ZeRO-0 segment are identical over dp: count data-parallel rank 0's.
+  return zero_->sharded() || dp_.rank() == 0 ? local : 0.0;
+}
+
+double DataParallel::grad_norm() {
+  if (mp_.world != nullptr && mp_.world->size() > dp_.size())
+    return std::sqrt(all_reduce_sum(*mp_.world, grad_norm_contribution()));
+  const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
   return std::sqrt(zero_->sharded() ? all_reduce_sum(dp_, local) : local);
+}
+
+void DataParallel::sum_embedding_group(comm::Communicator& group) {
+  const bool contributes = zero_->sharded() || dp_.rank() == 0;
+  for (int i = 0; i < ps_.size(); ++i) {
+    if (!ps_.infos()[i].reduction.over_embedding_group) continue;
+    TraceSpan span("embedding group", "reduce");
+    Tensor full = Tensor::zeros({ps_.infos()[i].local_numel()}, DType::F32, MemCategory::Buffers,
+                                "embedding_group.grad", &alloc_);
+    float* f = full.f32();
+    if (contributes)
+      for (const optim::Segment& s : opt_->segments())
+        if (s.param == i) std::copy(s.grad, s.grad + s.n, f + s.param_offset);
+    group.all_reduce(f, static_cast<size_t>(full.numel()), DType::F32).wait();
+    volume_.all_reduce += 2.0 * (group.size() - 1) / group.size() * full.numel() * sizeof(float);
+    for (const optim::Segment& s : opt_->segments())
+      if (s.param == i) std::copy(f + s.param_offset, f + s.param_offset + s.n, s.grad);
+  }
 }
 
 void DataParallel::clip(double norm, double max_norm) {

@@ -78,6 +78,15 @@ class DataParallel final : public nn::UnitHooks {
   // The exact global gradient norm (each global element counted once: counts_in_norm, ZeRO
   // shards, and with ZeRO-0 only data-parallel rank 0's replica; summed over the world).
   double grad_norm();
+  // This rank's share of the squared global gradient norm (grad_norm() sums it over the world):
+  // for callers that hold several engines (pipeline chunks) and sum them first.
+  double grad_norm_contribution();
+  // Sums the gradients of the parameters marked over_embedding_group (the tied wte held by the
+  // first and the last pipeline stage, Megatron's embedding group) over `group`: every
+  // data-parallel rank of both stages (same tensor-parallel rank). Call after end_backward().
+  // Each stage contributes its reduced gradient once (the ZeRO shards, which are disjoint, or
+  // data-parallel rank 0's replica) and zeros elsewhere, so both stages get the same bits.
+  void sum_embedding_group(comm::Communicator& group);
   void clip(double norm, double max_norm);
   void optimizer_step(float lr);
 

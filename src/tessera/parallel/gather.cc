@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tessera/core/error.h"
 
 namespace tessera::parallel {
 
@@ -22,6 +26,31 @@ std::vector<std::string> all_gather_strings(comm::Communicator& c, const std::st
 double all_reduce_sum(comm::Communicator& c, double x) {
   c.all_reduce(&x, 1, DType::F64).wait();
   return x;
+}
+
+io::NamedTensors gather_named_tensors(comm::Communicator& c, io::NamedTensors local) {
+  nlohmann::json meta = nlohmann::json::array();
+  for (const auto& [name, t] : local) {
+    TESSERA_ASSERT(t.dtype() == DType::F32, "gather_named_tensors: ", name, " is not F32");
+    meta.push_back({name, t.shape()});
+  }
+  const std::vector<std::string> all = all_gather_strings(c, meta.dump());
+  if (c.rank() != 0) {
+    for (const auto& [name, t] : local)
+      c.send(t.f32(), static_cast<size_t>(t.numel()), DType::F32, 0).wait();
+    return {};
+  }
+  std::set<std::string> seen;
+  for (const auto& [name, t] : local) seen.insert(name);
+  for (int r = 1; r < c.size(); ++r)
+    for (const auto& e : nlohmann::json::parse(all[static_cast<size_t>(r)])) {
+      Tensor t = Tensor::zeros(e[1].get<Shape>(), DType::F32, MemCategory::Buffers,
+                               "checkpoint.pipeline_gather");
+      c.recv(t.f32(), static_cast<size_t>(t.numel()), DType::F32, r).wait();
+      const std::string name = e[0].get<std::string>();
+      if (seen.insert(name).second) local.emplace_back(name, std::move(t));
+    }
+  return local;
 }
 
 }  // namespace tessera::parallel

@@ -26,6 +26,8 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape) : world_(world), s
   tp_ = world.split(pp_rank * shape.dp + dp_rank, tp_rank);
   dp_ = world.split(pp_rank * shape.tp + tp_rank, dp_rank);
   pp_ = world.split(dp_rank * shape.tp + tp_rank, pp_rank);
+  const bool end_stage = pp_rank == 0 || pp_rank == shape.pp - 1;
+  embedding_ = world.split(shape.pp > 1 && end_stage ? tp_rank : -1, pp_rank * shape.dp + dp_rank);
 }
 
 }  // namespace tessera::parallel

@@ -32,6 +32,10 @@ class Mesh {
   comm::Communicator& dp() const { return *dp_; }
   comm::Communicator& pp() const { return *pp_; }
   comm::Communicator& tp() const { return *tp_; }
+  // Megatron's embedding group: the data-parallel ranks of the first and the last pipeline stage
+  // with this rank's tp rank (they sum the tied wte's gradients). Null on other ranks and
+  // without pipeline parallelism.
+  comm::Communicator* embedding() const { return embedding_.get(); }
   int rank() const { return world_.rank(); }
   int dp_rank() const { return dp_->rank(); }
   int pp_rank() const { return pp_->rank(); }
@@ -45,7 +49,7 @@ class Mesh {
  private:
   comm::Communicator& world_;
   MeshShape shape_;
-  std::unique_ptr<comm::Communicator> dp_, pp_, tp_;
+  std::unique_ptr<comm::Communicator> dp_, pp_, tp_, embedding_;
 };
 
 }  // namespace tessera::parallel

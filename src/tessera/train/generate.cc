@@ -33,6 +33,13 @@ int32_t sample_logits(const float* logits, int V, float temperature, int top_k, 
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt,
                               const SampleOptions& opt,
                               const std::function<void(int32_t)>& on_token) {
+  PipelineForward whole({&model}, nullptr);
+  return generate(whole, prompt, opt, on_token);
+}
+
+std::vector<int32_t> generate(PipelineForward& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& opt,
+                              const std::function<void(int32_t)>& on_token) {
   TESSERA_CHECK_AS(ConfigError, opt.temperature > 0, "temperature must be positive");
   TESSERA_CHECK_AS(ConfigError, !prompt.empty(), "sampling needs a prompt of at least one token");
   const int V = model.config().vocab_size;
@@ -42,8 +49,9 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     int T = std::min<int>(block, static_cast<int>(context.size()));
     nn::Batch b{context.data() + context.size() - T, nullptr, 1, T, 0};
-    model.forward(b, nn::StepContext{opt.seed, 0, false, 1.0f});
-    const std::vector<float> last = model.full_logits_row(T - 1);  // collective under --tp
+    // Collective under --tp and --pp.
+    const std::vector<float> last =
+        model.logits_row(b, nn::StepContext{opt.seed, 0, false, 1.0f}, T - 1);
     int32_t next = sample_logits(last.data(), V, opt.temperature, opt.top_k,
                                  philox_uniform(opt.seed, stream, static_cast<uint64_t>(i)));
     context.push_back(next);

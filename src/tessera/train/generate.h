@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/nn/gpt.h"
+#include "tessera/train/pipeline_forward.h"
 
 namespace tessera::train {
 
@@ -20,6 +21,10 @@ struct SampleOptions {
 // Returns the new tokens (not the prompt). The context is the last block_size tokens. `on_token`
 // is called with each token as it is drawn (for streaming output).
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& opt,
+                              const std::function<void(int32_t)>& on_token = {});
+// The same through a model spread over pipeline ranks (collective; every rank gets the tokens).
+std::vector<int32_t> generate(PipelineForward& model, const std::vector<int32_t>& prompt,
                               const SampleOptions& opt,
                               const std::function<void(int32_t)>& on_token = {});
 

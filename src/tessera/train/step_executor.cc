@@ -1,72 +1,194 @@
 #include "tessera/train/step_executor.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
 #include "tessera/core/error.h"
+#include "tessera/core/trace.h"
 
 namespace tessera::train {
 
 using parallel::ActionKind;
 
-StepExecutor::StepExecutor(nn::GPT& model, parallel::DataParallel& engine)
-    : model_(model), engine_(engine) {}
-
-nn::GPT::Record& StepExecutor::acquire(int m) {
-  if (static_cast<int>(slot_of_.size()) <= m) slot_of_.resize(m + 1, -1);
-  TESSERA_ASSERT(slot_of_[m] < 0, "micro-batch ", m, " is already in flight");
-  if (free_.empty()) {
-    if (pool_.empty()) {
-      pool_.push_back(&model_.single_record());
-    } else {
-      owned_.push_back(model_.make_record());
-      pool_.push_back(owned_.back().get());
-    }
-    free_.push_back(static_cast<int>(pool_.size()) - 1);
+StepExecutor::StepExecutor(std::vector<StageChunk> chunks, PipelineLinks links)
+    : links_(links) {
+  TESSERA_ASSERT(!chunks.empty(), "a step executor needs at least one model chunk");
+  for (const StageChunk& s : chunks) {
+    Chunk c;
+    c.stage = s;
+    chunks_.push_back(std::move(c));
   }
-  slot_of_[m] = free_.back();
-  free_.pop_back();
-  return *pool_[slot_of_[m]];
 }
 
-nn::GPT::Record& StepExecutor::in_flight(int m) {
-  TESSERA_ASSERT(m < static_cast<int>(slot_of_.size()) && slot_of_[m] >= 0, "micro-batch ", m,
+nn::GPT::Record& StepExecutor::acquire(Chunk& c, int m) {
+  if (static_cast<int>(c.slot_of.size()) <= m) {
+    c.slot_of.resize(m + 1, -1);
+    c.sends_of.resize(m + 1);
+    c.dout_of.resize(m + 1, -1);
+  }
+  TESSERA_ASSERT(c.slot_of[m] < 0, "micro-batch ", m, " is already in flight");
+  if (c.free.empty()) {
+    if (c.pool.empty()) {
+      c.pool.push_back(&c.stage.model->single_record());
+    } else {
+      c.owned.push_back(c.stage.model->make_record());
+      c.pool.push_back(c.owned.back().get());
+    }
+    c.free.push_back(static_cast<int>(c.pool.size()) - 1);
+  }
+  c.slot_of[m] = c.free.back();
+  c.free.pop_back();
+  return *c.pool[c.slot_of[m]];
+}
+
+nn::GPT::Record& StepExecutor::in_flight(Chunk& c, int m) {
+  TESSERA_ASSERT(m < static_cast<int>(c.slot_of.size()) && c.slot_of[m] >= 0, "micro-batch ", m,
                  " has no forward in flight");
-  return *pool_[slot_of_[m]];
+  return *c.pool[c.slot_of[m]];
 }
 
-void StepExecutor::release(int m) {
-  free_.push_back(slot_of_[m]);
-  slot_of_[m] = -1;
+void StepExecutor::release(Chunk& c, int m) {
+  c.sends_of[m].wait();  // the activation left the record (done long ago: its gradient came back)
+  c.sends_of[m] = comm::Work();
+  c.free.push_back(c.slot_of[m]);
+  c.slot_of[m] = -1;
 }
 
-double StepExecutor::run(const parallel::Schedule& schedule, int rank, const nn::StepContext& ctx,
-                         const std::function<nn::Batch(int)>& fetch,
-                         const std::function<void(double)>& optimizer_step) {
+Tensor& StepExecutor::buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index,
+                             int64_t elems) {
+  if (free.empty()) {
+    pool.push_back(Tensor::zeros({elems}, DType::F32, MemCategory::Activations,
+                                 "pipeline.output_grad"));
+    free.push_back(static_cast<int>(pool.size()) - 1);
+  }
+  index = free.back();
+  free.pop_back();
+  return pool[static_cast<size_t>(index)];
+}
+
+StepExecutor::SendBuffer& StepExecutor::send_buffer(int64_t elems) {
+  for (SendBuffer& b : grad_sends_)
+    if (b.work.is_completed()) {
+      b.work.wait();  // rethrows a failed send
+      b.work = comm::Work();
+      return b;
+    }
+  grad_sends_.push_back(SendBuffer{
+      Tensor::zeros({elems}, DType::F32, MemCategory::Activations, "pipeline.input_grad_send"),
+      comm::Work()});
+  return grad_sends_.back();
+}
+
+void StepExecutor::finish_sends() {
+  for (SendBuffer& b : grad_sends_) {
+    b.work.wait();
+    b.work = comm::Work();
+  }
+}
+
+void StepExecutor::reduce_gradients() {
+  for (Chunk& c : chunks_) c.stage.engine->end_backward();
+  if (links_.embedding_group != nullptr)
+    for (Chunk& c : chunks_) c.stage.engine->sum_embedding_group(*links_.embedding_group);
+}
+
+void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel::Action& a,
+                           const nn::StepContext& ctx, const std::function<nn::Batch(int)>& fetch,
+                           int64_t boundary_elems, double& loss_sum) {
+  Chunk& c = chunks_[static_cast<size_t>(a.chunk)];
+  nn::GPT& model = *c.stage.model;
+  const int m = a.micro_batch;
+  const int stage = s.stage_of(rank, a.chunk);
+  const int pp = s.stages;
+  const int prev = (rank + pp - 1) % pp, next = (rank + 1) % pp;
+  const size_t count = static_cast<size_t>(boundary_elems);
+  switch (a.kind) {
+    case ActionKind::RecvForward: {
+      TraceSpan span("recv F" + std::to_string(m), "comm", 2);
+      comm::RecvOptions o;
+      o.tag = tag(stage, false);
+      links_.pp->recv(model.input(acquire(c, m)), count, DType::F32, prev, o).wait();
+      break;
+    }
+    case ActionKind::Forward: {
+      nn::GPT::Record& rec = model.has_embedding() ? acquire(c, m) : in_flight(c, m);
+      const nn::Batch b = fetch(m);
+      TraceSpan span("F" + std::to_string(m), "forward", 2);
+      loss_sum += model.forward(ctx, b, rec);
+      break;
+    }
+    case ActionKind::SendForward: {
+      comm::SendOptions o;
+      o.tag = tag(stage + 1, false);
+      c.sends_of[m] = links_.pp->send(model.output(in_flight(c, m)), count, DType::F32, next, o);
+      break;
+    }
+    case ActionKind::RecvBackward: {
+      TraceSpan span("recv B" + std::to_string(m), "comm", 2);
+      int index = -1;
+      Tensor& dout = buffer(douts_, free_douts_, index, boundary_elems);
+      c.dout_of[m] = index;
+      comm::RecvOptions o;
+      o.tag = tag(stage, true);
+      links_.pp->recv(dout.f32(), count, DType::F32, next, o).wait();
+      break;
+    }
+    case ActionKind::Backward: {
+      // The data-parallel engine reduces during the backward of the last micro-batch (ZeRO-2/3
+      // in every one).
+      c.stage.engine->begin_micro_batch(m == s.micro_batches - 1);
+      const int d = c.dout_of.size() > static_cast<size_t>(m) ? c.dout_of[m] : -1;
+      {
+        TraceSpan span("B" + std::to_string(m), "backward", 2);
+        model.backward(in_flight(c, m), d >= 0 ? douts_[static_cast<size_t>(d)].f32() : nullptr);
+      }
+      if (d >= 0) free_douts_.push_back(d), c.dout_of[m] = -1;
+      release(c, m);
+      break;
+    }
+    case ActionKind::SendBackward: {
+      SendBuffer& buf = send_buffer(boundary_elems);
+      std::memcpy(buf.data.f32(), model.input_grad(), count * sizeof(float));
+      comm::SendOptions o;
+      o.tag = tag(stage - 1, true);
+      buf.work = links_.pp->send(buf.data.f32(), count, DType::F32, prev, o);
+      break;
+    }
+    case ActionKind::ReduceGradients:
+      reduce_gradients();
+      break;
+    default:
+      TESSERA_ASSERT(false, "action ", parallel::to_string(a), " is not run by this executor");
+  }
+}
+
+double StepExecutor::run(const parallel::Schedule& schedule, int rank,
+                         const nn::StepContext& ctx, const std::function<nn::Batch(int)>& fetch,
+                         const std::function<void(double)>& optimizer_step,
+                         int64_t boundary_elems) {
   TESSERA_ASSERT(rank >= 0 && rank < static_cast<int>(schedule.ranks.size()), "rank ", rank,
                  " is not in the schedule");
+  TESSERA_ASSERT(schedule.virtual_stages == static_cast<int>(chunks_.size()), "the schedule has ",
+                 schedule.virtual_stages, " chunks per rank, the executor ", chunks_.size());
+  TESSERA_ASSERT(schedule.stages == 1 || links_.pp != nullptr,
+                 "a pipeline schedule needs the pipeline group");
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  timing_ = StepTiming{};
   double loss_sum = 0;
-  const int last = schedule.micro_batches - 1;
-  for (const parallel::Action& a : schedule.ranks[rank]) {
-    switch (a.kind) {
-      case ActionKind::Forward: {
-        nn::GPT::Record& rec = acquire(a.micro_batch);
-        loss_sum += model_.forward(ctx, fetch(a.micro_batch), rec);
-        break;
-      }
-      case ActionKind::Backward:
-        // The data-parallel engine reduces during the backward of the last micro-batch (ZeRO-2/3
-        // in every one).
-        engine_.begin_micro_batch(a.micro_batch == last);
-        model_.backward(in_flight(a.micro_batch));
-        release(a.micro_batch);
-        break;
-      case ActionKind::ReduceGradients:
-        engine_.end_backward();
-        break;
-      case ActionKind::OptimizerStep:
-        optimizer_step(loss_sum);
-        break;
-      default:
-        TESSERA_ASSERT(false, "action ", parallel::to_string(a),
-                       " needs the pipeline executor (one stage runs F, B, reduce and step)");
+  for (const parallel::Action& a : schedule.ranks[static_cast<size_t>(rank)]) {
+    if (a.kind == ActionKind::OptimizerStep) {
+      finish_sends();
+      optimizer_step(loss_sum);
+      continue;
+    }
+    const Clock::time_point t0 = Clock::now();
+    execute(schedule, rank, a, ctx, fetch, boundary_elems, loss_sum);
+    if (parallel::is_compute(a.kind)) {
+      const Clock::time_point t1 = Clock::now();
+      timing_.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+      timing_.pipeline_seconds = std::chrono::duration<double>(t1 - start).count();
     }
   }
   return loss_sum;

@@ -40,6 +40,10 @@ struct TrainConfig {
   // Parallelism.
   int dp = 1;                    // data-parallel ranks (threads here, or the processes of mpirun)
   int tp = 1;                    // tensor-parallel ranks per data-parallel replica (world = dp*tp)
+  int pp = 1;                    // pipeline stages (ranks); world = pp * dp * tp
+  std::string pp_split;          // units per model stage, e.g. "4,4"; "" = balanced by cost
+  std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1
+  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved schedule)
   int zero = 0;                  // ZeRO stage 0..3
   double bucket_mb = 25;         // gradient bucket size (MiB)
   bool overlap = true;           // overlap bucket communication with backward
@@ -65,7 +69,7 @@ struct TrainConfig {
   // Throws ConfigError naming the offending key and what is accepted.
   void validate() const;
   int new_model_heads() const { return heads > 0 ? heads : 4; }
-  int world() const { return dp * tp; }  // ranks of the job
+  int world() const { return dp * pp * tp; }  // ranks of the job
 };
 
 // ConfigError unless --tp divides the head count and the MLP width 4 * dim (Megatron's split).

@@ -28,12 +28,14 @@
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/gather.h"
 #include "tessera/parallel/mesh.h"
+#include "tessera/parallel/pipeline_split.h"
 #include "tessera/parallel/schedule.h"
 #include "tessera/parallel/unit_timeline.h"
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
 #include "tessera/train/progress.h"
+#include "tessera/train/pipeline_forward.h"
 #include "tessera/train/step_executor.h"
 
 namespace tessera::train {
@@ -74,15 +76,15 @@ std::optional<fs::path> tokenizer_beside(const fs::path& p) {
 }
 
 // Mean cross-entropy per target token over the first `max_batches` batches of `windows`.
-double evaluate(nn::GPT& model, const data::EvalWindows& windows, int batch, int64_t max_batches,
-                std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
+double evaluate(PipelineForward& model, const data::EvalWindows& windows, int batch,
+                int64_t max_batches, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
   int64_t batches = std::min(max_batches, windows.num_batches(batch));
   double sum = 0;
   int64_t count = 0;
   for (int64_t b = 0; b < batches; ++b) {
     int64_t rows = windows.fetch_batch(b, batch, in.data(), tgt.data());
     nn::Batch mb{in.data(), tgt.data(), static_cast<int>(rows), windows.seq_len(), 0};
-    sum += model.forward(mb, nn::StepContext{0, 0, false, 1.0f});
+    sum += model.loss_sum(mb, nn::StepContext{0, 0, false, 1.0f});
     count += rows * windows.seq_len();
   }
   return count ? sum / static_cast<double>(count) : NAN;
@@ -172,10 +174,29 @@ class RankRun {
   void report_memory();
   void write_timeline();
 
+  // One model chunk of this rank (a pipeline stage; the whole model without pipelines).
+  struct Chunk {
+    Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc, const nn::GPTLayout& layout,
+          comm::Communicator& dp, const parallel::DataParallelOptions& o,
+          parallel::ModelParallelGroups groups)
+        : model(m, micro, alloc, layout),
+          timeline(model.num_units(), model.num_units() - 1),
+          engine((model.add_hooks(&timeline), model), dp, o, alloc, groups) {}
+    nn::GPT model;
+    parallel::UnitTimeline timeline;
+    parallel::DataParallel engine;
+  };
+  std::vector<StageChunk> stage_chunks();
+  std::vector<nn::GPT*> models();
+  double global_grad_norm();
+  std::string first_non_finite();
+  nn::GPT& first_model() { return chunks_.front()->model; }
+
   const TrainConfig& cfg_;
   const RunPlan& plan_;
   comm::Communicator& world_;
   parallel::Mesh mesh_;
+  const std::vector<parallel::UnitRange> split_;
   const bool lead_;
   std::FILE* log_;  // rank 0's log, null elsewhere
   TrainResult result_;
@@ -186,11 +207,12 @@ class RankRun {
   const int per_rank_, micro_, n_micro_;
   const int64_t tokens_per_step_;
   parallel::DataParallelOptions dpo_;
-  nn::GPT model_;
-  parallel::UnitTimeline timeline_;
-  parallel::DataParallel engine_;
-  StepExecutor executor_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::optional<StepExecutor> executor_;
+  std::optional<PipelineForward> forward_;  // evaluation and sampling
   parallel::Schedule schedule_;
+  int64_t boundary_elems_;
+  StepTiming timing_sum_;  // over the steps after the first
   data::WindowSampler sampler_;
   std::optional<data::EvalWindows> val_;
   std::optional<MetricsWriter> metrics_;
@@ -203,11 +225,18 @@ class RankRun {
 };
 
 nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo,
-                           const parallel::Mesh& mesh) {
+                           const parallel::Mesh& mesh, const parallel::UnitRange& units) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp()};
+  base.first_unit = units.first;
+  base.last_unit = units.last;
   return parallel::gpt_layout_for(dpo, cfg.dp, base);
+}
+
+parallel::Schedule make_step_schedule(const TrainConfig& cfg, int micro_batches) {
+  if (cfg.pp == 1) return parallel::single_stage_schedule(micro_batches);
+  return parallel::make_schedule(cfg.schedule, cfg.pp, micro_batches, cfg.virtual_stages);
 }
 
 RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
@@ -215,7 +244,9 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     : cfg_(cfg),
       plan_(plan),
       world_(world),
-      mesh_(world, parallel::MeshShape{cfg.dp, 1, cfg.tp}),
+      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp}),
+      split_(parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages,
+                                      cfg.pp_split)),
       lead_(world.rank() == 0),
       log_(lead_ ? log : nullptr),
       alloc_("rank " + std::to_string(world.rank()),
@@ -230,13 +261,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       n_micro_(per_rank_ / micro_),
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
       dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
-      model_(plan.mcfg, micro_, alloc_, model_layout(cfg, dpo_, mesh_)),
-      timeline_(model_.num_units(), model_.num_units() - 1),
-      engine_((model_.add_hooks(&timeline_), model_), mesh_.dp(), dpo_, alloc_,
-              parallel::ModelParallelGroups{cfg.tp > 1 ? &world : nullptr,
-                                            cfg.tp > 1 ? &mesh_.tp() : nullptr}),
-      executor_(model_, engine_),
-      schedule_(parallel::single_stage_schedule(n_micro_)),
+      schedule_(make_step_schedule(cfg, n_micro_)),
+      boundary_elems_(static_cast<int64_t>(micro_) * cfg.seq * plan.mcfg.n_embd),
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
       sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
       in_(static_cast<size_t>(micro_) * cfg.seq),
@@ -245,11 +271,49 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   result_.unigram_entropy = plan.unigram_entropy;
   if (plan.split.validation.size() > cfg.seq)
     val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
-  engine_.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
-    return make_optimizer(std::move(segs), n);
-  });
+  const parallel::ModelParallelGroups groups{world.size() > cfg.dp ? &world : nullptr,
+                                             cfg.tp > 1 ? &mesh_.tp() : nullptr};
+  for (int c = 0; c < cfg.virtual_stages; ++c) {
+    const parallel::UnitRange& units = split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
+    chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
+                                              model_layout(cfg, dpo_, mesh_, units), mesh_.dp(),
+                                              dpo_, groups));
+    chunks_.back()->engine.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
+      return make_optimizer(std::move(segs), n);
+    });
+  }
+  comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
+  executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding()});
+  forward_.emplace(models(), pp);
   restore_or_initialize();
   result_.first_step = step_;
+}
+
+std::vector<StageChunk> RankRun::stage_chunks() {
+  std::vector<StageChunk> out;
+  for (auto& c : chunks_) out.push_back(StageChunk{&c->model, &c->engine});
+  return out;
+}
+
+std::vector<nn::GPT*> RankRun::models() {
+  std::vector<nn::GPT*> out;
+  for (auto& c : chunks_) out.push_back(&c->model);
+  return out;
+}
+
+double RankRun::global_grad_norm() {
+  if (chunks_.size() == 1) return chunks_.front()->engine.grad_norm();
+  double sum = 0;  // each chunk's share, then one reduction over the world
+  for (auto& c : chunks_) sum += c->engine.grad_norm_contribution();
+  return std::sqrt(parallel::all_reduce_sum(world_, sum));
+}
+
+std::string RankRun::first_non_finite() {
+  for (auto& c : chunks_) {
+    std::string where = c->model.first_non_finite();
+    if (!where.empty()) return where;
+  }
+  return "";
 }
 
 std::unique_ptr<optim::Optimizer> RankRun::make_optimizer(std::vector<optim::Segment> segs,
@@ -264,20 +328,24 @@ std::unique_ptr<optim::Optimizer> RankRun::make_optimizer(std::vector<optim::Seg
 
 void RankRun::restore_or_initialize() {
   if (!plan_.ckpt) {
-    if (!cfg_.init_from.empty())
-      engine_.load_weights(io::SafetensorsFile(weights_file(cfg_.init_from)));
-    else
-      engine_.initialize(cfg_.seed);
+    std::optional<io::SafetensorsFile> weights;
+    if (!cfg_.init_from.empty()) weights.emplace(weights_file(cfg_.init_from));
+    for (auto& c : chunks_) {
+      if (weights)
+        c->engine.load_weights(*weights);
+      else
+        c->engine.initialize(cfg_.seed);
+    }
     return;
   }
   const io::LoadedCheckpoint& ck = *plan_.ckpt;
-  optim::Optimizer& opt = engine_.optimizer();
-  engine_.load_weights(ck.model);
+  optim::Optimizer& opt = chunks_.front()->engine.optimizer();
+  for (auto& c : chunks_) c->engine.load_weights(ck.model);
   TESSERA_CHECK_AS(ConfigError, ck.state.value("optimizer", opt.name()) == opt.name(),
                    "checkpoint '", ck.dir.string(), "' was written with --optimizer ",
                    ck.state.value("optimizer", std::string("?")), ", not ", opt.name());
   step_ = ck.step;
-  engine_.load_optimizer_state(ck.optimizer);
+  for (auto& c : chunks_) c->engine.load_optimizer_state(ck.optimizer);
   // A state.json written by hand or damaged beyond its checksum must not end in "internal error".
   auto count = [&](const nlohmann::json& parent, const char* key) -> int64_t {
     TESSERA_CHECK_AS(IoError,
@@ -287,7 +355,7 @@ void RankRun::restore_or_initialize() {
                      "': state.json needs a non-negative integer '", key, "'");
     return parent.at(key).get<int64_t>();
   };
-  opt.set_steps(count(ck.state, "optimizer_steps"));
+  for (auto& c : chunks_) c->engine.optimizer().set_steps(count(ck.state, "optimizer_steps"));
   TESSERA_CHECK_AS(IoError, ck.state.contains("sampler"), "checkpoint '", ck.dir.string(),
                    "': state.json has no 'sampler' position");
   const nlohmann::json& sp = ck.state.at("sampler");
@@ -301,14 +369,22 @@ void RankRun::print_header() {
   std::snprintf(
       line, sizeof line,
       "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | tp %d | zero %d | recompute %s | %s backend, %d "
-      "thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d | pp %d | zero %d | recompute %s | %s "
+      "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
       m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
-      model_.params().global_numel() / 1e6, cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_,
-      cfg_.tp, cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      static_cast<double>(first_model().num_params_without_wpe() +
+                          static_cast<int64_t>(m.block_size) * m.n_embd) /
+          1e6,
+      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.pp, cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
+  if (cfg_.pp > 1)
+    say(log_, nullptr,
+        "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
+            std::to_string(cfg_.virtual_stages) + " chunk(s), units per stage " +
+            parallel::to_string(split_) + " (0 = embedding, " + std::to_string(m.n_layer + 1) +
+            " = head)");
   if (plan_.ckpt)
     say(log_, nullptr,
         "resumed from " + plan_.ckpt->dir.string() + " at step " + std::to_string(step_));
@@ -317,8 +393,10 @@ void RankRun::print_header() {
 void RankRun::train_step() {
   const auto t0 = Clock::now();
   const float lr = sched_.at(step_);
-  engine_.reset_volume();
-  engine_.begin_step();
+  for (auto& c : chunks_) {
+    c->engine.reset_volume();
+    c->engine.begin_step();
+  }
   const data::SamplerPosition pos = sampler_.position();
   const int dp_rank = mesh_.dp_rank();
   auto fetch = [&](int m) {
@@ -329,20 +407,34 @@ void RankRun::train_step() {
   const nn::StepContext ctx{cfg_.seed, static_cast<uint64_t>(step_), true,
                             1.0f / static_cast<float>(tokens_per_step_)};
   double loss = 0, norm = 0;
-  executor_.run(schedule_, 0, ctx, fetch, [&](double local_loss_sum) {
-    loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
-    norm = engine_.grad_norm();
+  executor_->run(
+      schedule_, mesh_.pp_rank(), ctx, fetch,
+      [&](double local_loss_sum) {
+    if (cfg_.pp == 1) {
+      loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
+    } else {  // the last stage's tensor-parallel rank 0 of each replica has the loss
+      const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
+      loss = parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
+    }
+    norm = global_grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string where = model_.first_non_finite();
+      const std::string where = first_non_finite();
       throw NumericError(detail::concat(
           "training diverged at step ", step_ + 1, ": the loss is ", loss,
           " and the gradient norm ", norm, "; first non-finite tensor: ",
           where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
           ". Try a lower --lr or --grad-clip 1."));
     }
-    if (cfg_.grad_clip > 0) engine_.clip(norm, cfg_.grad_clip);
-    engine_.optimizer_step(lr);
-  });
+    for (auto& c : chunks_) {
+      if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
+      c->engine.optimizer_step(lr);
+    }
+  },
+      boundary_elems_);
+  if (step_ > result_.first_step) {  // the first step allocates; it is not timed
+    timing_sum_.compute_seconds += executor_->timing().compute_seconds;
+    timing_sum_.pipeline_seconds += executor_->timing().pipeline_seconds;
+  }
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
   after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count());
 }
@@ -350,7 +442,9 @@ void RankRun::train_step() {
 void RankRun::after_step(double loss, double norm, float lr, double secs) {
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
-  result_.comm_bytes_per_step = engine_.volume().total();
+  double comm_bytes = 0;
+  for (auto& c : chunks_) comm_bytes += c->engine.volume().total();
+  result_.comm_bytes_per_step = comm_bytes;
   StepStats st;
   st.step = step_ + 1;
   st.total_steps = cfg_.steps;
@@ -359,7 +453,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs) {
   st.grad_norm = norm;
   st.step_seconds = secs;
   st.tokens_per_s = tokens_per_step_ / secs;
-  st.flops_per_s = model_.flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
+  st.flops_per_s = first_model().flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
   double mean = 0;
   const size_t recent = std::min<size_t>(step_times_.size(), 20);
   for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];
@@ -371,26 +465,33 @@ void RankRun::after_step(double loss, double norm, float lr, double secs) {
                    {"tokens_per_s", st.tokens_per_s},
                    {"flops_per_s", st.flops_per_s},
                    {"step_ms", secs * 1e3},
-                   {"comm_bytes_per_rank", engine_.volume().total()}});
+                   {"comm_bytes_per_rank", comm_bytes}});
   if (pl_) pl_->update(st);
 }
 
 void RankRun::save(int64_t at_step) {
   if (cfg_.save.empty()) return;
   io::Checkpoint c;  // gathered on every rank (collective); rank 0 writes
-  c.model = engine_.full_weights();
-  c.optimizer = engine_.full_optimizer_state();
+  for (auto& ch : chunks_) {
+    for (auto& t : ch->engine.full_weights()) c.model.push_back(std::move(t));
+    for (auto& t : ch->engine.full_optimizer_state()) c.optimizer.push_back(std::move(t));
+  }
+  if (cfg_.pp > 1) {  // every stage's tensors to pipeline rank 0 (world rank 0 is one of them)
+    c.model = parallel::gather_named_tensors(mesh_.pp(), std::move(c.model));
+    c.optimizer = parallel::gather_named_tensors(mesh_.pp(), std::move(c.optimizer));
+  }
   if (lead_) {
     c.step = at_step;
     c.config = to_hf_config(plan_.mcfg);
     const data::SamplerPosition pos = sampler_.position();
-    const optim::Optimizer& opt = engine_.optimizer();
+    const optim::Optimizer& opt = chunks_.front()->engine.optimizer();
     c.state = {{"seed", cfg_.seed},
                {"optimizer", opt.name()},
                {"optimizer_steps", opt.steps()},
                {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
                {"config", to_json(cfg_)},
-               {"layout", {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"zero", cfg_.zero}}},
+               {"layout",
+                {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
                {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     export_weights(c.model, plan_.mcfg, cfg_.save);
@@ -403,7 +504,7 @@ void RankRun::save(int64_t at_step) {
 void RankRun::validate(int64_t at_step) {
   if (!val_) return;
   TraceSpan span("validation", "eval");
-  const double v = evaluate(model_, *val_, micro_, cfg_.eval_batches, in_, tgt_);
+  const double v = evaluate(*forward_, *val_, micro_, cfg_.eval_batches, in_, tgt_);
   result_.last_val_loss = v;
   metrics_->write({{"step", at_step}, {"val_loss", v}});
   char buf[128];
@@ -420,7 +521,7 @@ void RankRun::sample() {
   if (prompt.empty())
     prompt.push_back(static_cast<int32_t>(plan_.pd.tokenizer->end_of_text().value_or(10)));
   const SampleOptions so{cfg_.sample_tokens, cfg_.temperature, cfg_.top_k, cfg_.seed};
-  const std::vector<int32_t> outs = generate(model_, prompt, so);
+  const std::vector<int32_t> outs = generate(*forward_, prompt, so);
   const std::vector<uint32_t> ids(outs.begin(), outs.end());
   result_.sample = plan_.pd.tokenizer->decode(ids);
   say(log_, nullptr, "sample:\n" + cfg_.prompt + result_.sample);
