@@ -11,6 +11,14 @@ namespace tessera::train {
 
 using parallel::ActionKind;
 
+namespace {
+std::string label(const char* what, int micro_batch) {  // "F3" (avoids GCC 12's -Wrestrict)
+  std::string s(what);
+  s += std::to_string(micro_batch);
+  return s;
+}
+}  // namespace
+
 StepExecutor::StepExecutor(std::vector<StageChunk> chunks, PipelineLinks links)
     : links_(links) {
   TESSERA_ASSERT(!chunks.empty(), "a step executor needs at least one model chunk");
@@ -105,7 +113,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
   const size_t count = static_cast<size_t>(boundary_elems);
   switch (a.kind) {
     case ActionKind::RecvForward: {
-      TraceSpan span("recv F" + std::to_string(m), "comm", 2);
+      TraceSpan span(label("recv F", m), "comm", 2);
       comm::RecvOptions o;
       o.tag = tag(stage, false);
       links_.pp->recv(model.input(acquire(c, m)), count, DType::F32, prev, o).wait();
@@ -114,7 +122,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
     case ActionKind::Forward: {
       nn::GPT::Record& rec = model.has_embedding() ? acquire(c, m) : in_flight(c, m);
       const nn::Batch b = fetch(m);
-      TraceSpan span("F" + std::to_string(m), "forward", 2);
+      TraceSpan span(label("F", m), "forward", 2);
       loss_sum += model.forward(ctx, b, rec);
       break;
     }
@@ -125,7 +133,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       break;
     }
     case ActionKind::RecvBackward: {
-      TraceSpan span("recv B" + std::to_string(m), "comm", 2);
+      TraceSpan span(label("recv B", m), "comm", 2);
       int index = -1;
       Tensor& dout = buffer(douts_, free_douts_, index, boundary_elems);
       c.dout_of[m] = index;
@@ -140,7 +148,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       c.stage.engine->begin_micro_batch(m == s.micro_batches - 1);
       const int d = c.dout_of.size() > static_cast<size_t>(m) ? c.dout_of[m] : -1;
       {
-        TraceSpan span("B" + std::to_string(m), "backward", 2);
+        TraceSpan span(label("B", m), "backward", 2);
         model.backward(in_flight(c, m), d >= 0 ? douts_[static_cast<size_t>(d)].f32() : nullptr);
       }
       if (d >= 0) free_douts_.push_back(d), c.dout_of[m] = -1;

@@ -30,6 +30,7 @@
 #include "tessera/parallel/mesh.h"
 #include "tessera/parallel/pipeline_split.h"
 #include "tessera/parallel/schedule.h"
+#include "tessera/parallel/schedule_generators.h"
 #include "tessera/parallel/unit_timeline.h"
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
