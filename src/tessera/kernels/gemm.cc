@@ -44,7 +44,7 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
                      const float* weight, int M, int K, int N, bool accumulate_din) {
   if (din != nullptr)
     sgemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
-  sgemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
+  if (dweight != nullptr) sgemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
   if (dbias != nullptr) {
     for (int64_t i = 0; i < M; ++i) {
       const float* d = dout + i * N;
@@ -60,7 +60,7 @@ void matmul_nt_forward(float* out, const float* in, const float* weight, int M, 
 void matmul_nt_backward(float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, int M, int K, int N) {
   if (din != nullptr) sgemm(false, false, M, K, N, 1.0f, dout, N, weight, K, 0.0f, din, K);
-  sgemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
+  if (dweight != nullptr) sgemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
 }
 
 }  // namespace tessera::kernels

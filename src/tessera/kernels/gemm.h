@@ -18,7 +18,7 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
 
 // Backward of matmul_forward given dout[M,N]:
 //   din[M,K]     = or += dout . weight^T  (ASSIGNS unless accumulate_din; null skips it)
-//   dweight[K,N] += in^T . dout           (ACCUMULATES)
+//   dweight[K,N] += in^T . dout           (ACCUMULATES; null skips it)
 //   dbias[N]     += column sums of dout   (ACCUMULATES; null skips it)
 // The residual's gradient is dout itself; the caller keeps it.
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
@@ -28,7 +28,7 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
 void matmul_nt_forward(float* out, const float* in, const float* weight, int M, int K, int N);
 
 // Backward of matmul_nt_forward: din[M,K] ASSIGNED = dout . weight (null skips it);
-// dweight[N,K] += dout^T . in (ACCUMULATES).
+// dweight[N,K] += dout^T . in (ACCUMULATES; null skips it).
 void matmul_nt_backward(float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, int M, int K, int N);
 

@@ -1,6 +1,7 @@
 #include "tessera/nn/block.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
@@ -206,11 +207,12 @@ void Block::forward(const StepContext& ctx, const Batch& b, const float* x, floa
   }
 }
 
-void Block::backward(Record& r, float* dres, Workspace& ws) const {
+void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) const {
   TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "Block::backward of h.", layer_, " without a forward");
+  Record::DeferredWeightGrads* defer = defer_weights ? &deferred_for(r) : nullptr;
   switch (recompute_) {
     case Recompute::None:
-      run_backward(r, dres, ws);
+      run_backward(r, dres, ws, defer);
       return;
     case Recompute::Selective: {
       Record full = r;
@@ -218,7 +220,7 @@ void Block::backward(Record& r, float* dres, Workspace& ws) const {
       full.att_drop = ws.recomputed->att_drop;
       attention(ws.atty.f32(), full.att.f32(),
                 full.att_drop.defined() ? full.att_drop.f32() : nullptr, full);
-      run_backward(full, dres, ws);
+      run_backward(full, dres, ws, defer);
       return;
     }
     case Recompute::Full: {
@@ -227,19 +229,76 @@ void Block::backward(Record& r, float* dres, Workspace& ws) const {
       full.first_sample = r.first_sample, full.seed = r.seed, full.step = r.step;
       full.x = r.x;
       run_forward(r.x, nullptr, full, ws, false);
-      run_backward(full, dres, ws);
+      run_backward(full, dres, ws, defer);
+      if (defer) {  // W needs the matmuls' inputs, which live in the shared scratch
+        const int64_t BT = static_cast<int64_t>(r.B) * r.T;
+        auto keep = [&](Tensor& dst, const Tensor& src, int64_t width) {
+          std::memcpy(dst.f32(), src.f32(), sizeof(float) * static_cast<size_t>(BT * width));
+        };
+        keep(defer->ln1, full.ln1, cfg_.n_embd);
+        keep(defer->atty, full.atty, c_local_);
+        keep(defer->ln2, full.ln2, cfg_.n_embd);
+        keep(defer->fch, full.fch, mlp_local_);
+      }
       return;
     }
   }
 }
 
-void Block::run_backward(const Record& r, float* dres, Workspace& ws) const {
+Block::Record::DeferredWeightGrads& Block::deferred_for(Record& r) const {
+  const int64_t BT = static_cast<int64_t>(r.B) * r.T, C = cfg_.n_embd;
+  if (!r.deferred || r.deferred->d_mproj.numel() != BT * C) {
+    auto d = std::make_shared<Record::DeferredWeightGrads>();
+    auto make = [&](int64_t width, const char* name) {
+      return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
+    };
+    d->d_mproj = make(C, "block.deferred.d_mlp_proj");
+    d->d_fc = make(mlp_local_, "block.deferred.d_fc");
+    d->d_aproj = make(C, "block.deferred.d_attn_proj");
+    d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
+    if (recompute_ == Recompute::Full) {
+      d->ln1 = make(C, "block.deferred.ln_1");
+      d->atty = make(c_local_, "block.deferred.atty");
+      d->ln2 = make(C, "block.deferred.ln_2");
+      d->fch = make(mlp_local_, "block.deferred.fch");
+    }
+    r.deferred = std::move(d);
+  }
+  return *r.deferred;
+}
+
+void Block::backward_weight(Record& r) const {
+  TESSERA_ASSERT(r.deferred != nullptr, "Block::backward_weight of h.", layer_,
+                 " without a deferred backward");
+  const Record::DeferredWeightGrads& d = *r.deferred;
+  const bool full = recompute_ == Recompute::Full;
+  const int BT = r.B * r.T, C = cfg_.n_embd;
+  const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
+  auto g = [&](int i) { return ps_.grad_data(i); };
+  k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(),
+                     (full ? d.fch : r.fch).f32(), nullptr, BT, F, C);
+  k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), (full ? d.ln2 : r.ln2).f32(),
+                     nullptr, BT, C, F);
+  k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(),
+                     (full ? d.atty : r.atty).f32(), nullptr, BT, Cl, C);
+  k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(),
+                     (full ? d.ln1 : r.ln1).f32(), nullptr, BT, C, 3 * Cl);
+}
+
+void Block::run_backward(const Record& r, float* dres, Workspace& ws,
+                         Record::DeferredWeightGrads* defer) const {
   const int B = r.B, T = r.T, BT = B * T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   const int64_t n = static_cast<int64_t>(BT) * C;
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
-  auto g = [&](int i) { return ps_.grad_data(i); };
+  // Weight gradients now, or (zero-bubble BI) the output gradient kept for W.
+  auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
+  auto keep = [&](Tensor Record::DeferredWeightGrads::*slot, const float* dout, int64_t width) {
+    if (defer)
+      std::memcpy((defer->*slot).f32(), dout, sizeof(float) * static_cast<size_t>(BT * width));
+  };
+  auto g_ln = [&](int i) { return ps_.grad_data(i); };  // LayerNorms: always now
   float* dln = ws.dln.f32();
 
   // MLP branch (reduce_from_tp's backward is the identity: dres is complete on every rank).
@@ -249,11 +308,13 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws) const {
     dy = ws.proj.f32();
   }
   float* dfch = ws.dfch.f32();
+  keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
   k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F, C);
   k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+  keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
   k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, r.ln2.f32(), p(q_.fc_w), BT, C, F);
   copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g(q_.ln2_w), g(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
+  k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
                         r.ln2_mean.f32(), r.ln2_rstd.f32(), BT, C);
 
   // Attention branch.
@@ -262,15 +323,17 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws) const {
     k::dropout_backward(ws.proj.f32(), dres, r.mask_attn.data<uint8_t>(), n, r.p);
     dy = ws.proj.f32();
   }
+  keep(&Record::DeferredWeightGrads::d_aproj, dy, C);
   k::matmul_backward(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, r.atty.f32(), p(q_.aproj_w),
                      BT, Cl, C);
   k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
                         drop ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl, heads_local_,
                         r.p);
+  keep(&Record::DeferredWeightGrads::d_attn, ws.dqkv.f32(), 3 * Cl);
   k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), r.ln1.f32(), p(q_.attn_w), BT,
                      C, 3 * Cl);
   copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g(q_.ln1_w), g(q_.ln1_b), dln, r.x, p(q_.ln1_w), r.ln1_mean.f32(),
+  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w), r.ln1_mean.f32(),
                         r.ln1_rstd.f32(), BT, C);
 }
 

@@ -40,6 +40,13 @@ class Block {
     Tensor ln2, ln2_mean, ln2_rstd;  // C, 1, 1
     Tensor fc, fch;                  // F_local = 4C / t (before and after GELU)
     Tensor mask_attn, mask_mlp;      // U8 C: residual-branch dropout masks
+    // Zero-bubble split backward (BI now, W later): the four matmuls' output gradients, and
+    // under full recomputation their inputs too (the recomputed ones are scratch).
+    struct DeferredWeightGrads {
+      Tensor d_mproj, d_fc, d_aproj, d_attn;
+      Tensor ln1, atty, ln2, fch;  // Full only
+    };
+    std::shared_ptr<DeferredWeightGrads> deferred;
     // What the forward ran with (a recomputation reruns exactly this).
     const float* x = nullptr;  // the block's input, owned and kept alive by the caller
     int B = 0, T = 0;
@@ -72,8 +79,11 @@ class Block {
   void forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
                Workspace& ws) const;
   // Given dres[B, T, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the parameter
-  // gradients.
-  void backward(Record& r, float* dres, Workspace& ws) const;
+  // gradients. defer_weights (zero-bubble BI): only the LayerNorms' parameter gradients now; the
+  // four matmuls' weight and bias gradients wait in r.deferred for backward_weight(r) (W).
+  void backward(Record& r, float* dres, Workspace& ws, bool defer_weights = false) const;
+  // W: ACCUMULATES the weight and bias gradients a deferred backward left in r.
+  void backward_weight(Record& r) const;
 
   int layer() const { return layer_; }
   int heads_local() const { return heads_local_; }
@@ -91,7 +101,10 @@ class Block {
   // The attention core: atty, att and att_drop from r.qkv.
   void attention(float* atty, float* att, float* att_drop, const Record& r) const;
   // The backward from a record whose activations are all present.
-  void run_backward(const Record& r, float* dres, Workspace& ws) const;
+  // `defer`: where the matmuls' output gradients go instead of their weight gradients.
+  void run_backward(const Record& r, float* dres, Workspace& ws,
+                    Record::DeferredWeightGrads* defer = nullptr) const;
+  Record::DeferredWeightGrads& deferred_for(Record& r) const;
   void allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
                 bool keep_attention, bool keep_rest) const;
 

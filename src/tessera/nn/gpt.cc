@@ -152,14 +152,19 @@ double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
   return loss;
 }
 
-void GPT::backward(Record& rec, const float* dout) {
+void GPT::backward(Record& rec, const float* dout) { backward_pass(rec, dout, false); }
+
+void GPT::backward_input(Record& rec, const float* dout) { backward_pass(rec, dout, true); }
+
+void GPT::backward_pass(Record& rec, const float* dout, bool split) {
   TESSERA_CHECK(rec.B > 0, "backward() without a preceding forward()");
   const int64_t n = static_cast<int64_t>(rec.B) * rec.T * cfg_.n_embd;
   float* dres = dres_.f32();
+  auto after = split ? &UnitHooks::after_backward_input : &UnitHooks::after_backward;
   if (head_) {
     hook(&UnitHooks::before_backward, cfg_.n_layer + 1);
-    head_->backward(*rec.head, dres, ws_.dln.f32());
-    hook_reverse(&UnitHooks::after_backward, cfg_.n_layer + 1);
+    head_->backward(*rec.head, dres, ws_.dln.f32(), split);
+    hook_reverse(after, cfg_.n_layer + 1);
   } else {
     TESSERA_ASSERT(dout != nullptr, "a stage without the head needs the output gradient");
     std::memcpy(dres, dout, sizeof(float) * static_cast<size_t>(n));
@@ -167,12 +172,30 @@ void GPT::backward(Record& rec, const float* dout) {
   for (size_t i = blocks_.size(); i-- > 0;) {
     const int unit = blocks_[i].layer() + 1;
     hook(&UnitHooks::before_backward, unit);
-    blocks_[i].backward(rec.blocks[i], dres, ws_);
+    blocks_[i].backward(rec.blocks[i], dres, ws_, split);
+    hook_reverse(after, unit);
+  }
+  if (embedding_) {  // all of its gradients are weight gradients, and cheap: always now
+    hook(&UnitHooks::before_backward, 0);
+    embedding_->backward(*rec.embedding, dres);
+    hook_reverse(after, 0);
+  }
+}
+
+void GPT::backward_weight(Record& rec) {
+  if (head_) {
+    hook(&UnitHooks::before_backward_weight, cfg_.n_layer + 1);
+    head_->backward_weight(*rec.head);
+    hook_reverse(&UnitHooks::after_backward, cfg_.n_layer + 1);
+  }
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    const int unit = blocks_[i].layer() + 1;
+    hook(&UnitHooks::before_backward_weight, unit);
+    blocks_[i].backward_weight(rec.blocks[i]);
     hook_reverse(&UnitHooks::after_backward, unit);
   }
   if (embedding_) {
-    hook(&UnitHooks::before_backward, 0);
-    embedding_->backward(*rec.embedding, dres);
+    hook(&UnitHooks::before_backward_weight, 0);
     hook_reverse(&UnitHooks::after_backward, 0);
   }
 }

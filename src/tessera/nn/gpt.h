@@ -106,6 +106,12 @@ class GPT {
   // from dout[B, T, C] = dL/d output(rec). ACCUMULATES parameter gradients; on a stage without
   // the embedding, dL/d input(rec) is left in input_grad() until the next backward.
   void backward(Record& rec, const float* dout = nullptr);
+  // The zero-bubble split of backward (Qi et al. 2024): backward_input leaves dL/d input(rec) in
+  // input_grad() and accumulates only the cheap parameter gradients (LayerNorms, the
+  // embedding); backward_weight(rec) later accumulates the matmuls' weight gradients from what
+  // the first kept in rec. Together they give backward's gradients.
+  void backward_input(Record& rec, const float* dout = nullptr);
+  void backward_weight(Record& rec);
   float* input(Record& rec) const { return rec.hidden.front().f32(); }
   const float* output(const Record& rec) const { return rec.hidden.back().f32(); }
   const float* input_grad() const { return dres_.f32(); }
@@ -134,6 +140,7 @@ class GPT {
 
  private:
   void check_batch(const Batch& b) const;
+  void backward_pass(Record& rec, const float* dout, bool split);
   void hook(void (UnitHooks::*f)(int), int unit);
   void hook_reverse(void (UnitHooks::*f)(int), int unit);
   Block& block(int unit) { return blocks_[unit - 1 - first_block_]; }

@@ -83,7 +83,14 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   return total;
 }
 
-void Head::backward(Record& r, float* dx, float* scratch) const {
+void Head::backward_weight(const Record& r) const {
+  const int BT = r.B * r.T, C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
+  if (V > 0)
+    k::matmul_nt_backward(nullptr, ps_.grad_data(wte_), r.logits.f32(), r.lnf.f32(), nullptr, BT,
+                          C, V);
+}
+
+void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) const {
   TESSERA_CHECK(r.B > 0, "backward() without a preceding forward()");
   TESSERA_CHECK(r.have_targets, "backward() needs a forward() with targets");
   const int BT = r.B * r.T, C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
@@ -95,8 +102,8 @@ void Head::backward(Record& r, float* dx, float* scratch) const {
     k::softmax_xent_backward_slice(dlogits, r.logits.f32(), r.lse.f32(), r.targets.data<int32_t>(),
                                    vocab_.begin, r.loss_scale, BT, V);
   if (V > 0) {
-    k::matmul_nt_backward(scratch, ps_.grad_data(wte_), dlogits, r.lnf.f32(), ps_.param_data(wte_),
-                          BT, C, V);
+    k::matmul_nt_backward(scratch, defer_weights ? nullptr : ps_.grad_data(wte_), dlogits,
+                          r.lnf.f32(), ps_.param_data(wte_), BT, C, V);
   } else {
     std::memset(scratch, 0, sizeof(float) * static_cast<size_t>(BT) * C);
   }

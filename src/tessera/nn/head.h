@@ -54,7 +54,10 @@ class Head {
   double forward(const StepContext& ctx, const Batch& b, const float* x, Record& r) const;
   // ASSIGNS dx[B, T, C] = d(loss_scale * loss sum)/dx and ACCUMULATES the ln_f and wte gradients.
   // scratch: [B, T, C] floats of workspace.
-  void backward(Record& r, float* dx, float* scratch) const;
+  // defer_weights (zero-bubble BI): the tied wte's gradient waits for backward_weight(r) (W),
+  // which reads the logits' gradient and ln_f's output kept in r.
+  void backward(Record& r, float* dx, float* scratch, bool defer_weights = false) const;
+  void backward_weight(const Record& r) const;
 
  private:
   const ParameterSet& ps_;

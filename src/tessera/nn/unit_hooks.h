@@ -22,6 +22,12 @@ class UnitHooks {
   virtual void after_forward(int unit) { (void)unit; }
   virtual void before_backward(int unit) { (void)unit; }
   virtual void after_backward(int unit) { (void)unit; }
+  // Zero-bubble split backward: a micro-batch's backward is a BI pass, before_backward(u) [input
+  // gradient and the cheap parameter gradients] after_backward_input(u), and later a W pass,
+  // before_backward_weight(u) [the matmuls' weight gradients] after_backward(u). A unit's
+  // gradients are final at the W pass's after_backward.
+  virtual void after_backward_input(int unit) { (void)unit; }
+  virtual void before_backward_weight(int unit) { (void)unit; }
 };
 
 }  // namespace tessera::nn

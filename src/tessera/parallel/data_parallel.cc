@@ -171,6 +171,13 @@ void DataParallel::before_backward(int unit) {
   });
 }
 
+void DataParallel::before_backward_weight(int unit) {
+  // Zero-bubble W pass: the parameters stay from the BI pass (ZeRO-3 releases them when the
+  // bucket's gradients are final); the gradients need their buffer again (ZeRO-2/3 may have
+  // reduced the last one during another micro-batch's W).
+  for_each_bucket_of(unit, [&](int bi) { zero_->acquire_grads(bi); });
+}
+
 void DataParallel::after_backward(int unit) {
   for_each_bucket_of(unit, [&](int bi) {
     Bucket& b = buckets_[bi];

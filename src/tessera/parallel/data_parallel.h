@@ -99,6 +99,7 @@ class DataParallel final : public nn::UnitHooks {
   void after_forward(int unit) override;
   void before_backward(int unit) override;
   void after_backward(int unit) override;
+  void before_backward_weight(int unit) override;
 
  private:
   // The buckets unit u reads: its own, and the bucket of its tied unit if different.

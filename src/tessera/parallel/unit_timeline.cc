@@ -23,4 +23,10 @@ void UnitTimeline::after_backward(int unit) {
     t->record("backward " + label(unit), "backward", 0, bwd_start_[unit], TraceClock::now());
 }
 
+void UnitTimeline::after_backward_input(int unit) {
+  if (Tracer* t = Tracer::current())
+    t->record("backward-input " + label(unit), "backward-input", 0, bwd_start_[unit],
+              TraceClock::now());
+}
+
 }  // namespace tessera::parallel

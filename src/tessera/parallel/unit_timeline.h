@@ -18,6 +18,8 @@ class UnitTimeline final : public nn::UnitHooks {
   void after_forward(int unit) override;
   void before_backward(int unit) override { bwd_start_[unit] = TraceClock::now(); }
   void after_backward(int unit) override;
+  void after_backward_input(int unit) override;
+  void before_backward_weight(int unit) override { bwd_start_[unit] = TraceClock::now(); }
 
  private:
   std::string label(int unit) const;

@@ -155,6 +155,25 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       release(c, m);
       break;
     }
+    case ActionKind::BackwardInput: {
+      const int d = c.dout_of.size() > static_cast<size_t>(m) ? c.dout_of[m] : -1;
+      {
+        TraceSpan span(label("BI", m), "backward-input", 2);
+        model.backward_input(in_flight(c, m),
+                             d >= 0 ? douts_[static_cast<size_t>(d)].f32() : nullptr);
+      }
+      if (d >= 0) free_douts_.push_back(d), c.dout_of[m] = -1;
+      break;  // the record stays for W
+    }
+    case ActionKind::BackwardWeight: {
+      c.stage.engine->begin_micro_batch(m == s.micro_batches - 1);
+      {
+        TraceSpan span(label("W", m), "backward-weight", 2);
+        model.backward_weight(in_flight(c, m));
+      }
+      release(c, m);
+      break;
+    }
     case ActionKind::SendBackward: {
       SendBuffer& buf = send_buffer(boundary_elems);
       std::memcpy(buf.data.f32(), model.input_grad(), count * sizeof(float));
