@@ -22,6 +22,7 @@
 #include "tessera/nn/head.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
+#include "run_compare.h"
 #include "weights_compare.h"
 
 namespace tessera::nn {
@@ -301,7 +302,10 @@ TEST(VocabRange, CeilSplitWithoutPaddingRows) {
 namespace tessera::train {
 namespace {
 
+using testing::expect_same_run;
 using testing::expect_same_weights;
+using testing::Reference;
+using testing::run_reference;
 using testing::read_weights;
 using testing::temp_dir;
 
@@ -319,47 +323,12 @@ TrainConfig tp_config(const std::filesystem::path& dir) {
   return c;
 }
 
-struct Reference {
-  std::vector<double> losses;
-  std::vector<double> grad_norms;  // from the metrics file: the norm counts each element once
-  std::map<std::string, std::vector<float>> weights;
-};
-
-Reference run_reference(const std::string& name, TrainConfig c, const std::filesystem::path& dir) {
-  c.save = (dir / name).string();
-  c.metrics = (dir / (name + ".jsonl")).string();
-  Reference r;
-  r.losses = run_training(c, nullptr).losses;
-  r.weights = read_weights(dir / name / "model.safetensors");
-  std::ifstream in(c.metrics);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("grad_norm")) r.grad_norms.push_back(j["grad_norm"].get<double>());
-  }
-  return r;
-}
-
 const Reference& one_rank() {
   static Reference ref = [] {
     auto dir = temp_dir("tp_reference");
     return run_reference("run", tp_config(dir), dir);
   }();
   return ref;
-}
-
-// Weights within `weight_rel` per tensor (1e-5; see the tp=4 note below).
-void expect_same_run(const Reference& ref, const Reference& got, double weight_rel = 1e-5) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
-  // AdamW is nearly invariant to a constant gradient scale, so a miscounted norm would hide in the
-  // losses: compare the norms themselves.
-  ASSERT_EQ(got.grad_norms.size(), ref.losses.size());
-  ASSERT_EQ(ref.grad_norms.size(), ref.losses.size());
-  for (size_t i = 0; i < got.grad_norms.size(); ++i)
-    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 1e-5 * ref.grad_norms[i])
-        << "gradient norm, step " << i + 1;
-  expect_same_weights(ref.weights, got.weights, weight_rel);
 }
 
 struct Layout {

@@ -25,6 +25,7 @@ DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataPar
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
   buckets_ = make_buckets(model, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
   zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_});
+  zero_->set_pipeline_stage(!model.has_embedding() || !model.has_head());
   model_.add_hooks(this);
 }
 

@@ -35,7 +35,9 @@ void ZeroStrategy::load_weights(const io::SafetensorsFile& file) {
   bool sharded = false;
   for (const nn::ParamInfo& info : c_.ps.infos()) sharded = sharded || !info.tp_replicated();
   if (!sharded) {
-    io::load_into(file, parameter_views());
+    io::TensorLoadOptions o;
+    o.error_on_unexpected = !pipeline_stage_;
+    io::load_into(file, parameter_views(), o);
     return;
   }
   // Tensor-parallel shards: each rank reads its runs of the full tensors.

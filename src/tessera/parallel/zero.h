@@ -82,6 +82,9 @@ class ZeroStrategy {
   virtual io::NamedTensors full_weights();
   virtual io::NamedTensors full_optimizer_state(optim::Optimizer& opt);
 
+  // A pipeline stage holds part of the model: a full-model file has tensors it does not read.
+  void set_pipeline_stage(bool stage) { pipeline_stage_ = stage; }
+
   virtual void zero_grads() { c_.ps.zero_grads(); }
   // ZeRO-2/3 hold no full gradient between micro-batches, so they reduce every micro-batch;
   // stages 0/1 accumulate and reduce after the last one.
@@ -110,6 +113,7 @@ class ZeroStrategy {
   ZeroContext c_;
   int rank_, size_;
   int64_t shard_elems_ = 0;  // elements of this rank's packed shards
+  bool pipeline_stage_ = false;
 };
 
 std::unique_ptr<ZeroStrategy> make_zero_strategy(int stage, const ZeroContext& c);

@@ -173,6 +173,7 @@ class RankRun {
   void validate(int64_t at_step);
   void sample();
   void report_memory();
+  void report_pipeline();
   void write_timeline();
 
   // One model chunk of this rank (a pipeline stage; the whole model without pipelines).
@@ -538,6 +539,31 @@ void RankRun::report_memory() {
   for (const std::string& r : result_.memory_reports) say(log_, nullptr, "memory: " + r);
 }
 
+void RankRun::report_pipeline() {
+  int in_flight = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    in_flight += executor_->records_allocated(static_cast<int>(c));
+  std::vector<int64_t> flights(world_.size());
+  const int64_t mine = in_flight;
+  world_.all_gather(&mine, flights.data(), 1, DType::I64).wait();
+  result_.peak_micro_batches_in_flight.assign(flights.begin(), flights.end());
+  std::vector<double> bubbles(world_.size());
+  const double bubble = timing_sum_.bubble();
+  world_.all_gather(&bubble, bubbles.data(), 1, DType::F64).wait();
+  result_.measured_bubble = bubbles;
+  if (cfg_.pp == 1 || !log_) return;
+  std::string line = "pipeline: measured bubble per stage";
+  char buf[96];
+  for (int r = 0; r < cfg_.pp; ++r) {
+    const int w = parallel::Mesh::world_rank(mesh_.shape(), 0, r, 0);
+    std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld micro-batches in flight)", r,
+                  100 * bubbles[static_cast<size_t>(w)],
+                  static_cast<long long>(flights[static_cast<size_t>(w)]));
+    line += buf;
+  }
+  say(log_, nullptr, line);
+}
+
 void RankRun::write_timeline() {
   if (!tracer_) return;
   nlohmann::json j = nlohmann::json::array();
@@ -582,6 +608,7 @@ TrainResult RankRun::run() {
   }
   sample();
   report_memory();
+  report_pipeline();
   write_timeline();
   return std::move(result_);
 }
@@ -599,9 +626,9 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   if (backend == comm::Backend::Mpi) {
     std::unique_ptr<comm::Communicator> world = comm::mpi_world();
     TESSERA_CHECK_AS(ConfigError, world->size() == cfg.world(), "mpirun started ", world->size(),
-                     " processes but --dp ", cfg.dp, " x --tp ", cfg.tp, " = ", cfg.world(),
-                     "; start ", cfg.world(), " processes (mpirun -np ", cfg.world(),
-                     ") or choose --dp x --tp = ", world->size());
+                     " processes but --pp ", cfg.pp, " x --dp ", cfg.dp, " x --tp ", cfg.tp, " = ",
+                     cfg.world(), "; start ", cfg.world(), " processes (mpirun -np ", cfg.world(),
+                     ") or choose --pp x --dp x --tp = ", world->size());
     // Rank 0 prepares the data (and fills the cache) before the others read it.
     std::optional<RunPlan> plan;
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));

@@ -1,0 +1,55 @@
+// One run's losses, gradient norms and saved weights, and the comparison of a parallel run
+// against one rank (shared by the tensor- and pipeline-parallel equivalence tests).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/train/trainer.h"
+#include "weights_compare.h"
+
+namespace tessera::train::testing {
+
+struct Reference {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;  // from the metrics file: the norm counts each element once
+  std::map<std::string, std::vector<float>> weights;
+};
+
+inline Reference run_reference(const std::string& name, TrainConfig c, const std::filesystem::path& dir) {
+  c.save = (dir / name).string();
+  c.metrics = (dir / (name + ".jsonl")).string();
+  Reference r;
+  r.losses = run_training(c, nullptr).losses;
+  r.weights = read_weights(dir / name / "model.safetensors");
+  std::ifstream in(c.metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("grad_norm")) r.grad_norms.push_back(j["grad_norm"].get<double>());
+  }
+  return r;
+}
+
+// Weights within `weight_rel` per tensor (1e-5; see the tp=4 note below).
+inline void expect_same_run(const Reference& ref, const Reference& got, double weight_rel = 1e-5) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
+  // AdamW is nearly invariant to a constant gradient scale, so a miscounted norm would hide in the
+  // losses: compare the norms themselves.
+  ASSERT_EQ(got.grad_norms.size(), ref.losses.size());
+  ASSERT_EQ(ref.grad_norms.size(), ref.losses.size());
+  for (size_t i = 0; i < got.grad_norms.size(); ++i)
+    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 1e-5 * ref.grad_norms[i])
+        << "gradient norm, step " << i + 1;
+  expect_same_weights(ref.weights, got.weights, weight_rel);
+}
+
+}  // namespace tessera::train::testing
