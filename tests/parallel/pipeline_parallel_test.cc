@@ -118,8 +118,14 @@ TEST(PipelineTraining, ThreeDimensionalLayoutsMatchOneRank) {
     c.zero = l.zero;
     c.schedule = l.schedule;
     c.virtual_stages = l.schedule == "interleaved" ? 2 : 1;
-    // Three split axes sum in other orders: the bound the tensor-parallel tests give tp x dp.
-    expect_same_run(one_rank(8), run_reference("run", c, dir), 5e-5);
+    // Weights: tensor parallelism multiplies matrices of other shapes, so BLAS sums the weight
+    // gradients in another order, and AdamW's first steps (about lr * sign(g)) turn the rounding of
+    // near-zero gradient elements into whole steps. That is the noise floor of this comparison, not
+    // of the layout: one rank alone, whole batch against micro-batches of one sequence, differs by
+    // 7.6e-5 on h.5.attn.c_proj.weight after one step of a model of this shape (measured with
+    // `tessera train`, 2026-12-01). Losses and
+    // gradient norms keep the 1e-5 bound.
+    expect_same_run(one_rank(8), run_reference("run", c, dir), l.tp > 1 ? 1e-4 : 1e-5);
   }
 }
 
