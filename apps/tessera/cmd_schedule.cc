@@ -2,7 +2,9 @@
 // every rank's actions, the bubble and the activation peaks, and draw it as SVG.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "tessera/core/error.h"
@@ -30,11 +32,16 @@ std::string percent(double fraction) {
 }
 
 void run(const ScheduleFlags& f, int& exit_code) {
-  parallel::ActionCosts costs = parallel::parse_costs(f.costs);
-  costs.p2p = f.p2p;
+  std::vector<parallel::ActionCosts> rank_costs = parallel::parse_rank_costs(f.costs);
+  for (parallel::ActionCosts& c : rank_costs) c.p2p = f.p2p;
   const parallel::Schedule s =
       parallel::make_schedule(f.schedule, f.pp, f.micro_batches, f.virtual_stages);
-  parallel::check_costs(costs, s);
+  TESSERA_CHECK_AS(ConfigError, rank_costs.size() == 1 || rank_costs.size() == static_cast<size_t>(f.pp),
+                   "--costs '", f.costs, "' gives ", rank_costs.size(),
+                   " cost triples; give one F,B,W for every rank or one per rank (", f.pp,
+                   "), separated by '/'");
+  for (const parallel::ActionCosts& c : rank_costs) parallel::check_costs(c, s);
+  const parallel::ActionCosts& costs = rank_costs.front();
 
   std::printf("schedule %s: pp=%d, %d micro-batches, %d chunk%s per rank (%d model stages)\n",
               s.name.c_str(), s.stages, s.micro_batches, s.virtual_stages,
@@ -53,14 +60,19 @@ void run(const ScheduleFlags& f, int& exit_code) {
   const std::vector<std::string> problems = parallel::validate_schedule(s);
   for (const std::string& p : problems) std::printf("invalid: %s\n", p.c_str());
   std::printf("validation: %s\n", problems.empty() ? "ok" : "FAILED");
-  const parallel::Simulation sim = parallel::simulate(s, costs);
+  const parallel::Simulation sim = parallel::simulate(s, rank_costs);
   std::printf("deadlock check: %s\n", sim.deadlock.message().c_str());
 
-  std::string cost_line = "costs: F=" + train::format_number(costs.forward) +
-                          " B=" + train::format_number(costs.backward);
-  if (s.name == "zb-h1")
-    cost_line += " (BI=" + train::format_number(costs.backward - costs.weight) +
-                 " W=" + train::format_number(costs.weight) + ")";
+  std::string cost_line = "costs:";
+  for (size_t r = 0; r < rank_costs.size(); ++r) {
+    const parallel::ActionCosts& c = rank_costs[r];
+    if (rank_costs.size() > 1) cost_line += " rank " + std::to_string(r);
+    cost_line += " F=" + train::format_number(c.forward) + " B=" + train::format_number(c.backward);
+    if (s.name == "zb-h1")
+      cost_line += " (BI=" + train::format_number(c.backward - c.weight) +
+                   " W=" + train::format_number(c.weight) + ")";
+    if (r + 1 < rank_costs.size()) cost_line += ";";
+  }
   cost_line += " p2p=" + train::format_number(costs.p2p);
   if (s.virtual_stages > 1)
     cost_line += " per micro-batch through a rank's layers (1/" + std::to_string(s.virtual_stages) +
@@ -71,7 +83,8 @@ void run(const ScheduleFlags& f, int& exit_code) {
   for (double b : sim.bubble) per_rank += " " + percent(b);
   std::printf("bubble: %s of the step idle overall; per rank:%s\n",
               percent(sim.bubble_overall).c_str(), per_rank.c_str());
-  if (const auto formula = parallel::closed_form_bubble(s, costs))
+  if (const auto formula = rank_costs.size() == 1 ? parallel::closed_form_bubble(s, costs)
+                                                  : std::nullopt)
     std::printf("bubble formula: %s\n", percent(*formula).c_str());
   std::string peaks;
   for (size_t st = 0; st < sim.peak_in_flight.size(); ++st)
@@ -115,7 +128,8 @@ void register_schedule(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--costs", f->costs,
                   "F,B,W: forward, whole backward and weight-gradient time of one micro-batch "
-                  "through one rank's layers (B = BI + W when split)")
+                  "through one rank's layers (B = BI + W when split); or one F,B,W per rank "
+                  "separated by '/' for stages of unequal cost")
       ->capture_default_str();
   cmd->add_option("--p2p-cost", f->p2p, "Time from a send to the earliest end of its receive")
       ->check(CLI::NonNegativeNumber)

@@ -184,6 +184,26 @@ TEST(ScheduleSimulate, CostsParsingAndChecks) {
   EXPECT_THROW(simulate(make_schedule("1f1b", 2, 2), ActionCosts{0, 1, 0}), ConfigError);
 }
 
+TEST(ScheduleSimulate, CostsPerRank) {
+  // GPipe, p=2, m=1, rank 0 F=1 B=2, rank 1 (twice as slow) F=2 B=4: F0 [0,1], F0 [1,3],
+  // B0 [3,7], B0 [7,9].
+  const std::vector<ActionCosts> costs = parse_rank_costs("1,2,1/2,4,1");
+  ASSERT_EQ(costs.size(), 2u);
+  EXPECT_EQ(costs[1].forward, 2);
+  const Simulation sim = simulate(make_schedule("gpipe", 2, 1), costs);
+  EXPECT_EQ(timed(sim, 1, "B0").end, 7);
+  EXPECT_EQ(timed(sim, 0, "B0").start, 7);
+  EXPECT_EQ(sim.makespan, 9);
+  EXPECT_DOUBLE_EQ(sim.bubble[0], 6.0 / 9);
+  EXPECT_DOUBLE_EQ(sim.bubble[1], 3.0 / 9);
+  // The same costs on every rank, given once or per rank, simulate the same.
+  const Schedule zb = make_schedule("zb-h1", 4, 8);
+  EXPECT_DOUBLE_EQ(simulate(zb, parse_rank_costs("1,2,1/1,2,1/1,2,1/1,2,1")).bubble_overall,
+                   simulate(zb, ActionCosts{}).bubble_overall);
+  EXPECT_THROW(simulate(zb, parse_rank_costs("1,2,1/1,2,1")), ConfigError);  // 2 of 4 ranks
+  EXPECT_THROW(parse_rank_costs("1,2,1/"), ConfigError);
+}
+
 TEST(ScheduleSimulate, DeadlockedScheduleReportsWhatRan) {
   Schedule s = make_schedule("1f1b", 2, 2);
   auto& r0 = s.ranks[0];

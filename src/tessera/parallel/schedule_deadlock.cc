@@ -61,7 +61,7 @@ DeadlockReport deadlock_report(const Schedule& s, const std::vector<size_t>& nex
 
 DeadlockReport check_deadlock(const Schedule& s) {
   const Replay run = replay_schedule(
-      s, [](const Action&) { return 1.0; }, 0.0);
+      s, [](int, const Action&) { return 1.0; }, 0.0);
   return deadlock_report(s, run.next);
 }
 

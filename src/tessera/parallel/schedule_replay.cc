@@ -49,7 +49,7 @@ Replay replay_schedule(const Schedule& s, const ActionDuration& duration, double
           clock[r] = std::max(clock[r], it->second.front());
           it->second.pop_front();
         } else {
-          clock[r] += duration(a);
+          clock[r] += duration(static_cast<int>(r), a);
         }
         out.ranks[r].push_back({a, start, clock[r]});
         ++out.next[r];

@@ -25,7 +25,8 @@ struct Replay {
   bool finished(const Schedule& s) const;  // every rank ran its whole list
 };
 
-using ActionDuration = std::function<double(const Action&)>;
+// The time compute action `a` of `rank` takes.
+using ActionDuration = std::function<double(int rank, const Action& a)>;
 
 // Runs every rank as far as it can get. A rank stops only at a receive whose send is never posted.
 Replay replay_schedule(const Schedule& s, const ActionDuration& duration, double p2p_latency);

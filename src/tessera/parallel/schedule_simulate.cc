@@ -35,6 +35,19 @@ ActionCosts parse_costs(const std::string& text) {
   return c;
 }
 
+std::vector<ActionCosts> parse_rank_costs(const std::string& text) {
+  std::vector<ActionCosts> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t slash = text.find('/', begin);
+    out.push_back(
+        parse_costs(text.substr(begin, slash == std::string::npos ? slash : slash - begin)));
+    if (slash == std::string::npos) break;
+    begin = slash + 1;
+  }
+  return out;
+}
+
 namespace {
 bool splits_backward(const Schedule& s) {
   for (const auto& list : s.ranks)
@@ -107,9 +120,20 @@ void count_in_flight(const Schedule& s, Simulation& sim) {
 }  // namespace
 
 Simulation simulate(const Schedule& s, const ActionCosts& costs) {
-  check_costs(costs, s);
+  return simulate(s, std::vector<ActionCosts>{costs});
+}
+
+Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank) {
+  TESSERA_CHECK_AS(ConfigError, per_rank.size() == 1 || per_rank.size() == s.ranks.size(),
+                   "costs: give one F,B,W for every rank or one per rank (", s.ranks.size(),
+                   " ranks), not ", per_rank.size());
+  for (const ActionCosts& c : per_rank) check_costs(c, s);
+  auto costs_of = [&](int rank) -> const ActionCosts& {
+    return per_rank[per_rank.size() == 1 ? 0 : static_cast<size_t>(rank)];
+  };
   Replay run = replay_schedule(
-      s, [&](const Action& a) { return action_cost(s, costs, a); }, costs.p2p);
+      s, [&](int rank, const Action& a) { return action_cost(s, costs_of(rank), a); },
+      per_rank.front().p2p);
   Simulation sim;
   sim.deadlock = deadlock_report(s, run.next);
   sim.ranks = std::move(run.ranks);

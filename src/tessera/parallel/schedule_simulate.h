@@ -35,6 +35,9 @@ struct ActionCosts {
 
 // "F,B,W" (e.g. "1,2,1"): forward, backward and weight-gradient costs. ConfigError otherwise.
 ActionCosts parse_costs(const std::string& text);
+// One "F,B,W" for every rank, or one per rank separated by '/' ("1,2,1/1.2,2.4,1.1"): stages of
+// unequal cost, e.g. as measured on a run's timeline. ConfigError otherwise.
+std::vector<ActionCosts> parse_rank_costs(const std::string& text);
 
 // ConfigError unless the costs are usable for `s`: forward and backward > 0, the rest >= 0, and
 // weight < backward when the schedule splits backwards into BI + W.
@@ -60,6 +63,9 @@ struct Simulation {
 // Checks the costs (check_costs), then replays the schedule. Does not validate the schedule:
 // call validate_schedule first for a precise account of a malformed one.
 Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
+// The same with costs per pipeline rank (one entry per rank, or one for all; ConfigError
+// otherwise): rank r's actions take per_rank[r]'s times. p2p latency is per_rank[0]'s.
+Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank);
 
 // The bubble fraction the literature's formula gives for `s` under `costs`, where it holds exactly
 // (no transfer latency, no reduce / step cost), else nullopt:
