@@ -36,7 +36,8 @@ void run(const ScheduleFlags& f, int& exit_code) {
   for (parallel::ActionCosts& c : rank_costs) c.p2p = f.p2p;
   const parallel::Schedule s =
       parallel::make_schedule(f.schedule, f.pp, f.micro_batches, f.virtual_stages);
-  TESSERA_CHECK_AS(ConfigError, rank_costs.size() == 1 || rank_costs.size() == static_cast<size_t>(f.pp),
+  TESSERA_CHECK_AS(ConfigError,
+                   rank_costs.size() == 1 || rank_costs.size() == static_cast<size_t>(f.pp),
                    "--costs '", f.costs, "' gives ", rank_costs.size(),
                    " cost triples; give one F,B,W for every rank or one per rank (", f.pp,
                    "), separated by '/'");
@@ -83,8 +84,8 @@ void run(const ScheduleFlags& f, int& exit_code) {
   for (double b : sim.bubble) per_rank += " " + percent(b);
   std::printf("bubble: %s of the step idle overall; per rank:%s\n",
               percent(sim.bubble_overall).c_str(), per_rank.c_str());
-  if (const auto formula = rank_costs.size() == 1 ? parallel::closed_form_bubble(s, costs)
-                                                  : std::nullopt)
+  if (const auto formula =
+          rank_costs.size() == 1 ? parallel::closed_form_bubble(s, costs) : std::nullopt)
     std::printf("bubble formula: %s\n", percent(*formula).c_str());
   std::string peaks;
   for (size_t st = 0; st < sim.peak_in_flight.size(); ++st)

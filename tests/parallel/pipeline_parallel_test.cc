@@ -10,9 +10,9 @@
 
 #include "run_compare.h"
 #include "tessera/core/error.h"
+#include "tessera/parallel/pipeline_split.h"
 #include "tessera/parallel/schedule_generators.h"
 #include "tessera/parallel/schedule_simulate.h"
-#include "tessera/parallel/pipeline_split.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 
@@ -107,7 +107,7 @@ struct Layout3D {
 // parallelism fastest.
 TEST(PipelineTraining, ThreeDimensionalLayoutsMatchOneRank) {
   for (const Layout3D& l : {Layout3D{2, 2, 2, 1, "1f1b"}, Layout3D{2, 2, 2, 3, "zb-h1"},
-                           Layout3D{2, 2, 1, 2, "interleaved"}}) {
+                            Layout3D{2, 2, 1, 2, "interleaved"}}) {
     SCOPED_TRACE("pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp) + " tp " +
                  std::to_string(l.tp) + " zero " + std::to_string(l.zero) + " " + l.schedule);
     auto dir = temp_dir("pp_3d");
@@ -227,8 +227,7 @@ TEST(PipelineSplit, BalancesModelledCostAndParsesUserLists) {
     return std::max(a, b);
   };
   for (int cut = 1; cut < 8; ++cut) EXPECT_LE(stage_max(two[1].first), stage_max(cut));
-  EXPECT_EQ(parallel::parse_split("3,5", 8, 2),
-            (std::vector<parallel::UnitRange>{{0, 2}, {3, 7}}));
+  EXPECT_EQ(parallel::parse_split("3,5", 8, 2), (std::vector<parallel::UnitRange>{{0, 2}, {3, 7}}));
   EXPECT_EQ(parallel::balanced_split(cost, 8).size(), 8u);
   EXPECT_THROW(parallel::balanced_split(cost, 9), ConfigError);
 }

@@ -23,7 +23,8 @@ struct Reference {
   std::map<std::string, std::vector<float>> weights;
 };
 
-inline Reference run_reference(const std::string& name, TrainConfig c, const std::filesystem::path& dir) {
+inline Reference run_reference(const std::string& name, TrainConfig c,
+                               const std::filesystem::path& dir) {
   c.save = (dir / name).string();
   c.metrics = (dir / (name + ".jsonl")).string();
   Reference r;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "run_compare.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/allocator.h"
 #include "tessera/nn/block.h"
@@ -22,7 +23,6 @@
 #include "tessera/nn/head.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
-#include "run_compare.h"
 #include "weights_compare.h"
 
 namespace tessera::nn {
@@ -304,9 +304,9 @@ namespace {
 
 using testing::expect_same_run;
 using testing::expect_same_weights;
+using testing::read_weights;
 using testing::Reference;
 using testing::run_reference;
-using testing::read_weights;
 using testing::temp_dir;
 
 TrainConfig tp_config(const std::filesystem::path& dir) {

@@ -333,8 +333,8 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), r.ln1.f32(), p(q_.attn_w), BT,
                      C, 3 * Cl);
   copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w), r.ln1_mean.f32(),
-                        r.ln1_rstd.f32(), BT, C);
+  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w),
+                        r.ln1_mean.f32(), r.ln1_rstd.f32(), BT, C);
 }
 
 }  // namespace tessera::nn

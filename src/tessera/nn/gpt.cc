@@ -152,9 +152,13 @@ double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
   return loss;
 }
 
-void GPT::backward(Record& rec, const float* dout) { backward_pass(rec, dout, false); }
+void GPT::backward(Record& rec, const float* dout) {
+  backward_pass(rec, dout, false);
+}
 
-void GPT::backward_input(Record& rec, const float* dout) { backward_pass(rec, dout, true); }
+void GPT::backward_input(Record& rec, const float* dout) {
+  backward_pass(rec, dout, true);
+}
 
 void GPT::backward_pass(Record& rec, const float* dout, bool split) {
   TESSERA_CHECK(rec.B > 0, "backward() without a preceding forward()");

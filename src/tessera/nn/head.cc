@@ -86,8 +86,8 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
 void Head::backward_weight(const Record& r) const {
   const int BT = r.B * r.T, C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
   if (V > 0)
-    k::matmul_nt_backward(nullptr, ps_.grad_data(wte_), r.logits.f32(), r.lnf.f32(), nullptr, BT,
-                          C, V);
+    k::matmul_nt_backward(nullptr, ps_.grad_data(wte_), r.logits.f32(), r.lnf.f32(), nullptr, BT, C,
+                          V);
 }
 
 void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) const {

@@ -58,8 +58,8 @@ std::vector<UnitRange> parse_split(const std::string& spec, int num_units, int s
     } catch (const std::exception&) {
       used = 0;
     }
-    TESSERA_CHECK_AS(ConfigError, used == item.size() && v >= 1, "--pp-split '", spec,
-                     "': '", item, "' is not a positive number of units");
+    TESSERA_CHECK_AS(ConfigError, used == item.size() && v >= 1, "--pp-split '", spec, "': '", item,
+                     "' is not a positive number of units");
     counts.push_back(v);
   }
   TESSERA_CHECK_AS(ConfigError, static_cast<int>(counts.size()) == stages, "--pp-split '", spec,

@@ -19,8 +19,7 @@ std::string label(const char* what, int micro_batch) {  // "F3" (avoids GCC 12's
 }
 }  // namespace
 
-StepExecutor::StepExecutor(std::vector<StageChunk> chunks, PipelineLinks links)
-    : links_(links) {
+StepExecutor::StepExecutor(std::vector<StageChunk> chunks, PipelineLinks links) : links_(links) {
   TESSERA_ASSERT(!chunks.empty(), "a step executor needs at least one model chunk");
   for (const StageChunk& s : chunks) {
     Chunk c;
@@ -66,8 +65,8 @@ void StepExecutor::release(Chunk& c, int m) {
 Tensor& StepExecutor::buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index,
                              int64_t elems) {
   if (free.empty()) {
-    pool.push_back(Tensor::zeros({elems}, DType::F32, MemCategory::Activations,
-                                 "pipeline.output_grad"));
+    pool.push_back(
+        Tensor::zeros({elems}, DType::F32, MemCategory::Activations, "pipeline.output_grad"));
     free.push_back(static_cast<int>(pool.size()) - 1);
   }
   index = free.back();
@@ -190,8 +189,8 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
   }
 }
 
-double StepExecutor::run(const parallel::Schedule& schedule, int rank,
-                         const nn::StepContext& ctx, const std::function<nn::Batch(int)>& fetch,
+double StepExecutor::run(const parallel::Schedule& schedule, int rank, const nn::StepContext& ctx,
+                         const std::function<nn::Batch(int)>& fetch,
                          const std::function<void(double)>& optimizer_step,
                          int64_t boundary_elems) {
   TESSERA_ASSERT(rank >= 0 && rank < static_cast<int>(schedule.ranks.size()), "rank ", rank,

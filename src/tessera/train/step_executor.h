@@ -43,7 +43,7 @@ struct PipelineLinks {
 
 // Where the time of the last run went on this rank.
 struct StepTiming {
-  double compute_seconds = 0;  // in F, B, BI and W
+  double compute_seconds = 0;   // in F, B, BI and W
   double pipeline_seconds = 0;  // from the start to the end of the last compute action
   double bubble() const {
     return pipeline_seconds > 0 ? 1.0 - compute_seconds / pipeline_seconds : 0.0;
@@ -73,8 +73,8 @@ class StepExecutor {
     StageChunk stage;
     std::vector<nn::GPT::Record*> pool;  // the model's single record first, then owned
     std::vector<std::unique_ptr<nn::GPT::Record>> owned;
-    std::vector<int> free;     // indices into pool
-    std::vector<int> slot_of;  // micro-batch -> pool index, -1 when not in flight
+    std::vector<int> free;             // indices into pool
+    std::vector<int> slot_of;          // micro-batch -> pool index, -1 when not in flight
     std::vector<comm::Work> sends_of;  // micro-batch -> its activation send (waited at release)
     std::vector<int> dout_of;          // micro-batch -> received output gradient buffer, or -1
   };

@@ -152,9 +152,8 @@ void TrainConfig::validate() const {
   if (pp > 1 && resume.empty() && init_from.empty())
     TESSERA_CHECK_AS(ConfigError, pp * virtual_stages <= layers + 2, "--pp ", pp,
                      " x --virtual-stages ", virtual_stages, " = ", pp * virtual_stages,
-                     " stages, but the model has only ", layers + 2,
-                     " units (the embedding, ", layers,
-                     " blocks and the head); each stage needs at least one");
+                     " stages, but the model has only ", layers + 2, " units (the embedding, ",
+                     layers, " blocks and the head); each stage needs at least one");
   TESSERA_CHECK_AS(ConfigError, batch % dp == 0, "--batch ", batch, " does not split over --dp ",
                    dp, " ranks; choose a batch that is a multiple of dp");
   TESSERA_CHECK_AS(ConfigError,

@@ -35,8 +35,8 @@
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
-#include "tessera/train/progress.h"
 #include "tessera/train/pipeline_forward.h"
+#include "tessera/train/progress.h"
 #include "tessera/train/step_executor.h"
 
 namespace tessera::train {
@@ -247,8 +247,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       plan_(plan),
       world_(world),
       mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp}),
-      split_(parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages,
-                                      cfg.pp_split)),
+      split_(
+          parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
       lead_(world.rank() == 0),
       log_(lead_ ? log : nullptr),
       alloc_("rank " + std::to_string(world.rank()),
@@ -276,7 +276,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   const parallel::ModelParallelGroups groups{world.size() > cfg.dp ? &world : nullptr,
                                              cfg.tp > 1 ? &mesh_.tp() : nullptr};
   for (int c = 0; c < cfg.virtual_stages; ++c) {
-    const parallel::UnitRange& units = split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
+    const parallel::UnitRange& units =
+        split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
     chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
                                               model_layout(cfg, dpo_, mesh_, units), mesh_.dp(),
                                               dpo_, groups));
@@ -377,7 +378,8 @@ void RankRun::print_header() {
       static_cast<double>(first_model().num_params_without_wpe() +
                           static_cast<int64_t>(m.block_size) * m.n_embd) /
           1e6,
-      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.pp, cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.pp, cfg_.zero,
+      cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -412,26 +414,26 @@ void RankRun::train_step() {
   executor_->run(
       schedule_, mesh_.pp_rank(), ctx, fetch,
       [&](double local_loss_sum) {
-    if (cfg_.pp == 1) {
-      loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
-    } else {  // the last stage's tensor-parallel rank 0 of each replica has the loss
-      const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
-      loss = parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
-    }
-    norm = global_grad_norm();
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string where = first_non_finite();
-      throw NumericError(detail::concat(
-          "training diverged at step ", step_ + 1, ": the loss is ", loss,
-          " and the gradient norm ", norm, "; first non-finite tensor: ",
-          where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
-          ". Try a lower --lr or --grad-clip 1."));
-    }
-    for (auto& c : chunks_) {
-      if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
-      c->engine.optimizer_step(lr);
-    }
-  },
+        if (cfg_.pp == 1) {
+          loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
+        } else {  // the last stage's tensor-parallel rank 0 of each replica has the loss
+          const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
+          loss = parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
+        }
+        norm = global_grad_norm();
+        if (!std::isfinite(loss) || !std::isfinite(norm)) {
+          const std::string where = first_non_finite();
+          throw NumericError(detail::concat(
+              "training diverged at step ", step_ + 1, ": the loss is ", loss,
+              " and the gradient norm ", norm, "; first non-finite tensor: ",
+              where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
+              ". Try a lower --lr or --grad-clip 1."));
+        }
+        for (auto& c : chunks_) {
+          if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
+          c->engine.optimizer_step(lr);
+        }
+      },
       boundary_elems_);
   if (step_ > result_.first_step) {  // the first step allocates; it is not timed
     timing_sum_.compute_seconds += executor_->timing().compute_seconds;
@@ -492,8 +494,7 @@ void RankRun::save(int64_t at_step) {
                {"optimizer_steps", opt.steps()},
                {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
                {"config", to_json(cfg_)},
-               {"layout",
-                {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
+               {"layout", {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
                {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     export_weights(c.model, plan_.mcfg, cfg_.save);

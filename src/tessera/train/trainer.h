@@ -30,9 +30,9 @@ struct TrainResult {
   std::vector<double> measured_bubble;
 };
 
-// Runs the whole job: cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc backend), or this
-// process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically under
-// mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
+// Runs the whole job: cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc backend),
+// or this process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically
+// under mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
 // `log` receives the progress line and messages (nullptr: silent); rank 0's result is returned
 // (other MPI ranks return theirs).
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
