@@ -553,13 +553,20 @@ void RankRun::report_pipeline() {
   world_.all_gather(&bubble, bubbles.data(), 1, DType::F64).wait();
   result_.measured_bubble = bubbles;
   if (cfg_.pp == 1 || !log_) return;
-  std::string line = "pipeline: measured bubble per stage";
+  // The first step allocates and is not timed: with one step there is no measurement.
+  const bool measured = timing_sum_.pipeline_seconds > 0;
+  std::string line = measured ? "pipeline: measured bubble per stage"
+                              : "pipeline: bubble not measured (the first step is not timed; "
+                                "run 2 or more steps)";
   char buf[96];
   for (int r = 0; r < cfg_.pp; ++r) {
     const int w = parallel::Mesh::world_rank(mesh_.shape(), 0, r, 0);
-    std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld micro-batches in flight)", r,
-                  100 * bubbles[static_cast<size_t>(w)],
-                  static_cast<long long>(flights[static_cast<size_t>(w)]));
+    const long long flight = flights[static_cast<size_t>(w)];
+    if (measured)
+      std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld micro-batches in flight)", r,
+                    100 * bubbles[static_cast<size_t>(w)], flight);
+    else
+      std::snprintf(buf, sizeof buf, " | %d: %lld micro-batches in flight", r, flight);
     line += buf;
   }
   say(log_, nullptr, line);
