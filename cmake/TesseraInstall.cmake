@@ -81,8 +81,27 @@ foreach(h ${tessera_installed_headers})
     endif()
   endforeach()
 endforeach()
-# For tests/install: the headers an outside project must be able to compile one by one.
-string(REPLACE ";" "," TESSERA_INSTALLED_HEADER_LIST "${tessera_installed_headers}")
+# For tests/install: the installed headers that tessera's own build does not already compile
+# alone. A header whose own .cc includes it first compiles on its own in every build, and the
+# closure above makes the installed copy see the same headers; the layer headers tessera/<layer>.h
+# are subsets of tessera/tessera.h. The rest are compiled alone from the install.
+set(tessera_headers_alone "")
+foreach(h ${tessera_installed_headers})
+  string(REGEX MATCH "^tessera/[a-z_]+\\.h$" umbrella "${h}")
+  if(umbrella AND NOT h STREQUAL "tessera/tessera.h" AND NOT h STREQUAL "tessera/version.h")
+    continue()
+  endif()
+  string(REGEX REPLACE "\\.h$" ".cc" cc "${PROJECT_SOURCE_DIR}/src/${h}")
+  set(first "")
+  if(EXISTS ${cc})
+    file(STRINGS ${cc} first REGEX "^#include " LIMIT_COUNT 1)
+  endif()
+  if(NOT first STREQUAL "#include \"${h}\"")
+    list(APPEND tessera_headers_alone ${h})
+  endif()
+endforeach()
+list(JOIN tessera_headers_alone "\n" headers_alone_text)
+file(WRITE ${PROJECT_BINARY_DIR}/tessera_headers_alone.txt "${headers_alone_text}\n")
 
 set_target_properties(tessera_all PROPERTIES EXPORT_NAME tessera)
 install(TARGETS ${tessera_exported_targets} EXPORT tesseraTargets

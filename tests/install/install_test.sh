@@ -2,7 +2,9 @@
 # tessera as a library, from outside (tests/install/CMakeLists.txt):
 #   install   `cmake --install` into PREFIX; the package files are there, the internals are not
 #   headers   a separate project (copied out of the source tree) finds the package in PREFIX and
-#             compiles every installed header alone in its own translation unit
+#             compiles alone, each in its own translation unit, the installed headers that
+#             tessera's build does not (BUILD_DIR/tessera_headers_alone.txt: those without a .cc
+#             that includes them first); TESSERA_CHECK_ALL_HEADERS=1: every installed header
 #   examples  the same with the three examples copied out of the source tree: build, then run
 #   install_test.sh STEP BUILD_DIR PREFIX SOURCE_DIR CXX [COMPILER_LAUNCHER] [MPIEXEC]
 set -euo pipefail
@@ -31,7 +33,10 @@ trap 'rm -rf "$work"' EXIT
 cp -r "$src/tests/install/consumer" "$work/consumer"
 cp -r "$src/examples" "$work/examples"
 case $step in
-  headers) what=(-DTESSERA_CHECK_HEADERS=ON) ;;
+  headers)
+    list=$build/tessera_headers_alone.txt
+    [ "${TESSERA_CHECK_ALL_HEADERS:-0}" = 1 ] && list=all
+    what=(-DTESSERA_CHECK_HEADERS="$list") ;;
   examples) what=(-DTESSERA_EXAMPLES_DIR="$work/examples") ;;
   *) fail "unknown step $step" ;;
 esac
@@ -47,8 +52,7 @@ cmake --build "$work/build" -j2 >"$work/build.log" 2>&1 ||
   { grep -E -A5 "error|Error" "$work/build.log" | head -60; fail "build"; }
 
 if [ "$step" = headers ]; then
-  n=$(grep -o "installed headers: [0-9]*" "$work/configure.log")
-  echo "PASS: every one of the $n compiles alone"
+  echo "PASS: $(grep -o "headers to compile alone: [0-9]*" "$work/configure.log"), each compiled"
   exit 0
 fi
 
