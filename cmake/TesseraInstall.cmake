@@ -51,6 +51,12 @@ foreach(layer ${TESSERA_LAYERS})
                         "headers; add set(TESSERA_PUBLIC_HEADERS_${layer} ...) there (or an empty "
                         "list when none of its headers is public).")
   endif()
+  file(STRINGS ${PROJECT_SOURCE_DIR}/src/tessera/tessera.h in_umbrella
+       REGEX "^#include \"tessera/${layer}\\.h\"")
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/src/tessera/${layer}.h OR NOT in_umbrella)
+    message(FATAL_ERROR "the layer '${layer}' needs its public header src/tessera/${layer}.h "
+                        "(including its public headers), included from src/tessera/tessera.h.")
+  endif()
   set_target_properties(tessera_${layer} PROPERTIES EXPORT_NAME ${layer})
   list(APPEND tessera_exported_targets tessera_${layer})
   list(APPEND tessera_installed_headers tessera/${layer}.h)
@@ -71,9 +77,9 @@ foreach(h ${tessera_installed_headers})
   if(h STREQUAL "tessera/version.h")
     continue()
   endif()
-  file(STRINGS ${PROJECT_SOURCE_DIR}/src/${h} includes REGEX "^#include \"tessera/")
+  file(STRINGS ${PROJECT_SOURCE_DIR}/src/${h} includes REGEX "^#include [\"<]tessera/")
   foreach(line ${includes})
-    string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" included "${line}")
+    string(REGEX REPLACE "^#include [\"<]([^\">]+)[\">].*" "\\1" included "${line}")
     if(NOT included IN_LIST tessera_installed_headers)
       message(FATAL_ERROR "src/${h} is a public header but includes ${included}, which is not: "
                           "add it to its layer's list in cmake/TesseraInstall.cmake or stop "
