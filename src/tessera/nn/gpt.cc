@@ -82,17 +82,9 @@ int GPT::tied_unit(int u) const {
   return u == cfg_.n_layer + 1 && head_ && !head_->owns_wte() ? 0 : -1;
 }
 
-void GPT::remove_hooks(UnitHooks* hooks) {
-  hooks_.erase(std::remove(hooks_.begin(), hooks_.end(), hooks), hooks_.end());
-}
+void GPT::hook(void (UnitHooks::*f)(int), int unit) { hooks_.call(f, unit); }
 
-void GPT::hook(void (UnitHooks::*f)(int), int unit) {
-  for (UnitHooks* h : hooks_) (h->*f)(unit);
-}
-
-void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) {
-  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) ((*it)->*f)(unit);
-}
+void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) { hooks_.call_reverse(f, unit); }
 
 std::unique_ptr<GPT::Record> GPT::make_record() {
   auto rec = std::make_unique<Record>();

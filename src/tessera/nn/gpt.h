@@ -34,6 +34,7 @@
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"
+#include "tessera/nn/unit_model.h"
 
 namespace tessera::nn {
 
@@ -52,7 +53,7 @@ struct GPTLayout {
   TensorSplit tensor;  // the tensor-parallel group (none: the whole width)
 };
 
-class GPT {
+class GPT : public UnitModel {
  public:
   // The activations of one micro-batch on this stage.
   struct Record {
@@ -76,25 +77,26 @@ class GPT {
   const GPTConfig& config() const { return cfg_; }
   const GPTLayout& layout() const { return layout_; }
   int max_batch() const { return max_batch_; }
-  ParameterSet& params() { return params_; }
-  const ParameterSet& params() const { return params_; }
+  ParameterSet& params() override { return params_; }
+  const ParameterSet& params() const override { return params_; }
 
   // Units (see unit_hooks.h). Global ids: 0 = embedding, 1..L = blocks, L+1 = head.
   int num_units() const { return cfg_.n_layer + 2; }  // of the whole model
-  int first_unit() const { return first_unit_; }
-  int last_unit() const { return last_unit_; }
+  int first_unit() const override { return first_unit_; }
+  int last_unit() const override { return last_unit_; }
   bool has_embedding() const { return embedding_.has_value(); }
   bool has_head() const { return head_.has_value(); }
   // Flat offset where unit u's parameters start, u in [first_unit, last_unit + 1];
   // unit_begin(last_unit + 1) = params().numel().
-  int64_t unit_begin(int u) const { return unit_begin_[u - first_unit_]; }
+  int64_t unit_begin(int u) const override { return unit_begin_[u - first_unit_]; }
   // The other unit whose parameters unit u reads (the head reads the tied wte of unit 0 when both
   // are on this rank), or -1.
-  int tied_unit(int u) const;
+  int tied_unit(int u) const override;
+  bool holds_whole_model() const override { return has_embedding() && has_head(); }
   // Callbacks around each unit's forward and backward, called in order (before_*) and in reverse
   // order (after_*), like nested scopes.
-  void add_hooks(UnitHooks* hooks) { hooks_.push_back(hooks); }
-  void remove_hooks(UnitHooks* hooks);
+  void add_hooks(UnitHooks* hooks) override { hooks_.add(hooks); }
+  void remove_hooks(UnitHooks* hooks) override { hooks_.remove(hooks); }
 
   // A record for one micro-batch of up to max_batch sequences (Activations category).
   std::unique_ptr<Record> make_record();
@@ -155,7 +157,7 @@ class GPT {
   std::vector<Block> blocks_;
   std::optional<Head> head_;
   std::vector<int64_t> unit_begin_;
-  std::vector<UnitHooks*> hooks_;
+  UnitHookList hooks_;
   Block::Workspace ws_;
   Tensor dres_;  // [B, T, C]: the residual stream's gradient during backward
   std::unique_ptr<Record> single_;

@@ -64,6 +64,15 @@ struct ParamInfo {
   std::vector<std::pair<int64_t, int64_t>> global_runs(int64_t local_begin, int64_t n) const;
 };
 
+// How a model lays out its flat parameter and gradient buffers; a parallel engine says what it
+// needs (parallel::flat_layout_for): ZeRO shards need units padded to 16 * dp floats, ZeRO-2/3 no
+// full gradient buffer, ZeRO-3 no full parameter buffer.
+struct FlatLayout {
+  int64_t unit_alignment = 16;  // floats; every unit (layer) starts at a multiple of it
+  bool full_params = true;      // allocate the full parameter buffer
+  bool full_grads = true;       // allocate the full gradient buffer
+};
+
 class ParameterSet {
  public:
   // Registers a parameter and returns its index. Call before materialize().
@@ -77,6 +86,9 @@ class ParameterSet {
   // gradients leave the corresponding full buffer unallocated and point the parameters at their
   // own storage with set_param_data / set_grad_data.
   void materialize(Allocator& alloc, bool full_params = true, bool full_grads = true);
+  void materialize(Allocator& alloc, const FlatLayout& f) {
+    materialize(alloc, f.full_params, f.full_grads);
+  }
   bool materialized() const { return materialized_; }
   // Element with global index g of parameter P becomes init(philox(seed, stable_hash(P.name), g)).
   void initialize(uint64_t seed);

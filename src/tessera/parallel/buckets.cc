@@ -4,7 +4,7 @@
 
 namespace tessera::parallel {
 
-std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int shards,
+std::vector<Bucket> make_buckets(const nn::UnitModel& model, double bucket_mb, int shards,
                                  std::vector<int>& bucket_of_unit) {
   const int first = model.first_unit(), last = model.last_unit();
   const int64_t target = static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4);
@@ -24,7 +24,7 @@ std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int sha
     b.last_param = lp;
     TESSERA_ASSERT(shards == 0 || b.size() % shards == 0, "a bucket of ", b.size(),
                    " elements does not split into ", shards,
-                   " shards; the model must be built with gpt_layout_for()");
+                   " shards; the model must be built with flat_layout_for()");
     b.shard = shards > 0 ? b.size() / shards : 0;
     b.users = hi - lo + 1;
     for (int u = lo; u <= hi; ++u) bucket_of_unit[u - first] = static_cast<int>(buckets.size());

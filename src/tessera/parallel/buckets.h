@@ -8,7 +8,7 @@
 
 #include "tessera/comm/work.h"
 #include "tessera/core/tensor.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/unit_model.h"
 
 namespace tessera::parallel {
 
@@ -33,7 +33,7 @@ struct Bucket {
 // (`shards` > 0: the data-parallel size) every bucket's size divides by `shards` (the model's unit
 // padding guarantees it) and Bucket::shard is set.
 // bucket_of_unit[u - model.first_unit()] is the bucket holding unit u.
-std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int shards,
+std::vector<Bucket> make_buckets(const nn::UnitModel& model, double bucket_mb, int shards,
                                  std::vector<int>& bucket_of_unit);
 
 }  // namespace tessera::parallel

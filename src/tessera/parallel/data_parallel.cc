@@ -10,22 +10,69 @@
 
 namespace tessera::parallel {
 
+nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size) {
+  nn::FlatLayout f;
+  f.unit_alignment = 16 * static_cast<int64_t>(o.zero > 0 ? dp_size : 1);
+  f.full_params = o.zero < 3;
+  f.full_grads = o.zero < 2;
+  return f;
+}
+
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base) {
-  base.unit_alignment = 16 * static_cast<int64_t>(o.zero > 0 ? dp_size : 1);
-  base.full_params = o.zero < 3;
-  base.full_grads = o.zero < 2;
+  const nn::FlatLayout f = flat_layout_for(o, dp_size);
+  base.unit_alignment = f.unit_alignment;
+  base.full_params = f.full_params;
+  base.full_grads = f.full_grads;
   return base;
 }
 
-DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
-                           Allocator& alloc, ModelParallelGroups mp)
+namespace {
+
+// The UnitModel contract (nn/unit_model.h) as this engine needs it; a model written outside
+// tessera gets a sentence that says what to change rather than an internal error later.
+void check_model_layout(const nn::UnitModel& m, const nn::FlatLayout& want, int zero) {
+  const nn::ParameterSet& ps = m.params();
+  TESSERA_CHECK_AS(ConfigError, ps.materialized(),
+                   "DataParallel needs the model's parameters materialised: call "
+                   "ParameterSet::materialize with parallel::flat_layout_for(options, dp size)");
+  TESSERA_CHECK_AS(ConfigError, m.first_unit() <= m.last_unit(), "the model holds no unit (units ",
+                   m.first_unit(), "..", m.last_unit(), ")");
+  TESSERA_CHECK_AS(
+      ConfigError,
+      m.unit_begin(m.first_unit()) == 0 && m.unit_begin(m.last_unit() + 1) == ps.numel(),
+      "the model's units must cover its flat parameters exactly: unit_begin(first) = ",
+      m.unit_begin(m.first_unit()), ", unit_begin(last + 1) = ", m.unit_begin(m.last_unit() + 1),
+      ", parameters ", ps.numel());
+  for (int u = m.first_unit(); u <= m.last_unit(); ++u)
+    TESSERA_CHECK_AS(
+        ConfigError,
+        m.unit_begin(u) <= m.unit_begin(u + 1) && m.unit_begin(u + 1) % want.unit_alignment == 0,
+        "unit ", u, " ends at flat offset ", m.unit_begin(u + 1), ", which is not a multiple of ",
+        want.unit_alignment, " (ZeRO ", zero,
+        "): pad every unit with ParameterSet::pad_to_multiple("
+        "flat_layout_for(options, dp size).unit_alignment)");
+  TESSERA_CHECK_AS(ConfigError,
+                   ps.flat_params().defined() == want.full_params &&
+                       ps.flat_grads().defined() == want.full_grads,
+                   "ZeRO ", zero, (want.full_params ? " keeps" : " shards"), " the parameters and ",
+                   (want.full_grads ? "keeps" : "shards"),
+                   " the gradients, but the model was materialised with full_params = ",
+                   ps.flat_params().defined(), ", full_grads = ", ps.flat_grads().defined(),
+                   ": materialise it with flat_layout_for(options, dp size)");
+}
+
+}  // namespace
+
+DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
+                           const DataParallelOptions& o, Allocator& alloc, ModelParallelGroups mp)
     : model_(model), ps_(model.params()), dp_(dp), o_(o), mp_(mp), alloc_(alloc) {
   TESSERA_CHECK_AS(ConfigError, o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ",
                    o.zero);
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
+  check_model_layout(model, flat_layout_for(o, dp.size()), o.zero);
   buckets_ = make_buckets(model, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
   zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_});
-  zero_->set_pipeline_stage(!model.has_embedding() || !model.has_head());
+  zero_->set_pipeline_stage(!model.holds_whole_model());
   model_.add_hooks(this);
 }
 

@@ -30,8 +30,10 @@ struct DataParallelOptions {
   bool overlap = true;    // launch bucket communication during backward (false: after it)
 };
 
-// How the model must be laid out for this engine: units padded to multiples of 16 * dp floats so
-// every bucket splits into equal 64-byte-aligned shards; full buffers only where not sharded.
+// How a model's flat buffers must be laid out for this engine: units padded to multiples of
+// 16 * dp floats so every bucket splits into equal 64-byte-aligned shards; full buffers only where
+// not sharded. gpt_layout_for: the same for a GPT (`base` with those fields set).
+nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size);
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {});
 
 // The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
@@ -46,8 +48,10 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
 
 class DataParallel final : public nn::UnitHooks {
  public:
-  // Adds itself to the model's hooks. The model must have been built with gpt_layout_for(o, dp).
-  DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
+  // Adds itself to the model's hooks. The model (a GPT or any UnitModel, nn/unit_model.h) must
+  // have been built with flat_layout_for(o, dp.size()) (a GPT: gpt_layout_for); a ConfigError says
+  // what differs otherwise.
+  DataParallel(nn::UnitModel& model, comm::Communicator& dp, const DataParallelOptions& o,
                Allocator& alloc, ModelParallelGroups mp = {});
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
@@ -112,7 +116,7 @@ class DataParallel final : public nn::UnitHooks {
   io::NamedTensors assemble_tensor_parallel(io::NamedTensors local);
   void drain(size_t keep);  // completes reductions until at most `keep` remain
 
-  nn::GPT& model_;
+  nn::UnitModel& model_;
   nn::ParameterSet& ps_;
   comm::Communicator& dp_;
   DataParallelOptions o_;

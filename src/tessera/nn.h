@@ -1,0 +1,15 @@
+// tessera/nn.h: the public API of the nn layer (docs/API.md).
+// Parameters with global identity, the GPT-2 modules over caller-owned activation records, GPT,
+// the tensor-parallel pair, and UnitModel: the contract a custom model implements.
+#pragma once
+
+#include "tessera/nn/activations.h"
+#include "tessera/nn/block.h"
+#include "tessera/nn/embedding.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/nn/gpt_config.h"
+#include "tessera/nn/head.h"
+#include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
+#include "tessera/nn/unit_hooks.h"
+#include "tessera/nn/unit_model.h"
