@@ -27,6 +27,11 @@ TransferKey transfer_key(const Schedule& s, int rank, const Action& a) {
 }
 
 Replay replay_schedule(const Schedule& s, const ActionDuration& duration, double p2p_latency) {
+  return replay_schedule(
+      s, [&](int, const Action& a) { return duration(a); }, p2p_latency);
+}
+
+Replay replay_schedule(const Schedule& s, const RankActionDuration& duration, double p2p_latency) {
   const size_t n = s.ranks.size();
   Replay out;
   out.ranks.resize(n);
@@ -49,7 +54,7 @@ Replay replay_schedule(const Schedule& s, const ActionDuration& duration, double
           clock[r] = std::max(clock[r], it->second.front());
           it->second.pop_front();
         } else {
-          clock[r] += duration(a);
+          clock[r] += duration(static_cast<int>(r), a);
         }
         out.ranks[r].push_back({a, start, clock[r]});
         ++out.next[r];

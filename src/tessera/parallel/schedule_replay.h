@@ -26,9 +26,12 @@ struct Replay {
 };
 
 using ActionDuration = std::function<double(const Action&)>;
+// The time `action` occupies pipeline rank `rank` (ranks whose stages differ in cost).
+using RankActionDuration = std::function<double(int rank, const Action& action)>;
 
 // Runs every rank as far as it can get. A rank stops only at a receive whose send is never posted.
 Replay replay_schedule(const Schedule& s, const ActionDuration& duration, double p2p_latency);
+Replay replay_schedule(const Schedule& s, const RankActionDuration& duration, double p2p_latency);
 
 // A transfer's identity: direction, micro-batch and the model stage that receives it. A send and
 // a receive match when their keys are equal. `from_stage` is the stage that sends it.
