@@ -2,6 +2,7 @@
 // launching it, or rank every layout of a device count; `--calibrate` measures this machine into
 // a cluster description (docs/PLANNER.md).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -72,6 +73,7 @@ void run_calibrate(const PlanFlags& f) {
   o.quick = f.quick;
   plan::ClusterSpec c = plan::calibrate_this_machine(o, &std::cout);
   if (!f.out.empty() && f.out != "-") {
+    c.name = std::filesystem::path(f.out).stem().string();  // --cluster finds it by that name
     // Keep an existing MPI measurement.
     std::ifstream in(f.out);
     if (in.good()) {

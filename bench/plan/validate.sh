@@ -2,16 +2,21 @@
 # The planner against measured runs on this machine (issue 13, docs/PLANNER.md): for layouts
 # mixing dp, tp, pp, ZeRO, schedules and recomputation, train a few steps and compare the median
 # step time and every rank's allocator peak with `tessera plan`'s prediction for the same config.
-# Usage: bench/plan/validate.sh [path/to/tessera] [cluster] — cluster defaults to dev-vm (the
-# calibrated description of the development VM; `tessera plan --calibrate --out FILE` makes one
-# for another machine). One BLAS thread per rank; ranks beyond the cores time-share them
-# (--oversubscribe). Timings want a quiet machine.
+# Usage: bench/plan/validate.sh [path/to/tessera] [cluster]. Without a cluster description it
+# first calibrates this machine (`tessera plan --calibrate`) so that the rates and the runs are
+# measured under the same conditions. One BLAS thread per rank; ranks beyond the cores time-share
+# them (--oversubscribe). Timings want a quiet machine.
 set -euo pipefail
 bin=${1:-build/apps/tessera/tessera}
-cluster=${2:-dev-vm}
 steps=${STEPS:-8}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+cluster=${2:-}
+if [ -z "$cluster" ]; then
+  cluster=$out/cluster.json
+  "$bin" plan --calibrate --out "$cluster" | grep -E "^sgemm|^wrote"
+fi
+uptime
 # name dp tp pp zero schedule virtual_stages micro_batch recompute
 layouts=(
   "1-rank          1 1 1 0 1f1b 1 0 none"

@@ -100,21 +100,27 @@ class TesseraEngine final : public Engine {
     }
     if (l.pp > 1 && (s.has_embedding != s.has_head)) s.tied_wte_elems = V0 * C;
 
-    // One record (nn::GPT::make_record): the stage input, then per unit.
-    double rec = 4 * BT * C;                                   // hidden[0]: x0 or the stage input
-    if (s.has_embedding) rec += 4 * BT + (drop ? BT * C : 0);  // tokens, drop.mask
-    const double rest = 4 * BT * (3 * C + 4 * Cl + 2 * Fl + 4) + (drop ? 2 * BT * C : 0);
+    // One record (nn::GPT::make_record): the stage input, then per unit. Under sequence
+    // parallelism (provisional until --sp merges: Korthikanti et al.'s split) the tensors every
+    // tensor-parallel rank holds whole (the residual stream, the LayerNorms, the masks) are split
+    // over the sequence.
+    const double rep = l.sp ? 1.0 / t : 1.0;
+    double rec = 4 * BT * C * rep;  // hidden[0]: x0 or the stage input
+    if (s.has_embedding) rec += 4 * BT + (drop ? BT * C * rep : 0);  // tokens, drop.mask
+    // ln_1 (+ mean, rstd), x_attn, ln_2 (+ mean, rstd); qkv, atty; fc, gelu(fc); the two masks.
+    const double rest =
+        4 * BT * ((3 * C + 4) * rep + 4 * Cl + 2 * Fl) + (drop ? 2 * BT * C * rep : 0);
     const double att = 4 * B * hl * Tb * Tb * (drop ? 2 : 1);  // probabilities (+ dropped)
     const double Bs = B * m.seq;  // the deferred tensors are sized for the actual micro-batch
     for (int b = 0; b < s.blocks; ++b) {
-      rec += 4 * BT * C;  // the block's output
+      rec += 4 * BT * C * rep;  // the block's output
       if (l.recompute != nn::Recompute::Full) rec += rest;
       if (l.recompute == nn::Recompute::None) rec += att;
       s.deferred_bytes += 4 * Bs * (C + Fl + C + 3 * Cl);
       if (l.recompute == nn::Recompute::Full) s.deferred_bytes += 4 * Bs * (C + Cl + C + Fl);
     }
     if (s.has_head)
-      rec += 4 * BT * (C + 2 + V0 + 2) + 4 * BT;  // ln_f, stats, logits, lse, losses, targets
+      rec += 4 * BT * ((C + 2) * rep + V0 + 2) + 4 * BT;  // ln_f (+ stats), logits, lse, ...
     s.record_bytes = rec;
     if (!(l.pp > 1 && l.schedule == "zb-h1")) s.deferred_bytes = 0;
 

@@ -215,8 +215,10 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
 
 std::string describe(const ModelSpec& m) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "GPT L=%d C=%d heads=%d s=%d V=%d, %.4gB parameters", m.layers,
-                m.hidden, m.heads, m.seq, m.vocab, static_cast<double>(m.total_params()) / 1e9);
+  const double n = static_cast<double>(m.total_params());
+  std::snprintf(buf, sizeof buf, "GPT L=%d C=%d heads=%d s=%d V=%d, %.4g%s parameters", m.layers,
+                m.hidden, m.heads, m.seq, m.vocab, n >= 1e9 ? n / 1e9 : n / 1e6,
+                n >= 1e9 ? "B" : "M");
   std::string s = buf;
   if (m.moe.enabled()) {
     std::snprintf(buf, sizeof buf, ", MoE %d experts top-%d every %d", m.moe.experts, m.moe.top_k,

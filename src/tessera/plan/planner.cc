@@ -154,13 +154,13 @@ class Evaluator {
     const ClusterSpec& c = r_.cluster;
     const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
     const double t_ar = all_reduce_seconds(c, tp_group(c, l), sheets.front().tp_bytes);
-    const double t_a2a = all_to_all_seconds(c, expert_group(c, l), sheets.front().a2a_bytes);
 
     std::vector<parallel::ActionCosts> costs;
     std::vector<double> tp_per_mb(sheets.size()), ep_per_mb(sheets.size());
     for (size_t s = 0; s < sheets.size(); ++s) {
       const StageSheet& x = sheets[s];
       const double tp_f = x.tp_fwd * t_ar, tp_b = (x.tp_bwd + x.tp_recompute) * t_ar;
+      const double t_a2a = all_to_all_seconds(c, expert_group(c, l), x.a2a_bytes);
       const double ep_f = x.a2a_fwd * t_a2a, ep_b = x.a2a_bwd * t_a2a;
       parallel::ActionCosts k;
       k.forward = std::max(1e-12, compute_seconds(x.fwd_flops, x.fwd_bytes) + tp_f + ep_f);
@@ -256,7 +256,11 @@ class Evaluator {
       const double updated =
           (l.zero >= 1 ? dense / l.dp : dense) + (l.zero >= 1 ? expert / (l.dp / l.ep) : expert);
       rt.optimizer = share_ * n.optimizer_traffic * updated / mem_bw_;
-      step = std::max(step, rt.end_of_backward + rt.dp_exposed + rt.optimizer);
+      const double done = rt.end_of_backward + rt.dp_exposed + rt.optimizer;
+      if (done > step) {
+        step = done;
+        p.critical_rank = rank;
+      }
     }
     p.step_seconds = step;
 

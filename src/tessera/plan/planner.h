@@ -67,6 +67,7 @@ struct Prediction {
   double bubble = 0;       // idle share of the simulated step's compute phase (all ranks)
   double p2p_seconds = 0;  // one transfer between stages
   std::vector<RankTime> rank_time;
+  int critical_rank = 0;  // the pipeline rank whose end sets the step
   double tokens_per_second = 0;
   double model_flops_per_step = 0;     // 6 N + 12 L C T per token
   double hardware_flops_per_step = 0;  // what runs, recomputation included

@@ -1,5 +1,6 @@
 #include "tessera/plan/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tessera/core/allocator.h"
@@ -75,16 +76,24 @@ std::string format_prediction(const PlanRequest& r, const Prediction& p) {
   if (!p.fits) s += "  " + p.why_not + "\n";
   if (p.layout.pp > 1) {
     s += "  per pipeline rank:";
-    for (size_t i = 0; i < p.rank_memory.size(); ++i)
+    const size_t n = p.rank_memory.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 8 && i == 4) {  // the first four and the last two of a deep pipeline
+        s += " ...";
+        i = n - 3;
+        continue;
+      }
       s += " " + std::to_string(i) + ": " + format_bytes(p.rank_memory[i].total()) +
-           (i + 1 < p.rank_memory.size() ? "," : "");
+           (i + 1 < n ? "," : "");
+    }
     s += "\n";
   }
   if (p.step_seconds <= 0) return s;
-  const RankTime& rt = p.rank_time.front();
+  const RankTime& rt = p.rank_time[static_cast<size_t>(p.critical_rank)];
   s += "step: " + seconds(p.step_seconds) + " (" + std::to_string(p.micro_batches) +
-       " micro-batches of " + std::to_string(p.layout.micro_batch) + "; rank 0: compute " +
-       seconds(rt.compute) + " of which tp comm " + seconds(rt.tp_comm);
+       " micro-batches of " + std::to_string(p.layout.micro_batch) + "; pipeline rank " +
+       std::to_string(p.critical_rank) + ", which ends last: compute " + seconds(rt.compute) +
+       " of which tp comm " + seconds(rt.tp_comm);
   if (rt.ep_comm > 0) s += " and ep all-to-all " + seconds(rt.ep_comm);
   s += ", dp comm " + seconds(rt.dp_comm) + " of which exposed " + seconds(rt.dp_exposed) +
        ", optimizer " + seconds(rt.optimizer) + ")\n";
@@ -108,12 +117,17 @@ std::string format_ranking(const PlanRequest& r, const Ranking& k, int top) {
        " other combinations cannot run): " + std::to_string(k.fitting.size()) + " fit, " +
        std::to_string(k.not_fitting.size()) + " do not; the " + std::to_string(k.simulated) +
        " fastest estimates were simulated and re-ranked\n";
+  size_t w = 8;
+  for (size_t i = 0; i < k.fitting.size() && static_cast<int>(i) < top; ++i)
+    w = std::max(w, k.fitting[i].layout.str().size() + 2);
+  for (size_t i = 0; i < k.not_fitting.size() && static_cast<int>(i) < top; ++i)
+    w = std::max(w, k.not_fitting[i].layout.str().size() + 2);
   if (!k.fitting.empty()) {
-    s += pad("#", 5) + pad("layout", 58) + pad("memory", 12) + pad("step", 12) +
+    s += pad("#", 5) + pad("layout", w) + pad("memory", 12) + pad("step", 12) +
          pad("tokens/s", 12) + pad("MFU", 8) + pad("bubble", 8) + "\n";
     for (size_t i = 0; i < k.fitting.size() && static_cast<int>(i) < top; ++i) {
       const Prediction& p = k.fitting[i];
-      s += pad(std::to_string(i + 1), 5) + pad(p.layout.str(), 58) +
+      s += pad(std::to_string(i + 1), 5) + pad(p.layout.str(), w) +
            pad(format_bytes(p.memory.total()), 12) +
            pad(seconds(p.step_seconds) + (p.simulated ? "" : "*"), 12) +
            pad(fmt("%.4g", p.tokens_per_second), 12) + pad(pct(p.mfu), 8) +
@@ -126,7 +140,7 @@ std::string format_ranking(const PlanRequest& r, const Ranking& k, int top) {
   if (!k.not_fitting.empty()) {
     s += "do not fit (smallest first):\n";
     for (size_t i = 0; i < k.not_fitting.size() && static_cast<int>(i) < top; ++i)
-      s += "  " + pad(k.not_fitting[i].layout.str(), 58) + k.not_fitting[i].why_not + "\n";
+      s += "  " + pad(k.not_fitting[i].layout.str(), w) + k.not_fitting[i].why_not + "\n";
     if (static_cast<int>(k.not_fitting.size()) > top)
       s += "  (" + std::to_string(k.not_fitting.size() - top) + " more)\n";
   }
@@ -159,6 +173,7 @@ nlohmann::json to_json(const Prediction& p) {
   }
   j["pipeline_ranks"] = ranks;
   j["micro_batches"] = p.micro_batches;
+  j["critical_rank"] = p.critical_rank;
   if (p.step_seconds > 0) {
     j["simulated"] = p.simulated;
     j["step_seconds"] = p.step_seconds;
