@@ -179,7 +179,7 @@ void run(PlanFlags& f, int& exit_code) {
   if (f.has("recompute")) space.recompute = layout.recompute;
   const plan::Ranking k = plan::rank_layouts(r, devices, space, f.simulate_top);
   std::printf("%s", plan::format_ranking(r, k, f.top).c_str());
-  if (!f.json.empty()) write_json(f.json, plan::to_json(r, k));
+  if (!f.json.empty()) write_json(f.json, plan::to_json(r, k, f.top));
   exit_code = 0;
 }
 

@@ -222,8 +222,10 @@ TEST(Plan, RankingOrdersByStepTimeAndExplainsTheRest) {
     EXPECT_LE(p.memory.total(), p.capacity);
   }
   for (const Prediction& p : k.not_fitting) EXPECT_FALSE(p.why_not.empty());
-  const nlohmann::json j = to_json(r, k);
+  const nlohmann::json j = to_json(r, k, 3);
   EXPECT_EQ(j["fitting"].size(), k.fitting.size());
+  EXPECT_TRUE(j["fitting"][2].contains("pipeline_ranks"));
+  EXPECT_FALSE(j["fitting"][3].contains("pipeline_ranks"));
   EXPECT_NE(format_ranking(r, k, 5).find("do not fit"), std::string::npos);
 }
 

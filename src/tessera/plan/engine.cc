@@ -1,6 +1,7 @@
 #include "tessera/plan/engine.h"
 
 #include "tessera/core/error.h"
+#include "tessera/plan/work.h"
 
 namespace tessera::plan {
 
@@ -66,6 +67,33 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
     }
   }
   return bytes;
+}
+
+void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n) {
+  for (const MemoryTerms& z : {zero_model_states(s.dense_elems, l.zero, l.dp, n),
+                               zero_model_states(s.expert_elems, l.zero, l.dp / l.ep, n)}) {
+    total.parameters += z.parameters;
+    total.gradients += z.gradients;
+    total.optimizer_state += z.optimizer_state;
+  }
+}
+
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r) {
+  UnitWork w;
+  for (int u = s.units.first; u <= s.units.last; ++u) w += unit_work(m, l, u, r);
+  s.fwd_flops = w.fwd_flops;
+  s.bwd_flops = w.bwd_flops;
+  s.wgrad_flops = w.wgrad_flops;
+  s.recompute_flops = w.recompute_flops;
+  s.fwd_bytes = w.fwd_bytes;
+  s.bwd_bytes = w.bwd_bytes;
+  s.recompute_bytes = w.recompute_bytes;
+  s.tp_fwd = w.tp_fwd;
+  s.tp_bwd = w.tp_bwd;
+  s.tp_recompute = w.tp_recompute;
+  s.a2a_fwd = w.a2a_fwd;
+  s.a2a_bwd = w.a2a_bwd;
+  s.a2a_bytes = w.a2a_bytes;
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o) {

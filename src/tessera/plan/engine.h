@@ -97,6 +97,15 @@ class Engine {
   EngineOptions options;
 };
 
+// Adds the model states of chunk `s` under l's ZeRO stage: its dense parameters sharded over the
+// data-parallel group, its experts over the dp / ep ranks holding the same experts.
+void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n);
+
+struct WorkRules;
+// Fills the work fields of `s` (FLOPs, elementwise bytes, collectives) with the sum of
+// unit_work over its units (plan/work.h).
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r);
+
 // "tessera" or "megatron"; ConfigError otherwise.
 std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o = {});
 

@@ -25,7 +25,6 @@ WorkRules megatron_rules() {
   r.causal_blocks = false;  // the 2021 kernels compute the full score matrix
   r.recompute_skips_last_projection = false;
   r.recompute_tp_collectives = 2;
-  r.scatter_gather_p2p = true;
   return r;
 }
 
@@ -113,22 +112,8 @@ class MegatronEngine final : public Engine {
     if (l.pp > 1 && l.schedule == "zb-h1")  // the matmuls' output gradients wait for W
       s.deferred_bytes = s.blocks * 2 * x.s * x.b * (C + 4 * C / t + C + 3 * C / t);
 
-    UnitWork w;
-    for (int u = units.first; u <= units.last; ++u) w += unit_work(m, l, u, megatron_rules());
-    s.fwd_flops = w.fwd_flops;
-    s.bwd_flops = w.bwd_flops;
-    s.wgrad_flops = w.wgrad_flops;
-    s.recompute_flops = w.recompute_flops;
-    s.fwd_bytes = w.fwd_bytes;
-    s.bwd_bytes = w.bwd_bytes;
-    s.recompute_bytes = w.recompute_bytes;
-    s.tp_fwd = w.tp_fwd;
-    s.tp_bwd = w.tp_bwd;
-    s.tp_recompute = w.tp_recompute;
+    add_unit_work(s, m, l, megatron_rules());
     s.tp_bytes = 2 * x.s * x.b * C;
-    s.a2a_fwd = w.a2a_fwd;
-    s.a2a_bwd = w.a2a_bwd;
-    s.a2a_bytes = w.a2a_bytes;
     s.boundary_bytes = 2 * x.s * x.b * C / t;
     return s;
   }
@@ -139,12 +124,7 @@ class MegatronEngine final : public Engine {
     const Numerics n = numerics();
     double per_micro_batch = 0, deferred = 0, workspace = 0, largest_unit = 0, params = 0;
     for (const StageSheet& s : chunks) {
-      for (const MemoryTerms& z : {zero_model_states(s.dense_elems, l.zero, l.dp, n),
-                                   zero_model_states(s.expert_elems, l.zero, l.dp / l.ep, n)}) {
-        total.parameters += z.parameters;
-        total.gradients += z.gradients;
-        total.optimizer_state += z.optimizer_state;
-      }
+      add_model_states(total, s, l, n);
       per_micro_batch += s.record_bytes;
       deferred += s.deferred_bytes;
       workspace = std::max(workspace, s.workspace_bytes);

@@ -34,7 +34,6 @@ WorkRules tessera_rules() {
   r.causal_blocks = true;
   r.recompute_skips_last_projection = true;
   r.recompute_tp_collectives = 1;
-  r.scatter_gather_p2p = false;
   return r;
 }
 
@@ -136,22 +135,8 @@ class TesseraEngine final : public Engine {
     s.workspace_bytes += 4 * BT * C;  // d_residual
 
     // Work.
-    UnitWork w;
-    for (int u = units.first; u <= units.last; ++u) w += unit_work(m, l, u, tessera_rules());
-    s.fwd_flops = w.fwd_flops;
-    s.bwd_flops = w.bwd_flops;
-    s.wgrad_flops = w.wgrad_flops;
-    s.recompute_flops = w.recompute_flops;
-    s.fwd_bytes = w.fwd_bytes;
-    s.bwd_bytes = w.bwd_bytes;
-    s.recompute_bytes = w.recompute_bytes;
-    s.tp_fwd = w.tp_fwd;
-    s.tp_bwd = w.tp_bwd;
-    s.tp_recompute = w.tp_recompute;
+    add_unit_work(s, m, l, tessera_rules());
     s.tp_bytes = 4 * B * m.seq * C;
-    s.a2a_fwd = w.a2a_fwd;
-    s.a2a_bwd = w.a2a_bwd;
-    s.a2a_bytes = w.a2a_bytes;
     s.boundary_bytes = 4 * B * m.seq * C;
     return s;
   }
@@ -171,12 +156,7 @@ class TesseraEngine final : public Engine {
     bool receives_gradients = false, sends_gradients = false;
     for (size_t c = 0; c < chunks.size(); ++c) {
       const StageSheet& s = chunks[c];
-      for (const MemoryTerms& z : {zero_model_states(s.dense_elems, l.zero, l.dp, n),
-                                   zero_model_states(s.expert_elems, l.zero, l.dp / l.ep, n)}) {
-        total.parameters += z.parameters;
-        total.gradients += z.gradients;
-        total.optimizer_state += z.optimizer_state;
-      }
+      add_model_states(total, s, l, n);
       total.activations += s.workspace_bytes + chunk_peaks[c] * (s.record_bytes + s.deferred_bytes);
       // This chunk's buckets at their peak, the other chunks' reductions still pending.
       transient = std::max(transient, zero[c].peak + pending - zero[c].pending);

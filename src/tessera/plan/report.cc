@@ -147,7 +147,7 @@ std::string format_ranking(const PlanRequest& r, const Ranking& k, int top) {
   return s;
 }
 
-nlohmann::json to_json(const Prediction& p) {
+nlohmann::json to_json(const Prediction& p, bool per_rank) {
   nlohmann::json j = {{"layout", to_json(p.layout)}, {"layout_str", p.layout.str()}};
   if (!p.ok()) {
     j["problems"] = p.problems;
@@ -159,7 +159,7 @@ nlohmann::json to_json(const Prediction& p) {
   j["memory"] = to_json(p.memory);
   j["memory_rank"] = p.memory_rank;
   nlohmann::json ranks = nlohmann::json::array();
-  for (size_t i = 0; i < p.rank_memory.size(); ++i) {
+  for (size_t i = 0; i < (per_rank ? p.rank_memory.size() : 0); ++i) {
     nlohmann::json rj = to_json(p.rank_memory[i]);
     rj["in_flight"] = p.in_flight[i];
     if (i < p.rank_time.size()) {
@@ -171,7 +171,7 @@ nlohmann::json to_json(const Prediction& p) {
     }
     ranks.push_back(rj);
   }
-  j["pipeline_ranks"] = ranks;
+  if (per_rank) j["pipeline_ranks"] = ranks;
   j["micro_batches"] = p.micro_batches;
   j["critical_rank"] = p.critical_rank;
   if (p.step_seconds > 0) {
@@ -197,10 +197,12 @@ nlohmann::json request_json(const PlanRequest& r) {
           {"engine", engine_of(r)},         {"precision", precision_of(r)}};
 }
 
-nlohmann::json to_json(const PlanRequest& r, const Ranking& k) {
+nlohmann::json to_json(const PlanRequest& r, const Ranking& k, int detailed) {
   nlohmann::json fit = nlohmann::json::array(), nofit = nlohmann::json::array();
-  for (const Prediction& p : k.fitting) fit.push_back(to_json(p));
-  for (const Prediction& p : k.not_fitting) nofit.push_back(to_json(p));
+  for (const Prediction& p : k.fitting)
+    fit.push_back(to_json(p, static_cast<int>(fit.size()) < detailed));
+  for (const Prediction& p : k.not_fitting)
+    nofit.push_back(to_json(p, static_cast<int>(nofit.size()) < detailed));
   return {{"request", request_json(r)}, {"devices", k.devices},     {"considered", k.considered},
           {"skipped", k.skipped},       {"simulated", k.simulated}, {"fitting", fit},
           {"not_fitting", nofit}};

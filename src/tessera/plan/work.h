@@ -27,9 +27,6 @@ struct WorkRules {
   // tessera's full recomputation skips the block's last projection (its output is not needed).
   bool recompute_skips_last_projection = true;
   int recompute_tp_collectives = 1;  // all-reduces a recomputed block forward runs
-  // Point-to-point activations are split over the tensor-parallel ranks (Megatron's
-  // scatter/gather optimisation, and any sequence-parallel layout).
-  bool scatter_gather_p2p = false;
 };
 
 struct UnitWork {
