@@ -4,6 +4,7 @@
 // plan`'s prediction, then the seed's pros and cons of each method as the numbers of this run.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -241,6 +242,16 @@ int main(int argc, char** argv) {
      << " --oversubscribe`. Measured figures are medians over the steps after the first. "
         "**Provisional while the machine is shared:** the lead regenerates this file on a quiet "
         "machine. The raw results are in `docs/methods/results.json`.\n\n";
+  // A load average above the core count means ranks did not have a core each.
+  const std::string load = r.value("load", "");
+  const size_t at = load.find("load average:");
+  const double avg = at == std::string::npos ? 0 : std::atof(load.c_str() + at + 13);
+  if (avg > r.value("cores", 0))
+    md << "**This run's load average (" << fmt("%.1f", avg) << ") exceeded the "
+       << r.value("cores", 0)
+       << " cores:** the ranks did not get a core each, so the measured tokens/s are far below the "
+          "planned ones, which assume a core per rank (`docs/PLANNER.md`, validation (a), compares "
+          "CPU time instead). Memory and bytes do not depend on the load, the bubbles little.\n\n";
   md << "| method | tokens/s measured | planned | error | peak MiB/rank measured | planned | "
         "error | dp bytes/step measured (MiB) | planned | tp bytes/step planned (MiB) | pipeline "
         "bytes/step planned (MiB) | bubble measured | planned |\n"

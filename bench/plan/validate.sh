@@ -8,7 +8,7 @@
 # them (--oversubscribe). Timings want a quiet machine.
 set -euo pipefail
 bin=${1:-build/apps/tessera/tessera}
-steps=${STEPS:-8}
+steps=${STEPS:-10}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cluster=${2:-}
@@ -34,7 +34,10 @@ layouts=(
   "pp2-zb-h1       1 1 2 0 zb-h1 1 1 selective"
   "dp2-tp2-zero1   2 2 1 1 1f1b 1 0 none"
 )
-printf '%-16s %10s %10s %8s %12s %12s %8s\n' layout "step ms" planned error "peak MiB" planned error
+printf '%-16s %10s %10s %8s %10s %8s %12s %12s %8s\n' layout "step ms" planned error \
+  "cpu ms" error "peak MiB" planned error
+first=1
+cores=$(nproc)
 for row in "${layouts[@]}"; do
   read -r name dp tp pp zero sched v mb rc <<<"$row"
   cfg="$out/$name.json"
@@ -45,12 +48,24 @@ for row in "${layouts[@]}"; do
  "val_fraction": 0, "eval_every": 0, "sample_tokens": 0, "bucket_mb": 2,
  "cache_dir": "$out/cache", "metrics": "$out/$name.jsonl"}
 JSON
-  "$bin" train --config "$cfg" >"$out/$name.log" 2>&1
+  if [ $first = 1 ]; then  # prepare the tokenizer and token cache outside the timed runs
+    "$bin" train --config "$cfg" --steps 1 --metrics "" >/dev/null 2>&1
+    first=0
+  fi
+  /usr/bin/time -f "%U %S" -o "$out/$name.time" "$bin" train --config "$cfg" >"$out/$name.log" 2>&1
   "$bin" plan --config "$cfg" --cluster "$cluster" --oversubscribe --json "$out/$name.plan.json" \
     >/dev/null
-  python3 - "$out" "$name" <<'PY'
-import json, re, statistics, sys
+  python3 - "$out" "$name" "$((dp * tp * pp))" "$steps" "$cores" <<'PY'
+import json, math, re, statistics, sys
 out, name = sys.argv[1], sys.argv[2]
+ranks, steps, cores = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+# CPU time per step and rank (user + system of the whole run / steps / ranks): the time a rank
+# would take on a core of its own, whatever other tenants of the machine do; it also counts
+# the first step, start-up, and spinning while waiting for peers, not sleeping while waiting.
+# With more ranks than cores it is compared with the plan's time before time-sharing.
+user, system = map(float, open(f"{out}/{name}.time").read().split()[-2:])
+cpu = (user + system) / steps / ranks
+share = math.ceil(ranks / cores)
 steps = [json.loads(l) for l in open(f"{out}/{name}.jsonl") if '"step_ms"' in l]
 measured = statistics.median(s["step_ms"] for s in steps[1:]) / 1e3  # the first step allocates
 units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -60,6 +75,7 @@ plan = json.load(open(f"{out}/{name}.plan.json"))["prediction"]
 planned = plan["step_seconds"]
 planned_peak = max(r["total"] for r in plan["pipeline_ranks"])
 print(f"{name:<16} {measured*1e3:10.1f} {planned*1e3:10.1f} {100*(planned/measured-1):+7.1f}% "
+      f"{cpu*1e3:10.1f} {100*(planned/share/cpu-1):+7.1f}% "
       f"{max(peaks)/2**20:12.2f} {planned_peak/2**20:12.2f} {100*(planned_peak/max(peaks)-1):+7.1f}%")
 PY
 done

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <ostream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -26,6 +27,10 @@ struct Case {
   int dp = 1, tp = 1, pp = 1, zero = 0, micro_batch = 0, v = 1;
   std::string schedule = "1f1b", recompute = "none";
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Enough units and buckets that ZeRO shards and pipeline stages differ from the whole model.
 TrainConfig base_config(const std::filesystem::path& dir) {

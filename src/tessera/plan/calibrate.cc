@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -25,7 +25,13 @@ namespace tessera::plan {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Compute rates are timed in this thread's CPU time: a device is one core, and the rate of a core
+// does not change when other tenants of a shared machine take turns on it (wall time would).
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -40,9 +46,9 @@ double time_gemm(bool ta, bool tb, int M, int N, int K, int reps) {
   kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
+    const double t0 = thread_seconds();
     kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), N);
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t.push_back(thread_seconds() - t0);
   }
   return median(t);
 }
@@ -79,9 +85,9 @@ double time_call(int reps, F f) {
   f();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
+    const double t0 = thread_seconds();
     f();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t.push_back(thread_seconds() - t0);
   }
   return median(t);
 }

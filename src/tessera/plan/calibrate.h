@@ -1,5 +1,7 @@
 // `tessera plan --calibrate`: a cluster description of this machine, measured. One device is one
-// core running one rank with one BLAS thread (how the planner counts tessera's CPU ranks):
+// core running one rank with one BLAS thread (how the planner counts tessera's CPU ranks); compute
+// rates are timed in the thread's CPU time, so that other tenants of a shared machine do not
+// lower them (their turns on the core would count in wall time), links in wall time:
 //   peak_tflops.fp32       single-thread sgemm at 2048^3
 //   matmul_efficiency      the rate of the matmuls of a reference model (its layers' GEMMs in
 //                          forward and backward shapes, and the per-head attention GEMMs) over
