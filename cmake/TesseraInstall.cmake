@@ -3,7 +3,7 @@
 # version file and exported targets) under P; an outside project then writes
 #   find_package(tessera 0.1 REQUIRED)
 #   target_link_libraries(app PRIVATE tessera::tessera)
-# Targets: tessera::tessera (everything) and one per layer, tessera::core ... tessera::train.
+# Targets: tessera::tessera (everything) and one per layer, tessera::core ... tessera::train, tessera::plan.
 #
 # Public headers are listed per layer below; every other header is internal and not installed.
 # Configuring fails when a public header includes a header that is not public, so the installed
@@ -34,6 +34,10 @@ set(TESSERA_PUBLIC_HEADERS_parallel
     unit_timeline.h zero.h)
 set(TESSERA_PUBLIC_HEADERS_train
     generate.h metrics.h model_io.h pipeline_forward.h step_executor.h train_config.h trainer.h)
+# The planner: `tessera plan`'s model of memory and step time, usable from code.
+set(TESSERA_PUBLIC_HEADERS_plan
+    calibrate.h cluster.h collectives.h engine.h from_train.h korthikanti.h layout.h model_spec.h
+    planner.h report.h work.h)
 
 # The generated version header, tessera/version.h.
 configure_file(${PROJECT_SOURCE_DIR}/cmake/version.h.in

@@ -12,5 +12,6 @@ void register_sample(CLI::App& root, int& exit_code);
 void register_bench_comm(CLI::App& root, int& exit_code);
 void register_schedule(CLI::App& root, int& exit_code);
 void register_plot(CLI::App& root, int& exit_code);
+void register_plan(CLI::App& root, int& exit_code);
 
 }  // namespace tessera::app

@@ -1,4 +1,4 @@
-// The `tessera` command: train, eval, sample, bench-comm, schedule, plot.
+// The `tessera` command: train, eval, sample, bench-comm, schedule, plot, plan.
 #include <cstdio>
 #include <exception>
 
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tessera::app::register_bench_comm(root, exit_code);
   tessera::app::register_schedule(root, exit_code);
   tessera::app::register_plot(root, exit_code);
+  tessera::app::register_plan(root, exit_code);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,4 +11,5 @@
 #include "tessera/nn.h"
 #include "tessera/optim.h"
 #include "tessera/parallel.h"
+#include "tessera/plan.h"
 #include "tessera/train.h"

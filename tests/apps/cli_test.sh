@@ -100,5 +100,21 @@ check plot-missing 1 "nope.jsonl" -- "$bin" plot --metrics "$dir/nope.jsonl" --o
 check plot-bad-key 1 "no lines with a step and a 'perplexity' value" -- "$bin" plot \
   --metrics "$dir/m.jsonl" --key perplexity --out "$dir/x.svg"
 
+# The planner: one layout, a ranking, JSON, a train config, errors.
+gpt3=(--layers 96 --dim 12288 --heads 96 --seq 2048 --vocab 50257 --batch 1536 --cluster dgx-a100-80gb)
+check plan-layout 0 "total .* of 80.00 GiB: fits" -- "$bin" plan "${gpt3[@]}" --tp 8 --pp 64 \
+  --dp 6 --micro-batch 1 --recompute full --json "$dir/plan.json"
+check plan-json 0 '"tokens_per_second"' -- cat "$dir/plan.json"
+check plan-too-big 0 "DOES NOT FIT.*|model states alone" -- "$bin" plan "${gpt3[@]}" --dp 8 \
+  --devices 8 --micro-batch 1
+check plan-rank 0 "layouts of 64 devices .* fit" -- "$bin" plan --layers 24 --dim 2048 \
+  --heads 16 --seq 1024 --vocab 51200 --batch 64 --cluster dgx-a100-80gb --devices 64 --top 3
+check plan-train-config 0 "layout: dp=2 tp=1 pp=2" -- "$bin" plan --cluster dgx-a100-80gb \
+  --config <(echo '{"layers": 4, "dim": 128, "dp": 2, "pp": 2, "batch": 8, "micro_batch": 1}')
+check plan-bad-layout 1 "must divide the 96 attention heads" -- "$bin" plan "${gpt3[@]}" --tp 7
+check plan-bad-cluster 1 "neither a file nor a shipped cluster" -- "$bin" plan --cluster nope --dp 1
+check plan-too-many-ranks 1 "oversubscribe" -- "$bin" plan --cluster dev-vm --dp 64
+check plan-calibrate-quick 0 '"engine": "tessera"' -- "$bin" plan --calibrate --quick --out -
+
 echo "cli: $pass passed, $failures failed"
 [ $failures -eq 0 ]

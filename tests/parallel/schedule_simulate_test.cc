@@ -217,5 +217,42 @@ TEST(ScheduleSimulate, DeadlockedScheduleReportsWhatRan) {
   EXPECT_EQ(sim.ranks[0].size(), 3u);  // F0, F1, send F1; then it waits for B0
 }
 
+// Costs per model stage (the planner's unequal stages): equal ones reproduce the uniform
+// simulation (a chunk's own cost is the rank's divided by v), a slower stage slows the step by
+// its extra work on the critical path, and the in-flight counts need no costs at all.
+TEST(ScheduleSimulate, PerStageCosts) {
+  for (const std::string& name : schedule_names()) {
+    const int v = name == "interleaved" ? 2 : 1;
+    const Schedule s = make_schedule(name, 4, 8, v);
+    ActionCosts uniform;
+    uniform.forward = 1;
+    uniform.backward = 2;
+    uniform.weight = 0.5;
+    uniform.p2p = 0.1;
+    ActionCosts chunk = uniform;
+    chunk.forward /= v;
+    chunk.backward /= v;
+    chunk.weight /= v;
+    const Simulation a = simulate(s, uniform);
+    const Simulation b = simulate(
+        s, std::vector<ActionCosts>(static_cast<size_t>(s.num_model_stages()), chunk), 0.1);
+    EXPECT_NEAR(a.makespan, b.makespan, kExact) << name;
+    EXPECT_NEAR(a.bubble_overall, b.bubble_overall, kExact) << name;
+    const InFlight f = count_in_flight(s);
+    EXPECT_EQ(f.peak_in_flight, a.peak_in_flight) << name;
+    EXPECT_EQ(f.peak_rank_activations, a.peak_rank_activations) << name;
+  }
+  // GPipe, one stage twice as slow: every micro-batch queues behind it.
+  const Schedule g = make_schedule("gpipe", 2, 4);
+  std::vector<ActionCosts> costs(2);
+  costs[1].forward = 2;
+  costs[1].backward = 4;
+  const Simulation sim = simulate(g, costs, 0);
+  // Stage 1 runs 4 forwards (2 each) after stage 0's first, then 4 backwards (4 each); stage 0's
+  // backwards follow the last: 1 + 8 + 16 + 2.
+  EXPECT_NEAR(sim.makespan, 1 + 8 + 16 + 2, kExact);
+  EXPECT_THROW(simulate(g, std::vector<ActionCosts>(3), 0), ConfigError);
+}
+
 }  // namespace
 }  // namespace tessera::parallel

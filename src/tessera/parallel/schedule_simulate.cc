@@ -90,13 +90,10 @@ double action_cost(const Schedule& s, const ActionCosts& c, const Action& a) {
   }
 }
 
-namespace {
-
-// Peak activations by model stage and by rank, from each rank's order of actions (a rank runs
-// one action at a time, so order is time).
-void count_in_flight(const Schedule& s, Simulation& sim) {
-  sim.peak_in_flight.assign(static_cast<size_t>(s.num_model_stages()), 0);
-  sim.peak_rank_activations.assign(s.ranks.size(), 0.0);
+InFlight count_in_flight(const Schedule& s) {
+  InFlight out;
+  out.peak_in_flight.assign(static_cast<size_t>(s.num_model_stages()), 0);
+  out.peak_rank_activations.assign(s.ranks.size(), 0.0);
   for (size_t r = 0; r < s.ranks.size(); ++r) {
     std::vector<int> held(static_cast<size_t>(s.virtual_stages), 0);
     int total = 0, peak_total = 0;
@@ -110,30 +107,18 @@ void count_in_flight(const Schedule& s, Simulation& sim) {
       h += delta;
       total += delta;
       peak_total = std::max(peak_total, total);
-      int& peak = sim.peak_in_flight[static_cast<size_t>(s.stage_of(static_cast<int>(r), a.chunk))];
+      int& peak = out.peak_in_flight[static_cast<size_t>(s.stage_of(static_cast<int>(r), a.chunk))];
       peak = std::max(peak, h);
     }
-    sim.peak_rank_activations[r] = static_cast<double>(peak_total) / s.virtual_stages;
+    out.peak_rank_activations[r] = static_cast<double>(peak_total) / s.virtual_stages;
   }
+  return out;
 }
 
-}  // namespace
+namespace {
 
-Simulation simulate(const Schedule& s, const ActionCosts& costs) {
-  return simulate(s, std::vector<ActionCosts>{costs});
-}
-
-Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank) {
-  TESSERA_CHECK_AS(ConfigError, per_rank.size() == 1 || per_rank.size() == s.ranks.size(),
-                   "costs: give one F,B,W for every rank or one per rank (", s.ranks.size(),
-                   " ranks), not ", per_rank.size());
-  for (const ActionCosts& c : per_rank) check_costs(c, s);
-  auto costs_of = [&](int rank) -> const ActionCosts& {
-    return per_rank[per_rank.size() == 1 ? 0 : static_cast<size_t>(rank)];
-  };
-  Replay run = replay_schedule(
-      s, [&](int rank, const Action& a) { return action_cost(s, costs_of(rank), a); },
-      per_rank.front().p2p);
+// Makespan, busy time, bubbles and activation peaks of a replay.
+Simulation summarize(const Schedule& s, Replay run) {
   Simulation sim;
   sim.deadlock = deadlock_report(s, run.next);
   sim.ranks = std::move(run.ranks);
@@ -152,8 +137,49 @@ Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank)
   }
   if (sim.makespan > 0 && n > 0)
     sim.bubble_overall = idle / (static_cast<double>(n) * sim.makespan);
-  count_in_flight(s, sim);
+  InFlight f = count_in_flight(s);
+  sim.peak_in_flight = std::move(f.peak_in_flight);
+  sim.peak_rank_activations = std::move(f.peak_rank_activations);
   return sim;
+}
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const ActionCosts& costs) {
+  return simulate(s, std::vector<ActionCosts>{costs});
+}
+
+Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank) {
+  TESSERA_CHECK_AS(ConfigError, per_rank.size() == 1 || per_rank.size() == s.ranks.size(),
+                   "costs: give one F,B,W for every rank or one per rank (", s.ranks.size(),
+                   " ranks), not ", per_rank.size());
+  for (const ActionCosts& c : per_rank) check_costs(c, s);
+  auto costs_of = [&](int rank) -> const ActionCosts& {
+    return per_rank[per_rank.size() == 1 ? 0 : static_cast<size_t>(rank)];
+  };
+  return summarize(
+      s,
+      replay_schedule(
+          s, [&](int rank, const Action& a) { return action_cost(s, costs_of(rank), a); },
+          per_rank.front().p2p));
+}
+
+Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& stage_costs, double p2p) {
+  TESSERA_CHECK_AS(ConfigError, static_cast<int>(stage_costs.size()) == s.num_model_stages(),
+                   "the simulation needs one cost per model stage (", s.num_model_stages(),
+                   "), got ", stage_costs.size());
+  TESSERA_CHECK_AS(ConfigError, p2p >= 0, "the transfer time must not be negative");
+  for (const ActionCosts& c : stage_costs) check_costs(c, s);
+  // action_cost divides by v; a stage's own costs are per chunk already.
+  const double v = s.virtual_stages;
+  auto duration = [&](int rank, const Action& a) {
+    const bool per_rank =
+        a.kind == ActionKind::ReduceGradients || a.kind == ActionKind::OptimizerStep;
+    const ActionCosts& c =
+        stage_costs[static_cast<size_t>(s.stage_of(rank, per_rank ? 0 : a.chunk))];
+    return action_cost(s, c, a) * (per_rank ? 1.0 : v);
+  };
+  return summarize(s, replay_schedule(s, ActionDuration(duration), p2p));
 }
 
 std::optional<double> closed_form_bubble(const Schedule& s, const ActionCosts& c) {

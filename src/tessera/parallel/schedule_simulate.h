@@ -67,6 +67,21 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
 // otherwise): rank r's actions take per_rank[r]'s times. p2p latency is per_rank[0]'s.
 Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank);
 
+// The same with a cost per model stage: stage_costs[c * pp + r] are the times of one micro-batch
+// through chunk c of rank r itself (not divided by v), so stages may differ (the embedding on the
+// first, the head on the last); reduce and optimizer come from each rank's chunk 0. Transfers take
+// `p2p`. One entry per model stage, each checked as check_costs does.
+Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& stage_costs, double p2p);
+
+// From the order of each rank's actions alone (costs do not change it): per model stage, the most
+// micro-batches whose F has run and whose B (or W) has not; per rank, the most activations it
+// holds at once in micro-batches through all of its layers (a chunk's counting 1/v).
+struct InFlight {
+  std::vector<int> peak_in_flight;
+  std::vector<double> peak_rank_activations;
+};
+InFlight count_in_flight(const Schedule& s);
+
 // The bubble fraction the literature's formula gives for `s` under `costs`, where it holds exactly
 // (no transfer latency, no reduce / step cost), else nullopt:
 //   gpipe, 1f1b:  (p - 1) / (m + p - 1)               any F, B

@@ -537,6 +537,9 @@ void RankRun::report_memory() {
   std::vector<int64_t> peaks(world_.size());
   world_.all_gather(&peak, peaks.data(), 1, DType::I64).wait();
   result_.model_state_peaks.assign(peaks.begin(), peaks.end());
+  const int64_t total = static_cast<int64_t>(alloc_.peak());
+  world_.all_gather(&total, peaks.data(), 1, DType::I64).wait();
+  result_.memory_peaks.assign(peaks.begin(), peaks.end());
   for (const std::string& r : result_.memory_reports) say(log_, nullptr, "memory: " + r);
 }
 

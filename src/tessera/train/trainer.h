@@ -22,6 +22,7 @@ struct TrainResult {
   std::string sample;          // generated text (empty when disabled or no tokenizer)
   std::vector<std::string> memory_reports;  // one line per rank: allocator peaks by category
   std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
+  std::vector<size_t> memory_peaks;         // per rank: the allocator's peak over all categories
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start

@@ -1,0 +1,252 @@
+#include "tessera/plan/calibrate.h"
+
+#include <cblas.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include "tessera/comm/bench.h"
+#include "tessera/comm/launch.h"
+#include "tessera/core/error.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/blas_setup.h"
+#include "tessera/kernels/gelu.h"
+#include "tessera/kernels/gemm.h"
+#include "tessera/kernels/layernorm.h"
+#include "tessera/kernels/residual.h"
+#include "tessera/kernels/softmax_xent.h"
+#include "tessera/optim/adamw.h"
+
+namespace tessera::plan {
+
+namespace {
+
+// Compute rates are timed in this thread's CPU time: a device is one core, and the rate of a core
+// does not change when other tenants of a shared machine take turns on it (wall time would).
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds of one row-major C[M,N] (+)= op(A) op(B), median of `reps` after a warm-up.
+double time_gemm(bool ta, bool tb, int M, int N, int K, int reps) {
+  std::vector<float> a(static_cast<size_t>(M) * K, 0.5f), b(static_cast<size_t>(K) * N, 0.25f),
+      c(static_cast<size_t>(M) * N, 0.0f);
+  const int lda = ta ? M : K, ldb = tb ? K : N;
+  kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = thread_seconds();
+    kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), N);
+    t.push_back(thread_seconds() - t0);
+  }
+  return median(t);
+}
+
+struct Gemm {
+  bool ta, tb;
+  int M, N, K;
+  double count;  // how often the model runs it per micro-batch and layer
+};
+
+// The GEMMs of one block per micro-batch (forward, input gradient, weight gradient) and the
+// per-head attention blocks, as nn/block.cc and kernels/attention.cc run them.
+std::vector<Gemm> reference_gemms(const ModelSpec& m, int micro_batch) {
+  const int BT = micro_batch * m.seq, C = m.hidden, hs = m.hidden / m.heads;
+  std::vector<Gemm> g;
+  for (const auto& [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+    g.push_back({false, false, BT, N, K, 1});  // forward
+    g.push_back({false, true, BT, K, N, 1});   // input gradient
+    g.push_back({true, false, K, N, BT, 1});   // weight gradient
+  }
+  const int blk = kernels::kAttentionBlock;
+  for (int r0 = 0; r0 < m.seq; r0 += blk) {
+    const int rb = std::min(m.seq, r0 + blk) - r0, r1 = r0 + rb;
+    const double heads = static_cast<double>(micro_batch) * m.heads;
+    g.push_back({false, true, rb, r1, hs, 3 * heads});   // Q K^T (forward, and dS K, dS^T Q)
+    g.push_back({false, false, rb, hs, r1, 3 * heads});  // P V (forward, and dP, dV)
+  }
+  return g;
+}
+
+// Seconds of one call of `f`, median of `reps` after a warm-up.
+template <typename F>
+double time_call(int reps, F f) {
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = thread_seconds();
+    f();
+    t.push_back(thread_seconds() - t0);
+  }
+  return median(t);
+}
+
+// The rate, in the planner's accounting of elementwise traffic (plan/work.h), of tessera's own
+// non-matmul kernels on one micro-batch of the reference model: LayerNorm, GELU, the residual
+// branch, the softmax cross-entropy, each forward and backward, and AdamW. On these CPUs such
+// kernels are bound by their arithmetic as much as by memory, so a memcpy would overstate them.
+double elementwise_rate(const ModelSpec& m, int micro_batch, int reps) {
+  const int N = micro_batch * m.seq, C = m.hidden, F = 4 * m.hidden, V = m.vocab;
+  std::vector<float> x(static_cast<size_t>(N) * F, 0.5f), y(x.size(), 0.0f), z(x.size(), 0.1f);
+  std::vector<float> w(static_cast<size_t>(F), 1.0f), b(w.size(), 0.0f), dw(w.size()), db(w.size());
+  std::vector<float> mean(static_cast<size_t>(N)), rstd(mean.size()), lse(mean.size()),
+      loss(mean.size());
+  std::vector<float> logits(static_cast<size_t>(N) * V, 0.01f);
+  std::vector<int32_t> targets(static_cast<size_t>(N), 1);
+  const double e = 4;
+  double bytes = 0, seconds = 0;
+  auto add = [&](double planner_bytes, double t) {
+    bytes += planner_bytes;
+    seconds += t;
+  };
+  // The planner counts 2 C e per LayerNorm forward and twice that backward, 3 C e per residual
+  // branch, 8 C e per GELU forward (4C in and out), a forward read of the logits (V x 4 bytes)
+  // and two passes backward.
+  add(2 * N * C * e, time_call(reps, [&] {
+        kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                   N, C, 1e-5f);
+      }));
+  add(4 * N * C * e, time_call(reps, [&] {
+        kernels::layernorm_backward(z.data(), dw.data(), db.data(), y.data(), x.data(), w.data(),
+                                    mean.data(), rstd.data(), N, C);
+      }));
+  add(3 * N * C * e, time_call(reps, [&] {
+        kernels::bias_residual_forward(y.data(), x.data(), b.data(), z.data(), N, C);
+      }));
+  add(8.0 * N * C * e,
+      time_call(reps, [&] { kernels::gelu_forward(y.data(), x.data(), 1LL * N * F); }));
+  add(16.0 * N * C * e,
+      time_call(reps, [&] { kernels::gelu_backward(z.data(), y.data(), x.data(), 1LL * N * F); }));
+  add(1.0 * N * V * 4, time_call(reps, [&] {
+        kernels::softmax_xent_forward(loss.data(), lse.data(), logits.data(), targets.data(), N, V);
+      }));
+  add(2.0 * N * V * 4, time_call(reps, [&] {
+        kernels::softmax_xent_backward(logits.data(), logits.data(), lse.data(), targets.data(),
+                                       1e-3f, N, V);
+      }));
+  // AdamW over the block's parameters: 28 bytes per element (p, g, m, v read; p, m, v written).
+  const int64_t P = 12LL * C * C;
+  std::vector<float> p(static_cast<size_t>(P), 0.1f), g(p.size(), 0.01f), mo(p.size()),
+      ve(p.size());
+  add(28.0 * P, time_call(reps, [&] {
+        optim::adamw_update(p.data(), mo.data(), ve.data(), g.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                            0.1f, 1);
+      }));
+  return bytes / seconds;
+}
+
+double gib_of_ram() {
+  struct sysinfo si {};
+  if (sysinfo(&si) != 0) return 8;
+  return static_cast<double>(si.totalram) * si.mem_unit / 1073741824.0;
+}
+
+}  // namespace
+
+nlohmann::json calibrate_link(comm::Communicator& world, bool quick, std::ostream* log) {
+  comm::BenchOptions o;
+  o.ops = {"all_reduce"};
+  o.min_bytes = 4;
+  o.max_bytes = size_t{64} << 20;
+  o.iters = quick ? 5 : 20;
+  o.min_iters = quick ? 2 : 5;
+  o.warmup = quick ? 1 : 3;
+  o.rotate_bytes = size_t{256} << 20;
+  const std::vector<comm::BenchRow> rows = comm::bench_collectives(world, o, log);
+  const int n = world.size();
+  double small_us = 0, busbw = 0;
+  std::vector<double> large;
+  for (const comm::BenchRow& r : rows) {
+    if (r.bytes == 4) small_us = r.median_us;
+    if (r.bytes >= (size_t{16} << 20)) large.push_back(r.busbw_gbs);
+  }
+  if (!large.empty()) busbw = median(large);
+  return {{"backend", std::string(world.backend())},
+          {"ranks", n},
+          {"bandwidth_gbs", busbw},
+          {"latency_us", n > 1 ? small_us / (2.0 * (n - 1)) : 0.0},
+          {"all_reduce_4B_us", small_us}};
+}
+
+ClusterSpec calibrate_this_machine(const CalibrationOptions& o, std::ostream* log) {
+  validate(o.reference);
+  openblas_set_num_threads(1);
+  const int reps = o.quick ? 2 : 7;
+  const int n = o.quick ? 512 : 2048;
+  const double peak = 2.0 * n * n * n / time_gemm(false, false, n, n, n, reps);
+  double flops = 0, seconds = 0;
+  for (const Gemm& g : reference_gemms(o.reference, o.micro_batch)) {
+    const double t = time_gemm(g.ta, g.tb, g.M, g.N, g.K, reps);
+    flops += g.count * 2.0 * g.M * g.N * g.K;
+    seconds += g.count * t;
+  }
+  const double efficiency = std::min(1.0, flops / seconds / peak);
+  const double memcpy_gbs =
+      comm::measure_memcpy_gbs(o.quick ? (size_t{32} << 20) : (size_t{256} << 20), o.quick ? 3 : 7);
+  const double elementwise = elementwise_rate(o.reference, o.micro_batch, reps);
+  if (log)
+    *log << "sgemm " << n << "^3, 1 thread: " << peak / 1e9
+         << " GFLOP/s; reference matmuls: " << flops / seconds / 1e9 << " GFLOP/s ("
+         << 100 * efficiency << "%); elementwise kernels " << elementwise / 1e9
+         << " GB/s (planner accounting); memcpy " << memcpy_gbs << " GB/s\n";
+  nlohmann::json link;
+  comm::run_inproc(o.ranks, [&](comm::Communicator& c) {
+    nlohmann::json l = calibrate_link(c, o.quick, c.rank() == 0 ? log : nullptr);
+    if (c.rank() == 0) link = l;
+  });
+
+  ClusterSpec c;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  c.name = "this-machine";
+  c.description = detail::concat("measured by `tessera plan --calibrate` on ", host, ": ",
+                                 std::thread::hardware_concurrency(),
+                                 " cores, one tessera rank (one BLAS thread) per core, ",
+                                 kernels::blas_core_name(), " OpenBLAS kernels");
+  c.sources = {"tessera plan --calibrate (src/tessera/plan/calibrate.h)"};
+  c.nodes = 1;
+  c.devices_per_node = o.ranks;
+  c.device_memory_gib = gib_of_ram() / o.ranks;
+  c.peak_tflops["fp32"] = peak / 1e12;
+  c.matmul_efficiency = efficiency;
+  c.memory_bandwidth_gbs = elementwise / 1e9;
+  c.intra_node =
+      LinkSpec{link.at("bandwidth_gbs").get<double>(), link.at("latency_us").get<double>()};
+  c.inter_node = c.intra_node;  // one node
+  c.engine = "tessera";
+  c.precision = "fp32";
+  c.dp_overlap = 0;  // the communicator's progress thread competes with the ranks for the cores
+  c.reserved_gib = 0;
+  c.calibration = {{"sgemm_2048_gflops", peak / 1e9},
+                   {"reference_matmul_gflops", flops / seconds / 1e9},
+                   {"reference_model", to_json(o.reference)},
+                   {"reference_micro_batch", o.micro_batch},
+                   {"memcpy_gbs", memcpy_gbs},
+                   {"elementwise_gbs", elementwise / 1e9},
+                   {"inproc", link}};
+  return c;
+}
+
+ClusterSpec with_link(ClusterSpec c, const std::string& backend) {
+  if (backend.empty() || backend == "inproc") return c;
+  TESSERA_CHECK_AS(
+      ConfigError, c.calibration.is_object() && c.calibration.contains(backend), "cluster '",
+      c.name, "' has no calibration.", backend,
+      " measurement; run `mpirun -np 2 tessera plan --calibrate --out FILE` to add it");
+  const nlohmann::json& l = c.calibration.at(backend);
+  c.intra_node = LinkSpec{l.at("bandwidth_gbs").get<double>(), l.at("latency_us").get<double>()};
+  return c;
+}
+
+}  // namespace tessera::plan

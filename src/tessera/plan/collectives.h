@@ -1,0 +1,39 @@
+// Time of the collectives a layout runs, from a cluster's links (alpha-beta model). A group of
+// `size` ranks has `per_node` of them on each node it spans. Within a node: ring algorithms over
+// the intra-node link. Across nodes: hierarchical, as NCCL's and MPI's algorithms behave on these
+// machines: reduce-scatter inside each node, the inter-node part on 1 / per_node of the data per
+// device (each device on its own network share), all-gather inside the node.
+//   ring all-reduce of S bytes over n ranks   2 (n - 1) alpha + 2 (n - 1) / n x S / bandwidth
+//   reduce-scatter, all-gather (S: full size)   (n - 1) alpha +     (n - 1) / n x S / bandwidth
+//   all-to-all (S: what a rank sends in all)    (n - 1) alpha + the share leaving the node over
+//                                               the network, the rest over the node's link
+//   point to point                              alpha + S / bandwidth
+#pragma once
+
+#include "tessera/plan/cluster.h"
+#include "tessera/plan/layout.h"
+
+namespace tessera::plan {
+
+struct Group {
+  int size = 1;
+  int per_node = 1;
+  int nodes() const { return (size + per_node - 1) / per_node; }
+};
+
+double all_reduce_seconds(const ClusterSpec& c, const Group& g, double bytes);
+double reduce_scatter_seconds(const ClusterSpec& c, const Group& g, double bytes);
+double all_gather_seconds(const ClusterSpec& c, const Group& g, double bytes);
+double all_to_all_seconds(const ClusterSpec& c, const Group& g, double bytes);
+double p2p_seconds(const ClusterSpec& c, bool same_node, double bytes);
+
+// Where a layout's groups fall with Megatron's rank order (tensor-parallel ranks adjacent, then
+// data-parallel, then pipeline) on nodes of c.devices_per_node devices.
+Group tp_group(const ClusterSpec& c, const Layout& l);
+Group dp_group(const ClusterSpec& c, const Layout& l);
+Group expert_group(const ClusterSpec& c, const Layout& l);          // ep ranks, runs of dp ranks
+Group expert_replica_group(const ClusterSpec& c, const Layout& l);  // dp / ep holders of an expert
+Group embedding_group(const ClusterSpec& c, const Layout& l);       // the first and last stages' dp
+bool pipeline_neighbours_share_node(const ClusterSpec& c, const Layout& l);
+
+}  // namespace tessera::plan

@@ -1,0 +1,111 @@
+#include "tessera/plan/engine.h"
+
+#include "tessera/core/error.h"
+#include "tessera/plan/work.h"
+
+namespace tessera::plan {
+
+std::unique_ptr<Engine> make_tessera_engine();
+std::unique_ptr<Engine> make_megatron_engine();
+
+std::pair<std::string, double> MemoryTerms::largest() const {
+  std::pair<std::string, double> best{"parameters", parameters};
+  for (const auto& [name, v] : {std::pair<const char*, double>{"gradients", gradients},
+                                {"optimizer state", optimizer_state},
+                                {"activations", activations},
+                                {"communication buffers", buffers},
+                                {"runtime reserve", reserved}})
+    if (v > best.second) best = {name, v};
+  return best;
+}
+
+nlohmann::json to_json(const MemoryTerms& m) {
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"optimizer_state", m.optimizer_state},
+          {"activations", m.activations},
+          {"buffers", m.buffers},
+          {"reserved", m.reserved},
+          {"total", m.total()}};
+}
+
+MemoryTerms zero_model_states(double elems, int zero, int group, const Numerics& n) {
+  const double shard = elems / group;
+  MemoryTerms t;
+  t.parameters = n.param * (zero >= 3 ? shard : elems);
+  t.gradients = n.grad * (zero >= 2 ? shard : elems);
+  t.optimizer_state = n.optimizer * (zero >= 1 ? shard : elems);
+  return t;
+}
+
+double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>& chunks,
+                                 int micro_batches) const {
+  const double c = numerics().comm, m = micro_batches;
+  double bytes = 0;
+  for (const StageSheet& s : chunks) {
+    for (const auto& [elems, group] :
+         {std::pair<double, int>{s.dense_elems, l.dp}, {s.expert_elems, l.dp / l.ep}}) {
+      if (group <= 1 || elems == 0) continue;
+      const double ring = (group - 1.0) / group * c * elems;  // one reduce-scatter or all-gather
+      switch (l.zero) {
+        case 0:
+          bytes += 2 * ring;
+          break;  // all-reduce once
+        case 1:
+          bytes += 2 * ring;
+          break;  // reduce-scatter, all-gather after the step
+        case 2:
+          bytes += m * ring + ring;
+          break;  // reduce-scatter every micro-batch
+        default:
+          bytes += m * ring + 2 * m * ring;  // + gathers before forward and backward
+      }
+    }
+    if (s.tied_wte_elems > 0) {  // the embedding group: both stages' data-parallel ranks
+      const double g = 2.0 * l.dp;
+      bytes += 2 * (g - 1) / g * c * s.tied_wte_elems;
+    }
+  }
+  return bytes;
+}
+
+void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n) {
+  for (const MemoryTerms& z : {zero_model_states(s.dense_elems, l.zero, l.dp, n),
+                               zero_model_states(s.expert_elems, l.zero, l.dp / l.ep, n)}) {
+    total.parameters += z.parameters;
+    total.gradients += z.gradients;
+    total.optimizer_state += z.optimizer_state;
+  }
+}
+
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r) {
+  UnitWork w;
+  for (int u = s.units.first; u <= s.units.last; ++u) w += unit_work(m, l, u, r);
+  s.fwd_flops = w.fwd_flops;
+  s.bwd_flops = w.bwd_flops;
+  s.wgrad_flops = w.wgrad_flops;
+  s.recompute_flops = w.recompute_flops;
+  s.fwd_bytes = w.fwd_bytes;
+  s.bwd_bytes = w.bwd_bytes;
+  s.recompute_bytes = w.recompute_bytes;
+  s.tp_fwd = w.tp_fwd;
+  s.tp_bwd = w.tp_bwd;
+  s.tp_recompute = w.tp_recompute;
+  s.a2a_fwd = w.a2a_fwd;
+  s.a2a_bwd = w.a2a_bwd;
+  s.a2a_bytes = w.a2a_bytes;
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o) {
+  std::unique_ptr<Engine> e;
+  if (name == "tessera")
+    e = make_tessera_engine();
+  else if (name == "megatron")
+    e = make_megatron_engine();
+  else
+    throw ConfigError(detail::concat("--engine must be tessera or megatron, got '", name, "'"));
+  e->options = o;
+  return e;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,117 @@
+// The accounting of an implementation ("engine"): how a model stage's parameters, activations,
+// work and communication come out on one device, and how a pipeline rank's memory adds up.
+//   tessera   this code base as it runs today (fp32 CPU ranks): parameter padding, the activation
+//             records of nn/block.h to the byte, pooled records, ZeRO buckets (docs/PLANNER.md).
+//   megatron  mixed precision as Megatron-LM and the papers count it: 2-byte parameters and
+//             gradients, 12 bytes of fp32 optimizer state per parameter (Rajbhandari et al. 2020),
+//             activations per layer as Korthikanti et al. 2022 (korthikanti.h).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/parallel/pipeline_split.h"
+#include "tessera/plan/layout.h"
+#include "tessera/plan/model_spec.h"
+
+namespace tessera::plan {
+
+// Bytes per parameter element of each model state, and per element moved by data parallelism.
+struct Numerics {
+  double param = 4, grad = 4, optimizer = 8;  // optimizer: all of its state per element
+  double comm = 4;                            // gradient reductions and parameter gathers
+  double optimizer_traffic = 40;              // memory traffic of one optimizer step per element
+};
+
+// One model stage (a chunk of consecutive units on one pipeline rank), seen from one device of its
+// tensor-parallel group, per micro-batch of `micro_batch` sequences.
+struct StageSheet {
+  parallel::UnitRange units;
+  int blocks = 0;
+  bool has_embedding = false, has_head = false;
+  // Parameter elements this device holds before ZeRO (its tensor- and expert-parallel shard, with
+  // the engine's padding): replicated over the data-parallel group, or (experts) over dp / ep.
+  double dense_elems = 0, expert_elems = 0;
+  std::vector<double> unit_elems;  // per unit of the stage, in order (gradient buckets)
+  double tied_wte_elems = 0;       // a wte copy summed over the embedding group (pp > 1)
+  // Activation memory: bytes kept per micro-batch until its backward (one record), the extra a
+  // micro-batch waiting for its weight gradients keeps (zb-h1), and the stage's scratch.
+  double record_bytes = 0, deferred_bytes = 0, workspace_bytes = 0;
+  // Work per micro-batch: matmul FLOPs of the forward, the whole backward, the weight-gradient part
+  // of it (W), and the forward the backward reruns (recomputation); memory traffic of the
+  // elementwise kernels in the same three parts.
+  double fwd_flops = 0, bwd_flops = 0, wgrad_flops = 0, recompute_flops = 0;
+  double fwd_bytes = 0, bwd_bytes = 0, recompute_bytes = 0;
+  // Tensor-parallel collectives per micro-batch, as all-reduces of `tp_bytes` each (an all-gather
+  // plus a reduce-scatter under sequence parallelism moves the same).
+  int tp_fwd = 0, tp_bwd = 0, tp_recompute = 0;
+  double tp_bytes = 0;
+  // Expert-parallel all-to-alls per micro-batch (dispatch and combine), bytes each device sends.
+  int a2a_fwd = 0, a2a_bwd = 0;
+  double a2a_bytes = 0;
+  double boundary_bytes = 0;  // what one device sends the next stage per micro-batch
+  double params() const { return dense_elems + expert_elems; }
+};
+
+struct MemoryTerms {
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, buffers = 0,
+         reserved = 0;
+  double model_states() const { return parameters + gradients + optimizer_state; }
+  double total() const { return model_states() + activations + buffers + reserved; }
+  // The largest term and its name ("activations").
+  std::pair<std::string, double> largest() const;
+};
+nlohmann::json to_json(const MemoryTerms& m);
+
+// What the plan knows besides the model and the layout.
+struct EngineOptions {
+  double bucket_mb = 25;  // gradient bucket target (tessera's --bucket-mb)
+  bool sgd = false;       // tessera's --optimizer sgd (one state buffer) instead of AdamW
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string name() const = 0;
+  virtual Numerics numerics() const = 0;
+  // Whether a stage may hold no layer, only the embedding or the head (layout_problems).
+  virtual bool uneven_stages() const = 0;
+  // The units of each model stage (pp * virtual_stages of them, in model order).
+  virtual std::vector<parallel::UnitRange> split(const ModelSpec& m, const Layout& l) const = 0;
+  virtual StageSheet stage(const ModelSpec& m, const Layout& l,
+                           const parallel::UnitRange& units) const = 0;
+  // The memory of a pipeline rank holding `chunks` (its model stages, chunk 0 first), given the
+  // most micro-batches each chunk holds at once (`chunk_peaks`) and the most the rank holds at
+  // once in micro-batch equivalents through all its layers (`rank_peak`, a chunk's counting 1/v),
+  // with `micro_batches` per step.
+  virtual MemoryTerms rank_memory(const ModelSpec& m, const Layout& l,
+                                  const std::vector<StageSheet>& chunks,
+                                  const std::vector<int>& chunk_peaks, double rank_peak,
+                                  int micro_batches) const = 0;
+  // Data-parallel bytes this rank sends per step (ring accounting, as parallel::CommVolume).
+  double dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>& chunks,
+                           int micro_batches) const;
+
+  EngineOptions options;
+};
+
+// Adds the model states of chunk `s` under l's ZeRO stage: its dense parameters sharded over the
+// data-parallel group, its experts over the dp / ep ranks holding the same experts.
+void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n);
+
+struct WorkRules;
+// Fills the work fields of `s` (FLOPs, elementwise bytes, collectives) with the sum of
+// unit_work over its units (plan/work.h).
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r);
+
+// "tessera" or "megatron"; ConfigError otherwise.
+std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o = {});
+
+// Model-state bytes of `elems` parameter elements replicated over `group` data-parallel ranks under
+// ZeRO stage `zero` (Rajbhandari et al. 2020): stage 1 shards the optimizer state, 2 also the
+// gradients, 3 also the parameters.
+MemoryTerms zero_model_states(double elems, int zero, int group, const Numerics& n);
+
+}  // namespace tessera::plan

@@ -1,0 +1,36 @@
+#include "tessera/plan/from_train.h"
+
+namespace tessera::plan {
+
+ModelSpec model_of(const train::TrainConfig& c) {
+  ModelSpec m;
+  m.layers = c.layers;
+  m.hidden = c.dim;
+  m.heads = c.new_model_heads();
+  m.seq = c.seq;
+  m.vocab = c.vocab;
+  m.dropout = c.dropout;
+  return m;
+}
+
+Layout layout_of(const train::TrainConfig& c) {
+  Layout l;
+  l.dp = c.dp;
+  l.tp = c.tp;
+  l.pp = c.pp;
+  l.zero = c.zero;
+  l.schedule = c.schedule;
+  l.virtual_stages = c.virtual_stages;
+  l.micro_batch = c.micro_batch > 0 ? c.micro_batch : c.batch / c.dp;
+  l.recompute = nn::parse_recompute(c.recompute);
+  return l;
+}
+
+EngineOptions engine_options_of(const train::TrainConfig& c) {
+  EngineOptions o;
+  o.bucket_mb = c.bucket_mb;
+  o.sgd = c.optimizer == "sgd";
+  return o;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,18 @@
+// The model, layout and engine options a `tessera train` configuration describes, so that a plan
+// and a run can be compared key for key (`tessera plan` accepts train's flags and --config files).
+#pragma once
+
+#include "tessera/plan/engine.h"
+#include "tessera/plan/layout.h"
+#include "tessera/plan/model_spec.h"
+#include "tessera/train/train_config.h"
+
+namespace tessera::plan {
+
+// layers, dim, heads (0: 4), seq, vocab (the BPE size trained on text), dropout.
+ModelSpec model_of(const train::TrainConfig& c);
+// dp, tp, pp, zero, schedule, virtual_stages, micro_batch (0: batch / dp), recompute.
+Layout layout_of(const train::TrainConfig& c);
+EngineOptions engine_options_of(const train::TrainConfig& c);  // bucket_mb, optimizer
+
+}  // namespace tessera::plan

@@ -1,0 +1,131 @@
+#include "tessera/plan/layout.h"
+
+#include <algorithm>
+
+#include "tessera/core/error.h"
+#include "tessera/parallel/schedule_generators.h"
+
+namespace tessera::plan {
+
+std::string Layout::str() const {
+  std::string s =
+      "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+  if (ep > 1) s += " ep=" + std::to_string(ep);
+  s += " zero=" + std::to_string(zero);
+  if (sp) s += " sp";
+  if (pp > 1) {
+    s += " " + schedule;
+    if (virtual_stages > 1) s += " v=" + std::to_string(virtual_stages);
+  }
+  s += " mb=" + std::to_string(micro_batch) + " recompute=" + nn::to_string(recompute);
+  return s;
+}
+
+std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, int global_batch,
+                                         bool uneven_stages) {
+  std::vector<std::string> p;
+  auto add = [&](auto&&... parts) { p.push_back(detail::concat(parts...)); };
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.micro_batch < 1 || l.virtual_stages < 1) {
+    add("every degree (dp, tp, pp, ep), the micro-batch and the virtual stages must be positive");
+    return p;
+  }
+  if (m.heads % l.tp != 0) add("tp=", l.tp, " must divide the ", m.heads, " attention heads");
+  if (l.zero < 0 || l.zero > 3) add("zero must be 0, 1, 2 or 3, got ", l.zero);
+  if (l.sp && l.tp == 1)
+    add("sequence parallelism splits the tensor-parallel group's sequence: it needs tp > 1");
+  if (l.sp && m.seq % l.tp != 0)
+    add("sequence parallelism needs tp=", l.tp, " to divide the sequence length ", m.seq);
+  if (global_batch % (l.dp * l.micro_batch) != 0)
+    add("the global batch (", global_batch,
+        ") must be a multiple of dp x micro-batch = ", l.dp * l.micro_batch);
+  if (l.ep > 1) {
+    if (!m.moe.enabled())
+      add("ep=", l.ep, " needs a mixture-of-experts model (--moe-experts)");
+    else if (m.moe.experts % l.ep != 0)
+      add("ep=", l.ep, " must divide the ", m.moe.experts, " experts");
+    if (l.dp % l.ep != 0)
+      add("ep=", l.ep, " must divide dp=", l.dp,
+          " (expert groups are runs of data-parallel ranks)");
+  }
+  if (l.pp == 1) {
+    if (l.virtual_stages != 1) add("virtual stages need pipeline parallelism (pp > 1)");
+    return p;
+  }
+  const auto& names = parallel::schedule_names();
+  if (std::find(names.begin(), names.end(), l.schedule) == names.end()) {
+    add("unknown schedule '", l.schedule, "' (gpipe, 1f1b, interleaved, zb-h1)");
+    return p;
+  }
+  const int stages = l.pp * l.virtual_stages;
+  if (l.schedule == "interleaved") {
+    if (l.virtual_stages < 2) add("the interleaved schedule needs at least 2 virtual stages");
+    if (global_batch % (l.dp * l.micro_batch) == 0 && l.micro_batches(global_batch) % l.pp != 0)
+      add("the interleaved schedule needs the micro-batches per pipeline (",
+          l.micro_batches(global_batch), ") to be a multiple of pp=", l.pp);
+  } else if (l.virtual_stages != 1) {
+    add("only the interleaved schedule runs virtual stages");
+  }
+  if (uneven_stages) {
+    if (stages > m.layers + 2)
+      add("pp x virtual stages = ", stages, " model stages, more than the ", m.layers + 2,
+          " units (embedding, blocks, head)");
+  } else if (stages > m.layers) {
+    add("pp x virtual stages = ", stages, " model stages, more than the ", m.layers, " layers");
+  }
+  return p;
+}
+
+nlohmann::json to_json(const Layout& l) {
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"ep", l.ep},
+          {"zero", l.zero},
+          {"sp", l.sp},
+          {"schedule", l.schedule_name()},
+          {"virtual_stages", l.virtual_stages},
+          {"micro_batch", l.micro_batch},
+          {"recompute", nn::to_string(l.recompute)}};
+}
+
+Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
+  TESSERA_CHECK_AS(ConfigError, j.is_object(), source, ": a layout must be a JSON object");
+  Layout l;
+  for (const auto& [k, v] : j.items()) {
+    auto integer = [&]() {
+      TESSERA_CHECK_AS(ConfigError, v.is_number_integer(), source, ": '", k,
+                       "' must be an integer, got ", v.dump());
+      return v.get<int>();
+    };
+    if (k == "dp")
+      l.dp = integer();
+    else if (k == "tp")
+      l.tp = integer();
+    else if (k == "pp")
+      l.pp = integer();
+    else if (k == "ep")
+      l.ep = integer();
+    else if (k == "zero")
+      l.zero = integer();
+    else if (k == "virtual_stages")
+      l.virtual_stages = integer();
+    else if (k == "micro_batch")
+      l.micro_batch = integer();
+    else if (k == "sp") {
+      TESSERA_CHECK_AS(ConfigError, v.is_boolean(), source, ": 'sp' must be true or false");
+      l.sp = v.get<bool>();
+    } else if (k == "schedule") {
+      TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'schedule' must be a string");
+      l.schedule = v.get<std::string>();
+      if (l.schedule == "single") l.schedule = "1f1b";
+    } else if (k == "recompute") {
+      TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'recompute' must be a string");
+      l.recompute = nn::parse_recompute(v.get<std::string>());
+    } else {
+      throw ConfigError(detail::concat(source, ": unknown layout key '", k, "'"));
+    }
+  }
+  return l;
+}
+
+}  // namespace tessera::plan

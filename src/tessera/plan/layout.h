@@ -1,0 +1,48 @@
+// One way to lay a training job out on devices: the parallel degrees, the ZeRO stage, the
+// pipeline schedule, the micro-batch and the recomputation mode. Ranks are ordered as
+// Megatron-LM (and parallel/mesh.h) order them: tensor-parallel ranks adjacent, then data-
+// parallel, then pipeline; expert-parallel groups are runs of data-parallel ranks.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/nn/gpt_config.h"
+#include "tessera/plan/model_spec.h"
+
+namespace tessera::plan {
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int ep =
+      1;  // expert-parallel ranks (a divisor of dp): each holds experts / ep of every MoE layer
+  int zero = 0;
+  bool sp = false;                // sequence parallelism (Korthikanti et al. 2022; needs tp > 1)
+  std::string schedule = "1f1b";  // with pp > 1: gpipe | 1f1b | interleaved | zb-h1
+  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved)
+  int micro_batch = 1;            // sequences per micro-batch
+  nn::Recompute recompute = nn::Recompute::None;
+
+  int devices() const { return dp * tp * pp; }
+  // Micro-batches per optimizer step on each pipeline (global batch / (dp * micro_batch)).
+  int micro_batches(int global_batch) const { return global_batch / (dp * micro_batch); }
+  // The schedule a run of this layout executes: "single" without pipeline parallelism.
+  std::string schedule_name() const { return pp == 1 ? "single" : schedule; }
+  std::string str() const;  // "dp=4 tp=2 pp=2 zero=1 1f1b mb=1 recompute=none"
+  friend bool operator==(const Layout&, const Layout&) = default;
+};
+
+// Why `l` cannot train `m` with `global_batch` sequences per step, as sentences that say what to
+// change (empty: it can). `uneven_stages`: whether a stage may hold no layer (tessera balances
+// units by cost, so a stage may hold only the embedding or the head; the megatron engine gives
+// every stage layers, equal numbers when pp * virtual stages divides them).
+std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, int global_batch,
+                                         bool uneven_stages);
+
+nlohmann::json to_json(const Layout& l);
+// Keys as train's flags: dp, tp, pp, ep, zero, sp, schedule, virtual_stages, micro_batch,
+// recompute. Missing keys keep the defaults above. ConfigError on unknown keys.
+Layout layout_from_json(const nlohmann::json& j, const std::string& source);
+
+}  // namespace tessera::plan

@@ -1,0 +1,78 @@
+// The model a plan is for, by its sizes only: GPT-2 (learned positions, pre-LayerNorm blocks, the
+// LM head tied to the token embedding), optionally with mixture-of-experts MLPs. Parameter counts
+// are global (before any sharding); nothing is allocated.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tessera/nn/gpt_config.h"
+
+namespace tessera::plan {
+
+// Mixture of experts: the MLP of some blocks becomes `experts` GPT-2 MLPs behind a linear router
+// (no bias). Block l (0-based) is an MoE block when l % every == every - 1.
+struct MoeSpec {
+  int experts = 0;  // 0: every MLP is dense
+  int top_k = 2;    // experts each token is sent to
+  int every = 1;
+  // Tokens an expert takes per micro-batch: capacity_factor * top_k * tokens / experts; 0 means
+  // dropless, which the planner models as perfectly balanced routing (the same average).
+  double capacity_factor = 0;
+  bool enabled() const { return experts > 0; }
+  bool is_moe_layer(int layer) const { return experts > 0 && layer % every == every - 1; }
+  friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
+};
+
+struct ModelSpec {
+  int layers = 4;
+  int hidden = 192;  // C (h in the papers)
+  int heads = 4;
+  int seq = 128;       // tokens per sequence in training (s)
+  int vocab = 512;     // V
+  int context = 0;     // rows of wpe, and the length activation buffers are sized for; 0 = seq
+  double dropout = 0;  // > 0: dropout masks are kept for the backward
+  MoeSpec moe;
+
+  int block_size() const { return context > 0 ? context : seq; }
+  int64_t ffn() const { return 4 * static_cast<int64_t>(hidden); }
+  int moe_layers() const;  // how many blocks are MoE blocks
+
+  // Global parameter counts.
+  int64_t embedding_params() const;  // wte [V, C] + wpe [context, C]
+  int64_t attention_params() const;  // ln_1, c_attn, attn c_proj, ln_2 of one block
+  int64_t mlp_params() const;        // one GPT-2 MLP: c_fc [C, 4C] + bias, c_proj [4C, C] + bias
+  int64_t router_params() const;     // [C, experts]
+  int64_t block_params(int layer) const;
+  int64_t head_params() const { return 2 * static_cast<int64_t>(hidden); }  // ln_f (wte tied)
+  int64_t total_params() const;
+  // Parameters each token's forward multiplies with (experts: top_k of them), without wpe: the N
+  // of PaLM's 6 N + 12 L C T model FLOPs per token.
+  int64_t active_params_without_wpe() const;
+  // Model FLOPs per token, forward + backward, no recomputation (PaLM, dense attention): 6 N + 12
+  // L C T. The numerator of MFU.
+  double model_flops_per_token() const;
+
+  friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
+};
+
+// ConfigError naming the field: non-positive sizes, heads not dividing the width, dropout outside
+// [0, 1), MoE settings out of range.
+void validate(const ModelSpec& m);
+
+// The tessera model configuration with these sizes (the pipeline split and parameter layout use
+// it).
+nn::GPTConfig to_gpt_config(const ModelSpec& m);
+
+// {"layers": .., "hidden": .., "heads": .., "seq": .., "vocab": .., "context": .., "dropout": ..,
+//  "moe": {"experts": .., "top_k": .., "every": .., "capacity_factor": ..}}
+nlohmann::json to_json(const ModelSpec& m);
+// Also accepts a Hugging Face GPT-2 config.json (n_layer, n_embd, n_head, n_positions,
+// vocab_size; seq defaults to n_positions). ConfigError on unknown keys or wrong types.
+ModelSpec model_from_json(const nlohmann::json& j, const std::string& source);
+
+std::string describe(
+    const ModelSpec& m);  // "GPT L=24 C=2304 heads=24 s=2048 V=51200, 1.65B params"
+
+}  // namespace tessera::plan

@@ -1,0 +1,422 @@
+#include "tessera/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/error.h"
+#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/schedule_generators.h"
+#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/plan/collectives.h"
+
+namespace tessera::plan {
+
+namespace {
+
+using ScheduleKey = std::tuple<std::string, int, int, int>;  // name, pp, micro-batches, v
+
+// The schedules (and their in-flight counts) of one request, built once each.
+class ScheduleCache {
+ public:
+  const parallel::Schedule& schedule(const Layout& l, int m) { return entry(l, m).schedule; }
+  const parallel::InFlight& in_flight(const Layout& l, int m) { return entry(l, m).in_flight; }
+
+ private:
+  struct Entry {
+    parallel::Schedule schedule;
+    parallel::InFlight in_flight;
+  };
+  Entry& entry(const Layout& l, int m) {
+    const ScheduleKey key{l.schedule_name(), l.pp, m, l.virtual_stages};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      Entry e;
+      e.schedule = l.pp == 1 ? parallel::single_stage_schedule(m)
+                             : parallel::make_schedule(l.schedule, l.pp, m, l.virtual_stages);
+      e.in_flight = parallel::count_in_flight(e.schedule);
+      it = cache_.emplace(key, std::move(e)).first;
+    }
+    return it->second;
+  }
+  std::map<ScheduleKey, Entry> cache_;
+};
+
+std::string gib(double bytes) {
+  return format_bytes(bytes);
+}
+
+// The part of `t` seconds of communication not hidden behind `window` seconds of compute, when a
+// fraction `overlap` of it can run concurrently.
+double exposed(double t, double window, double overlap) {
+  return (1 - overlap) * t + std::max(0.0, overlap * t - window);
+}
+
+enum class Timing { None, EstimateIfFits, Simulate };
+
+class Evaluator {
+ public:
+  explicit Evaluator(const PlanRequest& r) : r_(r) {
+    validate(r.model);
+    TESSERA_CHECK_AS(ConfigError, r.global_batch >= 1, "--batch must be positive, got ",
+                     r.global_batch);
+    engine_ = make_engine(r.engine.empty() ? r.cluster.engine : r.engine, r.engine_options);
+    precision_ = r.precision.empty() ? r.cluster.precision : r.precision;
+    peak_ = r.cluster.peak_flops(precision_);
+    rate_ = peak_ * r.cluster.matmul_efficiency;
+    mem_bw_ = r.cluster.memory_bandwidth_gbs * 1e9;
+    overlap_ = r.dp_overlap.value_or(r.cluster.dp_overlap);
+    TESSERA_CHECK_AS(ConfigError, overlap_ >= 0 && overlap_ <= 1,
+                     "--dp-overlap is a fraction between 0 and 1, got ", overlap_);
+  }
+
+  const Engine& engine() const { return *engine_; }
+
+  // Memory of every rank, and the step: simulated, estimated (layouts that fit), or not at all.
+  Prediction evaluate(const Layout& l, Timing timing) {
+    Prediction p;
+    p.layout = l;
+    p.problems = layout_problems(l, r_.model, r_.global_batch, engine_->uneven_stages());
+    const int world = l.devices(), devices = r_.cluster.devices();
+    if (world > devices && !r_.oversubscribe)
+      p.problems.push_back(detail::concat("the layout has ", world, " ranks but the cluster '",
+                                          r_.cluster.name, "' has ", devices,
+                                          " devices (plan for more with --devices, or let CPU "
+                                          "ranks share cores with --oversubscribe)"));
+    if (!p.ok()) return p;
+    share_ = std::max(1, (world + devices - 1) / devices);
+    p.capacity = r_.cluster.memory_bytes() / share_;
+    const int m = l.micro_batches(r_.global_batch);
+    p.micro_batches = m;
+
+    std::vector<StageSheet> sheets;
+    for (const parallel::UnitRange& u : engine_->split(r_.model, l))
+      sheets.push_back(engine_->stage(r_.model, l, u));
+    const parallel::InFlight& flight = cache_.in_flight(l, m);
+
+    // Memory, per pipeline rank.
+    for (int rank = 0; rank < l.pp; ++rank) {
+      std::vector<StageSheet> chunks;
+      std::vector<int> peaks;
+      for (int c = 0; c < l.virtual_stages; ++c) {
+        const size_t s = static_cast<size_t>(c * l.pp + rank);
+        chunks.push_back(sheets[s]);
+        peaks.push_back(flight.peak_in_flight[s]);
+      }
+      const double rank_peak = flight.peak_rank_activations[static_cast<size_t>(rank)];
+      MemoryTerms mem = engine_->rank_memory(r_.model, l, chunks, peaks, rank_peak, m);
+      mem.reserved = r_.cluster.reserved_gib * 1073741824.0;
+      p.in_flight.push_back(rank_peak);
+      if (p.rank_memory.empty() || mem.total() > p.memory.total()) {
+        p.memory = mem;
+        p.memory_rank = rank;
+      }
+      p.rank_memory.push_back(mem);
+      if (rank == 0) p.dp_bytes = engine_->dp_bytes_per_step(l, chunks, m);
+    }
+    p.fits = p.memory.total() <= p.capacity;
+    if (!p.fits) p.why_not = why_not(p);
+    if (timing == Timing::Simulate || (timing == Timing::EstimateIfFits && p.fits))
+      time(p, sheets, timing == Timing::Simulate);
+    return p;
+  }
+
+ private:
+  double compute_seconds(double flops, double bytes) const {
+    return share_ * (flops / rate_ + bytes / mem_bw_);
+  }
+
+  static std::string why_not(const Prediction& p) {
+    const MemoryTerms& m = p.memory;
+    std::vector<std::pair<double, std::string>> terms = {
+        {m.parameters, "parameters"},           {m.gradients, "gradients"},
+        {m.optimizer_state, "optimizer state"}, {m.activations, "activations"},
+        {m.buffers, "communication buffers"},   {m.reserved, "runtime reserve"}};
+    std::sort(terms.rbegin(), terms.rend());
+    std::string s = detail::concat("pipeline rank ", p.memory_rank, " needs ", gib(m.total()),
+                                   " per device of ", gib(p.capacity), ": ");
+    std::string list;
+    for (const auto& [v, name] : terms)
+      if (v > 0) list += (list.empty() ? "" : ", ") + name + " " + gib(v);
+    s += list;
+    if (m.model_states() > p.capacity)
+      s += " (the model states alone do not fit: more tp, pp or a higher ZeRO stage)";
+    else if (terms.front().second == "activations")
+      s += " (activations overflow: recompute, a smaller micro-batch, sp or more tp)";
+    return s;
+  }
+
+  void time(Prediction& p, const std::vector<StageSheet>& sheets, bool simulate) {
+    const Layout& l = p.layout;
+    const ClusterSpec& c = r_.cluster;
+    const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
+    const double t_ar = all_reduce_seconds(c, tp_group(c, l), sheets.front().tp_bytes);
+
+    std::vector<parallel::ActionCosts> costs;
+    std::vector<double> tp_per_mb(sheets.size()), ep_per_mb(sheets.size());
+    for (size_t s = 0; s < sheets.size(); ++s) {
+      const StageSheet& x = sheets[s];
+      const double tp_f = x.tp_fwd * t_ar, tp_b = (x.tp_bwd + x.tp_recompute) * t_ar;
+      const double t_a2a = all_to_all_seconds(c, expert_group(c, l), x.a2a_bytes);
+      const double ep_f = x.a2a_fwd * t_a2a, ep_b = x.a2a_bwd * t_a2a;
+      parallel::ActionCosts k;
+      k.forward = std::max(1e-12, compute_seconds(x.fwd_flops, x.fwd_bytes) + tp_f + ep_f);
+      k.backward = std::max(
+          2e-12, compute_seconds(x.bwd_flops + x.recompute_flops, x.bwd_bytes + x.recompute_bytes) +
+                     tp_b + ep_b);
+      k.weight = std::min(compute_seconds(x.wgrad_flops, 0), 0.5 * k.backward);
+      costs.push_back(k);
+      tp_per_mb[s] = tp_f + tp_b;
+      ep_per_mb[s] = ep_f + ep_b;
+    }
+    const double boundary = sheets.front().boundary_bytes;
+    p.p2p_seconds = pp > 1 ? p2p_seconds(c, pipeline_neighbours_share_node(c, l), boundary) : 0;
+
+    // Per rank: its chunks' work per micro-batch.
+    std::vector<double> fwd(pp, 0), bwd(pp, 0), weight(pp, 0);
+    for (int rank = 0; rank < pp; ++rank)
+      for (int ch = 0; ch < v; ++ch) {
+        const parallel::ActionCosts& k = costs[static_cast<size_t>(ch * pp + rank)];
+        fwd[rank] += k.forward;
+        bwd[rank] += k.backward;
+        weight[rank] += k.weight;
+      }
+    std::vector<double> end(pp, 0);
+    double makespan = 0;
+    if (simulate) {
+      const parallel::Schedule& sched = cache_.schedule(l, m);
+      const parallel::Simulation sim = parallel::simulate(sched, costs, p.p2p_seconds);
+      TESSERA_ASSERT(sim.deadlock.stuck.empty(), "the ", sched.name, " schedule deadlocked");
+      for (int rank = 0; rank < pp; ++rank)
+        for (const parallel::TimedAction& a : sim.ranks[static_cast<size_t>(rank)])
+          if (parallel::is_compute(a.action.kind)) end[rank] = std::max(end[rank], a.end);
+      makespan = sim.makespan;
+      p.bubble = sim.bubble_overall;
+      p.simulated = true;
+    } else {
+      makespan = estimated_makespan(l, m, fwd, bwd, weight, p.p2p_seconds);
+      std::fill(end.begin(), end.end(), makespan);
+      double busy = 0;
+      for (int rank = 0; rank < pp; ++rank) busy += m * (fwd[rank] + bwd[rank]);
+      p.bubble = makespan > 0 ? std::max(0.0, 1 - busy / (pp * makespan)) : 0;
+    }
+
+    // What follows each rank's last backward.
+    const Numerics n = engine_->numerics();
+    p.rank_time.assign(pp, RankTime{});
+    double step = 0;
+    for (int rank = 0; rank < pp; ++rank) {
+      RankTime& rt = p.rank_time[rank];
+      double dense = 0, expert = 0, tied = 0;
+      for (int ch = 0; ch < v; ++ch) {
+        const size_t s = static_cast<size_t>(ch * pp + rank);
+        dense += sheets[s].dense_elems;
+        expert += sheets[s].expert_elems;
+        tied += sheets[s].tied_wte_elems;
+        rt.tp_comm += m * tp_per_mb[s];
+        rt.ep_comm += m * ep_per_mb[s];
+      }
+      rt.compute = m * (fwd[rank] + bwd[rank]);
+      rt.end_of_backward = end[rank];
+      const Group gd = dp_group(c, l), ge = expert_replica_group(c, l);
+      auto rs = [&]() {
+        return reduce_scatter_seconds(c, gd, n.comm * dense) +
+               reduce_scatter_seconds(c, ge, n.comm * expert);
+      };
+      auto ag = [&]() {
+        return all_gather_seconds(c, gd, n.comm * dense) +
+               all_gather_seconds(c, ge, n.comm * expert);
+      };
+      switch (l.zero) {
+        case 0:
+          rt.dp_comm = 2 * rs();
+          rt.dp_exposed = exposed(rt.dp_comm, bwd[rank], overlap_);
+          break;
+        case 1:
+          rt.dp_comm = 2 * rs();
+          rt.dp_exposed = exposed(rs(), bwd[rank], overlap_) + ag();
+          break;
+        case 2:
+          rt.dp_comm = m * rs() + ag();
+          rt.dp_exposed = m * exposed(rs(), bwd[rank], overlap_) + ag();
+          break;
+        default:
+          rt.dp_comm = m * (rs() + 2 * ag());
+          rt.dp_exposed =
+              m * (exposed(rs() + ag(), bwd[rank], overlap_) + exposed(ag(), fwd[rank], overlap_));
+      }
+      if (tied > 0) {
+        const double t_emb = all_reduce_seconds(c, embedding_group(c, l), n.comm * tied);
+        rt.dp_comm += t_emb;
+        rt.dp_exposed += t_emb;
+      }
+      const double updated =
+          (l.zero >= 1 ? dense / l.dp : dense) + (l.zero >= 1 ? expert / (l.dp / l.ep) : expert);
+      rt.optimizer = share_ * n.optimizer_traffic * updated / mem_bw_;
+      const double done = rt.end_of_backward + rt.dp_exposed + rt.optimizer;
+      if (done > step) {
+        step = done;
+        p.critical_rank = rank;
+      }
+    }
+    p.step_seconds = step;
+
+    // Throughput and utilisation.
+    const double tokens = static_cast<double>(r_.global_batch) * r_.model.seq;
+    p.tokens_per_second = tokens / step;
+    double hw = 0;
+    for (const StageSheet& x : sheets) hw += x.fwd_flops + x.bwd_flops + x.recompute_flops;
+    p.hardware_flops_per_step = hw * l.tp * l.dp * m;
+    p.model_flops_per_step = r_.model.model_flops_per_token() * tokens;
+    const double devices = std::min(l.devices(), c.devices());
+    p.mfu = p.model_flops_per_step / (step * devices * peak_);
+    p.hfu = p.hardware_flops_per_step / (step * devices * peak_);
+    p.tflops_per_device = p.hardware_flops_per_step / (step * l.devices()) / 1e12;
+
+    // Bytes per step of pipeline rank 0.
+    double tp_bytes = 0, p2p = 0;
+    const int last = pp * v - 1;
+    for (int ch = 0; ch < v; ++ch) {
+      const size_t s = static_cast<size_t>(ch * pp);
+      const StageSheet& x = sheets[s];
+      if (l.tp > 1)
+        tp_bytes += m * (x.tp_fwd + x.tp_bwd + x.tp_recompute) * x.tp_bytes * 2 * (l.tp - 1) / l.tp;
+      if (static_cast<int>(s) != last) p2p += m * x.boundary_bytes;
+      if (s != 0) p2p += m * x.boundary_bytes;
+    }
+    p.tp_bytes = tp_bytes;
+    p.p2p_bytes = pp > 1 ? p2p : 0;
+  }
+
+  // The step's compute phase without the simulator: the slowest rank's work for every
+  // micro-batch plus the fill and drain of the pipeline (the closed-form bubbles of
+  // docs/ARCHITECTURE.md with the ranks' own costs), and two transfers per stage boundary.
+  static double estimated_makespan(const Layout& l, int m, const std::vector<double>& fwd,
+                                   const std::vector<double>& bwd, const std::vector<double>& w,
+                                   double p2p) {
+    const int p = l.pp;
+    double slowest = 0, sum = 0, zb_idle = 0;
+    for (int r = 0; r < p; ++r) {
+      slowest = std::max(slowest, fwd[r] + bwd[r]);
+      sum += fwd[r] + bwd[r];
+      zb_idle += fwd[r] + bwd[r] - 2 * w[r];
+    }
+    if (p == 1) return m * slowest;
+    const double fill_p2p = 2 * (p - 1) * p2p;
+    const double mean = sum / p;
+    if (l.schedule == "interleaved")
+      return m * slowest + (p - 1) * mean / l.virtual_stages + l.virtual_stages * fill_p2p;
+    if (l.schedule == "zb-h1") return m * slowest + (p - 1) * zb_idle / p + fill_p2p;
+    return (m - 1) * slowest + sum + fill_p2p;  // gpipe, 1f1b
+  }
+
+  const PlanRequest& r_;
+  std::unique_ptr<Engine> engine_;
+  std::string precision_;
+  double peak_ = 0, rate_ = 0, mem_bw_ = 0, overlap_ = 0;
+  int share_ = 1;
+  ScheduleCache cache_;
+};
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+template <typename T>
+std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+}  // namespace
+
+Prediction plan_layout(const PlanRequest& r, const Layout& l) {
+  Evaluator e(r);
+  return e.evaluate(l, Timing::Simulate);
+}
+
+Ranking rank_layouts(const PlanRequest& r, int devices, const LayoutSpace& space,
+                     int simulate_top) {
+  Evaluator e(r);
+  Ranking out;
+  out.devices = devices;
+  const ModelSpec& m = r.model;
+  const int per_node = r.cluster.devices_per_node;
+  for (int tp : choices(space.tp, divisors(devices))) {
+    if (space.tp_within_node && !space.tp && tp > per_node) continue;
+    for (int pp : choices(space.pp, divisors(devices / std::max(1, tp)))) {
+      if (devices % (tp * pp) != 0) continue;
+      const int dp = devices / (tp * pp);
+      if (space.dp && *space.dp != dp) continue;
+      std::vector<int> eps = {1};
+      if (m.moe.enabled()) eps = divisors(dp);
+      for (int ep : choices(space.ep, eps))
+        for (int zero :
+             choices(space.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
+          for (bool sp : choices(
+                   space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+            for (int mb : choices(space.micro_batch, space.micro_batch_sizes))
+              for (nn::Recompute rc :
+                   choices(space.recompute,
+                           {nn::Recompute::None, nn::Recompute::Selective, nn::Recompute::Full})) {
+                std::vector<std::pair<std::string, int>> schedules;
+                if (pp == 1) {
+                  schedules.push_back({"1f1b", 1});
+                } else {
+                  for (const std::string& s : parallel::schedule_names()) {
+                    if (space.schedule && *space.schedule != s) continue;
+                    if (s != "interleaved") {
+                      if (!space.virtual_stages || *space.virtual_stages == 1)
+                        schedules.push_back({s, 1});
+                      continue;
+                    }
+                    for (int vs = 2; vs <= space.max_virtual_stages; ++vs)
+                      if (!space.virtual_stages || *space.virtual_stages == vs)
+                        schedules.push_back({s, vs});
+                  }
+                }
+                for (const auto& [sched, vs] : schedules) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.ep = ep;
+                  l.zero = zero;
+                  l.sp = sp;
+                  l.schedule = sched;
+                  l.virtual_stages = vs;
+                  l.micro_batch = mb;
+                  l.recompute = rc;
+                  Prediction p = e.evaluate(l, Timing::EstimateIfFits);
+                  if (!p.ok()) {
+                    ++out.skipped;
+                    continue;
+                  }
+                  ++out.considered;
+                  (p.fits ? out.fitting : out.not_fitting).push_back(std::move(p));
+                }
+              }
+    }
+  }
+  auto faster = [](const Prediction& a, const Prediction& b) {
+    return a.step_seconds < b.step_seconds;
+  };
+  std::sort(out.fitting.begin(), out.fitting.end(), faster);
+  const size_t top = std::min(out.fitting.size(), static_cast<size_t>(std::max(0, simulate_top)));
+  for (size_t i = 0; i < top; ++i)
+    out.fitting[i] = e.evaluate(out.fitting[i].layout, Timing::Simulate);
+  out.simulated = static_cast<int>(top);
+  std::sort(out.fitting.begin(), out.fitting.begin() + static_cast<long>(top), faster);
+  std::sort(
+      out.not_fitting.begin(), out.not_fitting.end(),
+      [](const Prediction& a, const Prediction& b) { return a.memory.total() < b.memory.total(); });
+  return out;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,115 @@
+#include "tessera/plan/work.h"
+
+#include <algorithm>
+
+#include "tessera/kernels/attention.h"
+
+namespace tessera::plan {
+
+UnitWork& UnitWork::operator+=(const UnitWork& o) {
+  fwd_flops += o.fwd_flops;
+  bwd_flops += o.bwd_flops;
+  wgrad_flops += o.wgrad_flops;
+  recompute_flops += o.recompute_flops;
+  fwd_bytes += o.fwd_bytes;
+  bwd_bytes += o.bwd_bytes;
+  recompute_bytes += o.recompute_bytes;
+  tp_fwd += o.tp_fwd;
+  tp_bwd += o.tp_bwd;
+  tp_recompute += o.tp_recompute;
+  a2a_fwd += o.a2a_fwd;
+  a2a_bwd += o.a2a_bwd;
+  a2a_bytes = std::max(a2a_bytes, o.a2a_bytes);
+  return *this;
+}
+
+double causal_block_fraction(int T) {
+  const int blk = kernels::kAttentionBlock;
+  double computed = 0;
+  for (int r0 = 0; r0 < T; r0 += blk) {
+    const int r1 = std::min(T, r0 + blk);
+    computed += static_cast<double>(r1 - r0) * r1;
+  }
+  return computed / (static_cast<double>(T) * T);
+}
+
+int64_t vocab_local(int64_t vocab, int tp) {
+  return (vocab + tp - 1) / tp;
+}
+
+namespace {
+
+UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRules& r) {
+  const double t = l.tp, C = m.hidden, s = m.seq, b = l.micro_batch, BT = b * s;
+  const double heads_local = m.heads / t;
+  const double f = r.causal_blocks ? causal_block_fraction(m.seq) : 1.0;
+  const bool moe = m.moe.is_moe_layer(layer);
+  const double cap = m.moe.capacity_factor > 0 ? std::max(1.0, m.moe.capacity_factor) : 1.0;
+  const double k = moe ? m.moe.top_k * cap : 1.0;  // MLP passes per token
+  const bool drop = m.dropout > 0;
+  const double e = r.act_bytes;
+  const double repl = l.sp ? 1.0 / t : 1.0;  // sequence parallelism splits the replicated parts
+
+  UnitWork w;
+  const double attn_linear = 2 * BT * (3 * C * C + C * C) / t;
+  const double mlp_linear = k * 2 * BT * (8 * C * C) / t;
+  const double router = moe ? 2 * BT * C * m.moe.experts : 0;
+  const double core = 4 * b * s * s * C * f / t;  // Q K^T and P V
+  const double linear = attn_linear + mlp_linear + router;
+  w.fwd_flops = linear + core;
+  w.bwd_flops = 2 * w.fwd_flops;
+  w.wgrad_flops = linear;
+
+  // Elementwise traffic per token: LayerNorms, residual branches (bias, dropout, add), GELU,
+  // the causal softmax (and the probabilities' dropout); MoE dispatch and combine copies.
+  const double branch = drop ? 7 * C * e + C : 3 * C * e;
+  const double scores = heads_local * s * (r.causal_blocks ? f : 1.0) * r.score_bytes;
+  const double softmax = 2 * scores * (drop ? 2 : 1);
+  double per_token = (4 * C * e + 2 * branch) * repl + k * 8 * C / t * e + softmax;
+  if (moe) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;
+  w.fwd_bytes = BT * per_token;
+  w.bwd_bytes = 2 * w.fwd_bytes;
+
+  if (l.recompute == nn::Recompute::Selective) {
+    w.recompute_flops = core;
+    w.recompute_bytes = BT * softmax;
+  } else if (l.recompute == nn::Recompute::Full) {
+    w.recompute_flops = w.fwd_flops - (r.recompute_skips_last_projection ? mlp_linear / 2 : 0);
+    w.recompute_bytes = w.fwd_bytes;
+  }
+  if (l.tp > 1) {
+    w.tp_fwd = 2;
+    w.tp_bwd = 2;
+    w.tp_recompute = l.recompute == nn::Recompute::Full ? r.recompute_tp_collectives : 0;
+  }
+  if (moe && l.ep > 1) {
+    w.a2a_fwd = 2;  // dispatch, combine
+    w.a2a_bwd = 2 + (l.recompute == nn::Recompute::Full ? 2 : 0);
+    w.a2a_bytes = m.moe.top_k * cap * BT * C * e;
+  }
+  return w;
+}
+
+}  // namespace
+
+UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r) {
+  const double C = m.hidden, BT = static_cast<double>(l.micro_batch) * m.seq, e = r.act_bytes;
+  UnitWork w;
+  if (unit == 0) {  // a gather forward, a scatter-add backward
+    w.fwd_bytes = BT * 3 * C * e;
+    w.bwd_bytes = BT * 3 * C * e;
+    w.tp_fwd = l.tp > 1 ? 1 : 0;
+    return w;
+  }
+  if (unit <= m.layers) return block_work(m, l, unit - 1, r);
+  const double V = static_cast<double>(vocab_local(m.vocab, l.tp));
+  w.fwd_flops = 2 * BT * C * V;
+  w.bwd_flops = 2 * w.fwd_flops;
+  w.wgrad_flops = w.fwd_flops;
+  w.fwd_bytes = BT * (2 * C * e + V * r.logit_bytes);
+  w.bwd_bytes = BT * (4 * C * e + 2 * V * r.logit_bytes);
+  w.tp_bwd = l.tp > 1 ? 1 : 0;
+  return w;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,51 @@
+// The work of one unit (the embedding, a block, the head) per micro-batch on one device of its
+// tensor-parallel group: matmul FLOPs, memory traffic of the elementwise kernels, and the
+// collectives it runs. Both engines count FLOPs the same way; they differ in element sizes, in
+// how attention is computed and in what a full recomputation reruns (WorkRules).
+//
+// FLOPs per micro-batch of b sequences of s tokens (BT = b s), width C, t tensor-parallel ranks:
+//   block forward   24 BT C^2 / t (c_attn, attn c_proj, c_fc, mlp c_proj) + 4 b s^2 C f / t
+//                   (Q K^T and P V; f = 1 dense, or the causal share tessera's blocked kernel
+//                   computes), MoE MLPs: top_k x 16 BT C^2 / t x max(capacity factor, 1) + router
+//   head forward    2 BT C V_local (the tied projection)
+//   backward        2 x forward (input and weight gradients); the weight part W = the linear
+//                   layers' forward FLOPs
+// Summed over a model, forward + backward + a full recomputation gives Narayanan et al. 2021's
+// 96 B s l h^2 (1 + s / 6h + V / 16 l h) exactly (tested).
+#pragma once
+
+#include "tessera/plan/layout.h"
+#include "tessera/plan/model_spec.h"
+
+namespace tessera::plan {
+
+struct WorkRules {
+  double act_bytes = 4;       // bytes of an activation element
+  double score_bytes = 4;     // of an attention score / probability
+  double logit_bytes = 4;     // of a logit (Megatron keeps them in fp32)
+  bool causal_blocks = true;  // tessera computes only the causal blocks of 64 query rows
+  // tessera's full recomputation skips the block's last projection (its output is not needed).
+  bool recompute_skips_last_projection = true;
+  int recompute_tp_collectives = 1;  // all-reduces a recomputed block forward runs
+};
+
+struct UnitWork {
+  double fwd_flops = 0, bwd_flops = 0, wgrad_flops = 0, recompute_flops = 0;
+  double fwd_bytes = 0, bwd_bytes = 0, recompute_bytes = 0;
+  int tp_fwd = 0, tp_bwd = 0, tp_recompute = 0;
+  int a2a_fwd = 0, a2a_bwd = 0;
+  double a2a_bytes = 0;
+  UnitWork& operator+=(const UnitWork& o);
+};
+
+// The share of the dense T x T score matrix tessera's attention kernel computes (blocks of
+// kernels::kAttentionBlock query rows against the keys up to the block's end).
+double causal_block_fraction(int T);
+
+// Work of unit `unit` (0 embedding, 1..L blocks, L + 1 head) per micro-batch.
+UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r);
+
+// Local vocabulary rows of tensor-parallel rank 0 (the largest shard): ceil(V / t).
+int64_t vocab_local(int64_t vocab, int tp);
+
+}  // namespace tessera::plan
