@@ -38,17 +38,18 @@ struct TrainConfig {
   uint64_t seed = 1337;
 
   // Parallelism.
-  int dp = 1;                    // data-parallel ranks (threads here, or the processes of mpirun)
-  int tp = 1;                    // tensor-parallel ranks per data-parallel replica (world = dp*tp)
-  int pp = 1;                    // pipeline stages (ranks); world = pp * dp * tp
-  std::string pp_split;          // units per model stage, e.g. "4,4"; "" = balanced by cost
+  int dp = 1;                     // data-parallel ranks (threads here, or the processes of mpirun)
+  int tp = 1;                     // tensor-parallel ranks per data-parallel replica (world = dp*tp)
+  bool sp = false;                // sequence parallelism inside the tensor-parallel group (tp > 1)
+  int pp = 1;                     // pipeline stages (ranks); world = pp * dp * tp
+  std::string pp_split;           // units per model stage, e.g. "4,4"; "" = balanced by cost
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved schedule)
-  int zero = 0;                  // ZeRO stage 0..3
-  double bucket_mb = 25;         // gradient bucket size (MiB)
-  bool overlap = true;           // overlap bucket communication with backward
-  std::string backend = "auto";  // auto | inproc | mpi
-  std::string trace;             // Chrome trace-event JSON of the run's timeline
+  int zero = 0;                   // ZeRO stage 0..3
+  double bucket_mb = 25;          // gradient bucket size (MiB)
+  bool overlap = true;            // overlap bucket communication with backward
+  std::string backend = "auto";   // auto | inproc | mpi
+  std::string trace;              // Chrome trace-event JSON of the run's timeline
   std::string recompute = "none";  // activation recomputation: none | selective | full
 
   // Run.

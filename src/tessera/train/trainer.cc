@@ -35,8 +35,8 @@
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
-#include "tessera/train/progress.h"
 #include "tessera/train/pipeline_forward.h"
+#include "tessera/train/progress.h"
 #include "tessera/train/step_executor.h"
 
 namespace tessera::train {
@@ -209,6 +209,7 @@ class RankRun {
   const int per_rank_, micro_, n_micro_;
   const int64_t tokens_per_step_;
   parallel::DataParallelOptions dpo_;
+  nn::TensorParallelTraffic tp_traffic_;  // bytes this rank sent in tensor-parallel collectives
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::optional<StepExecutor> executor_;
   std::optional<PipelineForward> forward_;  // evaluation and sampling
@@ -227,10 +228,11 @@ class RankRun {
 };
 
 nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo,
-                           const parallel::Mesh& mesh, const parallel::UnitRange& units) {
+                           const parallel::Mesh& mesh, const parallel::UnitRange& units,
+                           nn::TensorParallelTraffic* traffic) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
-  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp()};
+  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
   base.first_unit = units.first;
   base.last_unit = units.last;
   return parallel::gpt_layout_for(dpo, cfg.dp, base);
@@ -247,8 +249,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       plan_(plan),
       world_(world),
       mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp}),
-      split_(parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages,
-                                      cfg.pp_split)),
+      split_(
+          parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
       lead_(world.rank() == 0),
       log_(lead_ ? log : nullptr),
       alloc_("rank " + std::to_string(world.rank()),
@@ -274,16 +276,19 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   if (plan.split.validation.size() > cfg.seq)
     val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
   const parallel::ModelParallelGroups groups{world.size() > cfg.dp ? &world : nullptr,
-                                             cfg.tp > 1 ? &mesh_.tp() : nullptr};
+                                             cfg.tp > 1 ? &mesh_.tp() : nullptr,
+                                             cfg.sp ? &mesh_.stage() : nullptr};
   for (int c = 0; c < cfg.virtual_stages; ++c) {
-    const parallel::UnitRange& units = split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
+    const parallel::UnitRange& units =
+        split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
     chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
-                                              model_layout(cfg, dpo_, mesh_, units), mesh_.dp(),
-                                              dpo_, groups));
+                                              model_layout(cfg, dpo_, mesh_, units, &tp_traffic_),
+                                              mesh_.dp(), dpo_, groups));
     chunks_.back()->engine.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
       return make_optimizer(std::move(segs), n);
     });
   }
+  boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
   comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
   executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding()});
   forward_.emplace(models(), pp);
@@ -371,13 +376,14 @@ void RankRun::print_header() {
   std::snprintf(
       line, sizeof line,
       "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | tp %d | pp %d | zero %d | recompute %s | %s "
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d%s | pp %d | zero %d | recompute %s | %s "
       "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
       m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
       static_cast<double>(first_model().num_params_without_wpe() +
                           static_cast<int64_t>(m.block_size) * m.n_embd) /
           1e6,
-      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.pp, cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp,
+      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -399,6 +405,7 @@ void RankRun::train_step() {
     c->engine.reset_volume();
     c->engine.begin_step();
   }
+  tp_traffic_ = {};
   const data::SamplerPosition pos = sampler_.position();
   const int dp_rank = mesh_.dp_rank();
   auto fetch = [&](int m) {
@@ -412,26 +419,26 @@ void RankRun::train_step() {
   executor_->run(
       schedule_, mesh_.pp_rank(), ctx, fetch,
       [&](double local_loss_sum) {
-    if (cfg_.pp == 1) {
-      loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
-    } else {  // the last stage's tensor-parallel rank 0 of each replica has the loss
-      const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
-      loss = parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
-    }
-    norm = global_grad_norm();
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string where = first_non_finite();
-      throw NumericError(detail::concat(
-          "training diverged at step ", step_ + 1, ": the loss is ", loss,
-          " and the gradient norm ", norm, "; first non-finite tensor: ",
-          where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
-          ". Try a lower --lr or --grad-clip 1."));
-    }
-    for (auto& c : chunks_) {
-      if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
-      c->engine.optimizer_step(lr);
-    }
-  },
+        if (cfg_.pp == 1) {
+          loss = parallel::all_reduce_sum(mesh_.dp(), local_loss_sum) / tokens_per_step_;
+        } else {  // the last stage's tensor-parallel rank 0 of each replica has the loss
+          const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
+          loss = parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
+        }
+        norm = global_grad_norm();
+        if (!std::isfinite(loss) || !std::isfinite(norm)) {
+          const std::string where = first_non_finite();
+          throw NumericError(detail::concat(
+              "training diverged at step ", step_ + 1, ": the loss is ", loss,
+              " and the gradient norm ", norm, "; first non-finite tensor: ",
+              where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
+              ". Try a lower --lr or --grad-clip 1."));
+        }
+        for (auto& c : chunks_) {
+          if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
+          c->engine.optimizer_step(lr);
+        }
+      },
       boundary_elems_);
   if (step_ > result_.first_step) {  // the first step allocates; it is not timed
     timing_sum_.compute_seconds += executor_->timing().compute_seconds;
@@ -444,9 +451,10 @@ void RankRun::train_step() {
 void RankRun::after_step(double loss, double norm, float lr, double secs) {
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
-  double comm_bytes = 0;
+  double comm_bytes = tp_traffic_.total();
   for (auto& c : chunks_) comm_bytes += c->engine.volume().total();
   result_.comm_bytes_per_step = comm_bytes;
+  result_.tp_bytes_per_step = tp_traffic_.total();
   StepStats st;
   st.step = step_ + 1;
   st.total_steps = cfg_.steps;
@@ -467,7 +475,8 @@ void RankRun::after_step(double loss, double norm, float lr, double secs) {
                    {"tokens_per_s", st.tokens_per_s},
                    {"flops_per_s", st.flops_per_s},
                    {"step_ms", secs * 1e3},
-                   {"comm_bytes_per_rank", comm_bytes}});
+                   {"comm_bytes_per_rank", comm_bytes},
+                   {"tp_bytes_per_rank", tp_traffic_.total()}});
   if (pl_) pl_->update(st);
 }
 
@@ -492,8 +501,7 @@ void RankRun::save(int64_t at_step) {
                {"optimizer_steps", opt.steps()},
                {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
                {"config", to_json(cfg_)},
-               {"layout",
-                {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
+               {"layout", {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
                {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     export_weights(c.model, plan_.mcfg, cfg_.save);

@@ -23,6 +23,7 @@ struct TrainResult {
   std::vector<std::string> memory_reports;  // one line per rank: allocator peaks by category
   std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
+  double tp_bytes_per_step = 0;             // of which in tensor-parallel collectives
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start
   // to the end of the rank's last forward or backward, over the steps after the first).
@@ -30,9 +31,9 @@ struct TrainResult {
   std::vector<double> measured_bubble;
 };
 
-// Runs the whole job: cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc backend), or this
-// process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically under
-// mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
+// Runs the whole job: cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc backend),
+// or this process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically
+// under mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
 // `log` receives the progress line and messages (nullptr: silent); rank 0's result is returned
 // (other MPI ranks return theirs).
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
