@@ -5,7 +5,10 @@
 # sequence's work, not the batch). The three runs are interleaved (1, tp, sp; then sp, 1, tp;
 # ...) REPEATS times; each run's figure is its median step (the first step is not timed), and
 # the speed-ups are the ratios within one round, reported with their medians and how many
-# rounds met the targets (1.8x for tp=2, 1.75x for tp=2 --sp). For every layout it also prints
+# rounds met the targets (1.8x for tp=2, 1.75x for tp=2 --sp). Because a loaded machine does not
+# give the ranks their cores, it also reports the process CPU time per step (every rank's thread):
+# t x CPU(one rank) / CPU(t ranks) is the speed-up t dedicated cores would give if no rank ever
+# waited (spinning waits count as CPU time, so it errs low). For every layout it also prints
 # each rank's activation and model-state peaks and the bytes each rank sent per step, next to
 # the formulas of docs/PERFORMANCE.md.
 #
@@ -50,6 +53,10 @@ def median_tokens(path):
     rows = [json.loads(x) for x in open(path) if '"tokens_per_s"' in x]
     return statistics.median(r["tokens_per_s"] for r in rows[1:]), rows[-1]
 
+def median_cpu_ms(path):
+    rows = [json.loads(x) for x in open(path) if '"process_cpu_ms"' in x]
+    return statistics.median(r["process_cpu_ms"] for r in rows[1:])
+
 def peaks(log):  # per rank: activations and model state (parameters + gradients + optimizer)
     unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     res = []
@@ -84,9 +91,11 @@ def formulas(tt, sp):
 
 one = {}
 tok = {l: [] for l in ("one", "tp", "sp")}
+cpu = {l: [] for l in tok}
 for r in range(1, repeats + 1):
     for l in tok:
         tok[l].append(median_tokens(f"{out}/{l}.{r}.jsonl")[0])
+        cpu[l].append(median_cpu_ms(f"{out}/{l}.{r}.jsonl"))
 print(f"\ntokens/s per round (median step), GPT L={L} C={C} heads {a} T={T} V={V} B={B}:")
 print(f"{'round':>5} {'tp=1':>8} {'tp='+str(t):>8} {'tp='+str(t)+' sp':>9} {'tp/1':>6} {'sp/1':>6}")
 ratios_tp, ratios_sp = [], []
@@ -97,6 +106,14 @@ for i in range(repeats):
 print(f"median speed-up: tp={t} {statistics.median(ratios_tp):.2f}x "
       f"({sum(x >= 1.8 for x in ratios_tp)} of {repeats} rounds >= 1.8x), tp={t} --sp "
       f"{statistics.median(ratios_sp):.2f}x ({sum(x >= 1.75 for x in ratios_sp)} of {repeats} rounds >= 1.75x)")
+print(f"\nprocess CPU ms per step (all ranks), median over steps:")
+print(f"{'round':>5} {'tp=1':>8} {'tp='+str(t):>8} {'tp='+str(t)+' sp':>9} {'t x cpu1/cpu_tp':>16} {'t x cpu1/cpu_sp':>16}")
+bound_tp, bound_sp = [], []
+for i in range(repeats):
+    bt, bs = t * cpu["one"][i] / cpu["tp"][i], t * cpu["one"][i] / cpu["sp"][i]
+    bound_tp.append(bt); bound_sp.append(bs)
+    print(f"{i + 1:>5} {cpu['one'][i]:>8.0f} {cpu['tp'][i]:>8.0f} {cpu['sp'][i]:>9.0f} {bt:>16.2f} {bs:>16.2f}")
+print(f"median CPU-time bound: tp={t} {statistics.median(bound_tp):.2f}x, tp={t} --sp {statistics.median(bound_sp):.2f}x")
 print("\nper rank (rank 0 of each layout; every rank is printed in the logs):")
 print(f"{'layout':>9} {'activations MiB':>16} {'formula':>8} {'err':>6} {'model state MiB':>16} {'formula':>8} "
       f"{'err':>6} {'sent MiB/step':>14} {'formula':>8} {'err':>6}")

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -488,8 +489,28 @@ std::vector<Layout> layouts() {
 INSTANTIATE_TEST_SUITE_P(Layouts, SequenceParallelTraining, ::testing::ValuesIn(layouts()),
                          [](const auto& info) { return layout_name(info.param); });
 
-// Sequence parallelism inside each stage of a pipeline (zero-bubble: the split backward keeps
-// the all-gathered LayerNorm outputs for W), 4 micro-batches of one sequence.
+// A micro-batch's rows that tp does not divide (one sequence of 15 tokens: 8 + 7 rows at tp = 2,
+// 4 + 4 + 4 + 3 at tp = 4): the same training.
+TEST(SequenceParallelTraining, RowsNotDivisibleByTp) {
+  auto dir = temp_dir("sp_uneven");
+  TrainConfig c = sp_config(dir);
+  c.seq = 15;
+  c.batch = 4;
+  c.micro_batch = 1;
+  c.steps = 6;
+  const Reference ref = run_reference("one", c, dir);
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    c.tp = tp;
+    c.sp = true;
+    expect_same_run(ref, run_reference("tp" + std::to_string(tp), c, dir), 5e-5);
+  }
+}
+
+// Sequence parallelism inside each stage of a pipeline: the stages pass their rows on. 4
+// micro-batches of one sequence. The suite runs zero-bubble (its split backward keeps the
+// all-gathered LayerNorm outputs for W); TESSERA_TP_GRID=1 every schedule, with and without full
+// recomputation. Weights: 5e-5, as for two split axes above.
 TEST(SequenceParallelTraining, InsidePipelineStages) {
   auto dir = temp_dir("sp_pp");
   TrainConfig c = sp_config(dir);
@@ -498,11 +519,22 @@ TEST(SequenceParallelTraining, InsidePipelineStages) {
   c.micro_batch = 1;
   c.steps = 6;
   const Reference ref = run_reference("one", c, dir);
-  c.pp = 2;
-  c.tp = 2;
-  c.sp = true;
-  c.schedule = "zb-h1";
-  expect_same_run(ref, run_reference("pp2_tp2_sp", c, dir), 5e-5);
+  const char* grid = std::getenv("TESSERA_TP_GRID");
+  const bool all = grid != nullptr && std::string(grid) == "1";
+  std::vector<std::string> schedules = {"zb-h1"}, modes = {"none"};
+  if (all) schedules = {"gpipe", "1f1b", "interleaved", "zb-h1"}, modes = {"none", "full"};
+  for (const std::string& schedule : schedules) {
+    for (const std::string& mode : modes) {
+      SCOPED_TRACE(schedule + " recompute " + mode);
+      c.pp = 2;
+      c.tp = 2;
+      c.sp = true;
+      c.schedule = schedule;
+      c.virtual_stages = schedule == "interleaved" ? 2 : 1;
+      c.recompute = mode;
+      expect_same_run(ref, run_reference("pp2_tp2_sp_" + schedule + "_" + mode, c, dir), 5e-5);
+    }
+  }
 }
 
 // Saved at tp = 2 with --sp halfway, resumed without it, at tp = 1, and at tp = 4 dp = 2 ZeRO-3

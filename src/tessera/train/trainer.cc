@@ -1,6 +1,7 @@
 #include "tessera/train/trainer.h"
 
 #include <cblas.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -151,6 +152,13 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   return plan;
 }
 
+// CPU seconds of this process so far: every rank thread of an inproc job, and BLAS's threads.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 size_t model_state_peak(const Allocator& a) {
   return a.peak(MemCategory::Parameters) + a.peak(MemCategory::Gradients) +
          a.peak(MemCategory::OptimizerState);
@@ -168,7 +176,7 @@ class RankRun {
   void restore_or_initialize();
   void print_header();
   void train_step();
-  void after_step(double loss, double norm, float lr, double secs);
+  void after_step(double loss, double norm, float lr, double secs, double cpu_secs);
   void save(int64_t at_step);
   void validate(int64_t at_step);
   void sample();
@@ -400,6 +408,7 @@ void RankRun::print_header() {
 
 void RankRun::train_step() {
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
   for (auto& c : chunks_) {
     c->engine.reset_volume();
@@ -445,10 +454,11 @@ void RankRun::train_step() {
     timing_sum_.pipeline_seconds += executor_->timing().pipeline_seconds;
   }
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
-  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count());
+  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
+             process_cpu_seconds() - cpu0);
 }
 
-void RankRun::after_step(double loss, double norm, float lr, double secs) {
+void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
   double comm_bytes = tp_traffic_.total();
@@ -475,6 +485,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs) {
                    {"tokens_per_s", st.tokens_per_s},
                    {"flops_per_s", st.flops_per_s},
                    {"step_ms", secs * 1e3},
+                   {"process_cpu_ms", cpu_secs * 1e3},
                    {"comm_bytes_per_rank", comm_bytes},
                    {"tp_bytes_per_rank", tp_traffic_.total()}});
   if (pl_) pl_->update(st);
