@@ -23,7 +23,8 @@ struct Reference {
   std::map<std::string, std::vector<float>> weights;
 };
 
-inline Reference run_reference(const std::string& name, TrainConfig c, const std::filesystem::path& dir) {
+inline Reference run_reference(const std::string& name, TrainConfig c,
+                               const std::filesystem::path& dir) {
   c.save = (dir / name).string();
   c.metrics = (dir / (name + ".jsonl")).string();
   Reference r;
@@ -50,6 +51,15 @@ inline void expect_same_run(const Reference& ref, const Reference& got, double w
     EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 1e-5 * ref.grad_norms[i])
         << "gradient norm, step " << i + 1;
   expect_same_weights(ref.weights, got.weights, weight_rel);
+}
+
+// A run resumed from a checkpoint at step `at` continues `whole`: its losses within 1e-5 relative.
+inline void expect_resumed(const TrainResult& whole, const TrainResult& rest, int64_t at) {
+  EXPECT_EQ(rest.first_step, at);
+  ASSERT_EQ(rest.losses.size(), whole.losses.size() - static_cast<size_t>(at));
+  for (size_t i = 0; i < rest.losses.size(); ++i)
+    EXPECT_NEAR(rest.losses[i], whole.losses[at + i], 1e-5 * std::abs(whole.losses[at + i]))
+        << "step " << at + i + 1;
 }
 
 }  // namespace tessera::train::testing

@@ -29,6 +29,7 @@
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/train/trainer.h"
 #include "tp_layer_fixture.h"
+#include "tp_train_fixture.h"
 #include "train_fixture.h"
 
 namespace tessera::nn {
@@ -164,6 +165,18 @@ std::vector<SpOut> on_sp_ranks(int t, Body body) {
   return outs;
 }
 
+// The same body on one rank without a group (the single-device module).
+template <typename Body>
+SpOut one_device(Body body) {
+  SpOut out;
+  comm::run_inproc(1, [&](comm::Communicator&) {
+    Allocator alloc("one device");
+    CurrentAllocatorScope scope(alloc);
+    out = body(TensorSplit{}, alloc);
+  });
+  return out;
+}
+
 // Each rank's rows equal one device's; the partial gradients (exactly `partial`) summed over the
 // ranks, and every other gradient shard as it is, equal one device's gradients.
 void expect_sp_equivalent(const RankOut& one, std::vector<SpOut> sp, int64_t width,
@@ -232,12 +245,7 @@ TEST_P(SequenceParallelLayers, EmbeddingEqualsOneDevice) {
     s.partial = marked_partial(ps);
     return s;
   };
-  std::vector<SpOut> one(1);
-  comm::run_inproc(1, [&](comm::Communicator&) {
-    Allocator alloc("one");
-    CurrentAllocatorScope scope(alloc);
-    one[0] = run(TensorSplit{}, alloc);
-  });
+  const std::vector<SpOut> one = {one_device(run)};
   const auto sp = on_sp_ranks(k.t, run);
   // The lookup is exact (one rank's row value plus zeros), and so are the rank's rows.
   for (const SpOut& s : sp)
@@ -272,12 +280,7 @@ TEST_P(SequenceParallelLayers, HeadEqualsOneDeviceFromItsRows) {
     s.partial = marked_partial(ps);
     return s;
   };
-  std::vector<SpOut> one(1);
-  comm::run_inproc(1, [&](comm::Communicator&) {
-    Allocator alloc("one");
-    CurrentAllocatorScope scope(alloc);
-    one[0] = run(TensorSplit{}, alloc);
-  });
+  const std::vector<SpOut> one = {one_device(run)};
   expect_sp_equivalent(one[0].o, on_sp_ranks(k.t, run), C, {"ln_f.bias", "ln_f.weight"}, 1e-5);
 }
 
@@ -316,12 +319,8 @@ TEST_P(SequenceParallelLayers, BlockEqualsOneDeviceInEveryRecomputeMode) {
   for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     for (bool defer : {false, true}) {
       SCOPED_TRACE(std::string(to_string(rc)) + (defer ? " split BI/W" : ""));
-      std::vector<SpOut> one(1);
-      comm::run_inproc(1, [&](comm::Communicator&) {
-        Allocator alloc("one");
-        CurrentAllocatorScope scope(alloc);
-        one[0] = run_block(cfg, d, rc, defer, TensorSplit{}, alloc);
-      });
+      auto run = [&](TensorSplit s, Allocator& a) { return run_block(cfg, d, rc, defer, s, a); };
+      const std::vector<SpOut> one = {one_device(run)};
       const auto sp = on_sp_ranks(
           k.t, [&](TensorSplit s, Allocator& a) { return run_block(cfg, d, rc, defer, s, a); });
       expect_sp_equivalent(one[0].o, sp, cfg.n_embd, kBlockPartial, 1e-5);
@@ -392,12 +391,7 @@ TEST(SequenceParallelModel, GPTEqualsOneDeviceIncludingAnEmptySlice) {
         s.partial = marked_partial(m.params());
         return s;
       };
-      std::vector<SpOut> one(1);
-      comm::run_inproc(1, [&](comm::Communicator&) {
-        Allocator alloc("one");
-        CurrentAllocatorScope scope(alloc);
-        one[0] = run(TensorSplit{}, alloc);
-      });
+      const std::vector<SpOut> one = {one_device(run)};
       std::set<std::string> partial = {"ln_f.bias", "ln_f.weight"};
       for (int l = 0; l < cfg.n_layer; ++l)
         for (const char* p : {"ln_1.bias", "ln_1.weight", "ln_2.bias", "ln_2.weight"})
@@ -413,32 +407,13 @@ TEST(SequenceParallelModel, GPTEqualsOneDeviceIncludingAnEmptySlice) {
 namespace tessera::train {
 namespace {
 
+using testing::expect_resumed;
 using testing::expect_same_run;
 using testing::Reference;
 using testing::run_reference;
 using testing::temp_dir;
-
-TrainConfig sp_config(const std::filesystem::path& dir) {
-  TrainConfig c = testing::tiny_config(dir);
-  c.heads = 4;  // divisible by tp in {1, 2, 4}
-  c.batch = 12;
-  c.steps = 12;
-  c.warmup = 3;
-  c.lr = 5e-3f;
-  c.dropout = 0.1f;
-  c.grad_clip = 0.5f;  // exercised: the norm is well above 0.5 early on
-  c.bucket_mb = 0.01;  // several buckets
-  c.val_fraction = 0;
-  return c;
-}
-
-const Reference& one_rank() {
-  static Reference ref = [] {
-    auto dir = temp_dir("sp_reference");
-    return run_reference("run", sp_config(dir), dir);
-  }();
-  return ref;
-}
+using testing::tp_config;
+using testing::tp_one_rank;
 
 struct Layout {
   int tp, dp, zero;
@@ -461,10 +436,10 @@ class SequenceParallelTraining : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(SequenceParallelTraining, SameLossesNormsAndWeightsAsOneRank) {
   const Layout l = GetParam();
-  const Reference& ref = one_rank();
+  const Reference& ref = tp_one_rank();
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5) << "the reference run should learn";
   auto dir = temp_dir(layout_name(l));
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.tp = l.tp;
   c.sp = true;
   c.dp = l.dp;
@@ -493,7 +468,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, SequenceParallelTraining, ::testing::ValuesIn(
 // 4 + 4 + 4 + 3 at tp = 4): the same training.
 TEST(SequenceParallelTraining, RowsNotDivisibleByTp) {
   auto dir = temp_dir("sp_uneven");
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.seq = 15;
   c.batch = 4;
   c.micro_batch = 1;
@@ -513,7 +488,7 @@ TEST(SequenceParallelTraining, RowsNotDivisibleByTp) {
 // recomputation. Weights: 5e-5, as for two split axes above.
 TEST(SequenceParallelTraining, InsidePipelineStages) {
   auto dir = temp_dir("sp_pp");
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.layers = 3;
   c.batch = 4;
   c.micro_batch = 1;
@@ -541,7 +516,7 @@ TEST(SequenceParallelTraining, InsidePipelineStages) {
 // with it: the same training (sequence parallelism changes no parameter shape).
 TEST(SequenceParallelCheckpoint, ResumesWithoutItAndAtAnotherTp) {
   auto dir = temp_dir("sp_resume");
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.tp = 2;
   c.sp = true;
   c.save = (dir / "a").string();
@@ -554,18 +529,13 @@ TEST(SequenceParallelCheckpoint, ResumesWithoutItAndAtAnotherTp) {
   for (const Resume r : {Resume{2, 1, 0, false}, Resume{1, 1, 0, false}, Resume{4, 2, 3, true}}) {
     SCOPED_TRACE("tp " + std::to_string(r.tp) + (r.sp ? " sp" : "") + " dp " +
                  std::to_string(r.dp) + " zero " + std::to_string(r.zero));
-    TrainConfig rc = sp_config(dir);
+    TrainConfig rc = tp_config(dir);
     rc.tp = r.tp;
     rc.sp = r.sp;
     rc.dp = r.dp;
     rc.zero = r.zero;
     rc.resume = (dir / "a" / "step-00000006").string();
-    const TrainResult rest = run_training(rc, nullptr);
-    EXPECT_EQ(rest.first_step, 6);
-    ASSERT_EQ(rest.losses.size(), 6u);
-    for (int i = 0; i < 6; ++i)
-      EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-5 * std::abs(whole.losses[6 + i]))
-          << "step " << 7 + i;
+    expect_resumed(whole, run_training(rc, nullptr), 6);
   }
 }
 
@@ -573,7 +543,7 @@ TEST(SequenceParallelCheckpoint, ResumesWithoutItAndAtAnotherTp) {
 // token at a time, so the rows split unevenly and some ranks' slices are empty.
 TEST(SequenceParallelTraining, ValidatesAndSamplesLikeOneRank) {
   auto dir = temp_dir("sp_sample");
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.steps = 4;
   c.val_fraction = 0.1;
   c.eval_every = 2;
@@ -589,7 +559,7 @@ TEST(SequenceParallelTraining, ValidatesAndSamplesLikeOneRank) {
 
 TEST(SequenceParallelConfig, NeedsTensorParallelism) {
   auto dir = temp_dir("sp_bad");
-  TrainConfig c = sp_config(dir);
+  TrainConfig c = tp_config(dir);
   c.sp = true;
   try {
     run_training(c, nullptr);

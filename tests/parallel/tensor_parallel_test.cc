@@ -23,6 +23,7 @@
 #include "tessera/nn/head.h"
 #include "tessera/train/trainer.h"
 #include "tp_layer_fixture.h"
+#include "tp_train_fixture.h"
 #include "train_fixture.h"
 #include "weights_compare.h"
 
@@ -198,34 +199,15 @@ TEST(VocabRange, CeilSplitWithoutPaddingRows) {
 namespace tessera::train {
 namespace {
 
+using testing::expect_resumed;
 using testing::expect_same_run;
 using testing::expect_same_weights;
 using testing::read_weights;
 using testing::Reference;
 using testing::run_reference;
 using testing::temp_dir;
-
-TrainConfig tp_config(const std::filesystem::path& dir) {
-  TrainConfig c = testing::tiny_config(dir);
-  c.heads = 4;  // divisible by tp in {1, 2, 4}
-  c.batch = 12;
-  c.steps = 12;
-  c.warmup = 3;
-  c.lr = 5e-3f;
-  c.dropout = 0.1f;
-  c.grad_clip = 0.5f;  // exercised: the norm is well above 0.5 early on
-  c.bucket_mb = 0.01;  // several buckets
-  c.val_fraction = 0;
-  return c;
-}
-
-const Reference& one_rank() {
-  static Reference ref = [] {
-    auto dir = temp_dir("tp_reference");
-    return run_reference("run", tp_config(dir), dir);
-  }();
-  return ref;
-}
+using testing::tp_config;
+using testing::tp_one_rank;
 
 struct Layout {
   int tp, dp, zero;
@@ -240,7 +222,7 @@ class TensorParallelTraining : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(TensorParallelTraining, SameLossesAndWeightsAsOneRank) {
   const Layout l = GetParam();
-  const Reference& ref = one_rank();
+  const Reference& ref = tp_one_rank();
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5) << "the reference run should learn";
   auto dir = temp_dir(layout_name(l));
   TrainConfig c = tp_config(dir);
@@ -326,12 +308,7 @@ TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
     r.dp = l.dp;
     r.zero = l.zero;
     r.resume = (dir / "a" / "step-00000006").string();
-    const TrainResult rest = run_training(r, nullptr);
-    EXPECT_EQ(rest.first_step, 6);
-    ASSERT_EQ(rest.losses.size(), 6u);
-    for (int i = 0; i < 6; ++i)
-      EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-5 * std::abs(whole.losses[6 + i]))
-          << "step " << 7 + i;
+    expect_resumed(whole, run_training(r, nullptr), 6);
   }
 }
 
