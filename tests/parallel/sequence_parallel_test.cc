@@ -557,6 +557,25 @@ TEST(SequenceParallelTraining, ValidatesAndSamplesLikeOneRank) {
   EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
 }
 
+// The same through pipeline stages: evaluation and sampling pass each rank's rows between them.
+TEST(SequenceParallelTraining, PipelineValidatesAndSamplesLikeOneRank) {
+  auto dir = temp_dir("sp_pp_sample");
+  TrainConfig c = tp_config(dir);
+  c.layers = 3;
+  c.steps = 2;
+  c.val_fraction = 0.1;
+  c.eval_every = 1;
+  c.sample_tokens = 12;
+  const TrainResult one = run_training(c, nullptr);
+  c.pp = 2;
+  c.tp = 2;
+  c.sp = true;
+  const TrainResult staged = run_training(c, nullptr);
+  EXPECT_FALSE(one.sample.empty());
+  EXPECT_EQ(staged.sample, one.sample);
+  EXPECT_NEAR(staged.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+}
+
 TEST(SequenceParallelConfig, NeedsTensorParallelism) {
   auto dir = temp_dir("sp_bad");
   TrainConfig c = tp_config(dir);

@@ -274,7 +274,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
       dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
       schedule_(make_step_schedule(cfg, n_micro_)),
-      boundary_elems_(static_cast<int64_t>(micro_) * cfg.seq * plan.mcfg.n_embd),
+      boundary_elems_(0),  // set once the model exists (hidden_elems)
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
       sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
       in_(static_cast<size_t>(micro_) * cfg.seq),
