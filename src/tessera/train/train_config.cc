@@ -146,7 +146,7 @@ void TrainConfig::validate() const {
   TESSERA_CHECK_AS(ConfigError, !sp || tp > 1,
                    "--sp (sequence parallelism) splits the sequence over the tensor-parallel "
                    "ranks: it needs --tp 2 or more, got --tp ",
-                   tp);
+                   tp, " (--sp=false turns it off, e.g. to resume an --sp checkpoint at --tp 1)");
   TESSERA_CHECK_AS(ConfigError, pp >= 1, "--pp must be at least 1 (1 = no pipeline), got ", pp);
   TESSERA_CHECK_AS(ConfigError, virtual_stages >= 1, "--virtual-stages must be at least 1, got ",
                    virtual_stages);
