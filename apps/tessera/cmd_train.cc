@@ -33,6 +33,15 @@ CLI::Option* flag(CLI::App* cmd, TrainFlags& f, const std::string& key, T& field
                               ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
+// A boolean key given as a bare flag: `--sp` (or `--sp=false`).
+CLI::Option* switch_flag(CLI::App* cmd, TrainFlags& f, const std::string& key, bool& field,
+                         const std::string& help) {
+  std::string name = "--" + key;
+  for (char& c : name)
+    if (c == '_') c = '-';
+  return f.options[key] = cmd->add_flag(name, field, help);
+}
+
 void run(TrainFlags& f, int& exit_code) {
   nlohmann::json merged = train::to_json(train::TrainConfig{});
   auto overlay = [&](const nlohmann::json& j) {
@@ -121,6 +130,10 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "tp", v.tp,
        "Tensor-parallel ranks per replica (Megatron split; vocabulary-parallel embedding and "
        "loss); the job has dp x tp ranks: threads, or under mpirun the number of processes");
+  switch_flag(cmd, *f, "sp", v.sp,
+              "Sequence parallelism (needs --tp 2 or more): LayerNorms and dropout on each "
+              "tensor-parallel rank's slice of the tokens; all-gather / reduce-scatter instead of "
+              "all-reduce");
   flag(cmd, *f, "pp", v.pp,
        "Pipeline stages (ranks); the job has pp x dp x tp ranks (tp fastest, then dp, then pp)");
   flag(cmd, *f, "pp_split", v.pp_split,

@@ -4,7 +4,8 @@
 # parallelism tp=2 (2 processes) and dp=2 x tp=2 with ZeRO-1 (4 processes); the 3D layout
 # pp=2 x dp=2 x tp=2 with ZeRO 1 and 3 (8 processes); each model-parallel run's final loss also
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
-# at dp=2 x tp=2); and the error for too few processes.
+# at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); and the
+# error for too few processes.
 set -u
 bin=$1
 mpiexec=$2
@@ -19,24 +20,26 @@ losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss'
 "$bin" train "${args[@]}" --metrics "$dir/one.jsonl" --save "$dir/one" >"$dir/one.log" 2>&1 || { cat "$dir/one.log"; exit 1; }
 failures=0
 checks=0
-# Each layout: "pp dp zero tp recompute"; mpirun starts pp x dp x tp processes. The last two are
-# the seed's 3D layout in miniature (pipelines across, ZeRO over dp, tp fastest), 8 processes.
-for layout in "1 2 0 1 none" "1 2 3 1 full" "1 1 0 2 none" "1 2 1 2 selective" "2 2 1 2 none" \
-              "2 2 3 2 full"; do
-  read -r pp dp zero tp rc <<<"$layout"
+# Each layout: "pp dp zero tp recompute sp"; mpirun starts pp x dp x tp processes. The 3D ones
+# are the seed's layout in miniature (pipelines across, ZeRO over dp, tp fastest), 8 processes.
+for layout in "1 2 0 1 none 0" "1 2 3 1 full 0" "1 1 0 2 none 0" "1 2 1 2 selective 0" \
+              "1 1 0 2 none 1" "1 2 1 2 none 1" "2 2 1 2 none 0" "2 2 3 2 full 0"; do
+  read -r pp dp zero tp rc sp <<<"$layout"
   np=$((pp * dp * tp))
-  run="$pp-$dp-$zero-$tp-$rc"
-  name="pp=$pp dp=$dp zero=$zero tp=$tp recompute=$rc"
+  run="$pp-$dp-$zero-$tp-$rc-$sp"
+  spflag=()
+  [ "$sp" = 1 ] && spflag=(--sp)
+  name="pp=$pp dp=$dp zero=$zero tp=$tp recompute=$rc${spflag[*]:+ sp}"
   checks=$((checks + 2))
   if ! timeout 180 "$mpiexec" --oversubscribe -n $np "$bin" train "${args[@]}" --pp $pp --dp $dp \
-      --zero $zero --tp $tp --recompute $rc \
+      --zero $zero --tp $tp --recompute $rc "${spflag[@]}" \
       --metrics "$dir/mpi$run.jsonl" --save "$dir/mpi$run" >"$dir/mpi$run.log" 2>&1; then
     echo "FAIL mpirun -n $np $name"; cat "$dir/mpi$run.log"; failures=$((failures + 2)); continue
   fi
   grep -q "mpi backend" "$dir/mpi$run.log" || { echo "FAIL $name did not use the MPI backend"; failures=$((failures + 1)); }
   if [ "$tp" -gt 1 ] || [ "$pp" -gt 1 ]; then  # the same layout as threads: the same final loss
     checks=$((checks + 1))
-    "$bin" train "${args[@]}" --pp $pp --dp $dp --zero $zero --tp $tp --recompute $rc --backend inproc \
+    "$bin" train "${args[@]}" --pp $pp --dp $dp --zero $zero --tp $tp --recompute $rc "${spflag[@]}" --backend inproc \
       --metrics "$dir/thr$run.jsonl" >"$dir/thr$run.log" 2>&1 || { cat "$dir/thr$run.log"; exit 1; }
     if python3 -c "import sys; a = float(sys.argv[1].split()[-1]); b = float(sys.argv[2].split()[-1]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" \
         "$(losses "$dir/thr$run.jsonl")" "$(losses "$dir/mpi$run.jsonl")"; then

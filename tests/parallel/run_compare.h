@@ -53,4 +53,13 @@ inline void expect_same_run(const Reference& ref, const Reference& got, double w
   expect_same_weights(ref.weights, got.weights, weight_rel);
 }
 
+// A run resumed from a checkpoint at step `at` continues `whole`: its losses within 1e-5 relative.
+inline void expect_resumed(const TrainResult& whole, const TrainResult& rest, int64_t at) {
+  EXPECT_EQ(rest.first_step, at);
+  ASSERT_EQ(rest.losses.size(), whole.losses.size() - static_cast<size_t>(at));
+  for (size_t i = 0; i < rest.losses.size(); ++i)
+    EXPECT_NEAR(rest.losses[i], whole.losses[at + i], 1e-5 * std::abs(whole.losses[at + i]))
+        << "step " << at + i + 1;
+}
+
 }  // namespace tessera::train::testing

@@ -22,116 +22,13 @@
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/head.h"
 #include "tessera/train/trainer.h"
+#include "tp_layer_fixture.h"
+#include "tp_train_fixture.h"
 #include "train_fixture.h"
 #include "weights_compare.h"
 
 namespace tessera::nn {
 namespace {
-
-// A parameter's values or gradient in its global shape; NaN where this rank holds nothing.
-using Globals = std::map<std::string, std::vector<float>>;
-
-Globals expand(const ParameterSet& ps, bool grads) {
-  Globals out;
-  for (int i = 0; i < ps.size(); ++i) {
-    const ParamInfo& info = ps.infos()[i];
-    std::vector<float> g(static_cast<size_t>(info.global_numel()), NAN);
-    const float* local = grads ? ps.grad_data(i) : ps.param_data(i);
-    for (int64_t j = 0; j < info.local_numel(); ++j) g[info.global_index(j)] = local[j];
-    out[info.name] = std::move(g);
-  }
-  return out;
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
-}
-
-// Every element some rank holds equals the full tensor's within rel * max|full|, and every element
-// of the full tensor is held by at least one rank.
-void expect_shards_match(const Globals& full, const std::vector<Globals>& ranks, double rel,
-                         const std::string& what) {
-  for (const auto& [name, f] : full) {
-    const double tol = rel * std::max(max_abs(f), 1e-6);
-    std::vector<int> held(f.size(), 0);
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      const std::vector<float>& g = ranks[r].at(name);
-      ASSERT_EQ(g.size(), f.size()) << name;
-      for (size_t i = 0; i < f.size(); ++i) {
-        if (std::isnan(g[i])) continue;
-        ++held[i];
-        ASSERT_NEAR(g[i], f[i], tol) << what << " " << name << "[" << i << "] on tp rank " << r;
-      }
-    }
-    for (size_t i = 0; i < f.size(); ++i)
-      ASSERT_GT(held[i], 0) << what << " " << name << "[" << i << "] is held by no rank";
-  }
-}
-
-void expect_near_all(const std::vector<float>& a, const std::vector<float>& b, double rel,
-                     const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  const double tol = rel * std::max(max_abs(a), 1e-6);
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], tol) << what << "[" << i << "]";
-}
-
-GPTConfig config(int heads, int C, int V, float dropout) {
-  GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = heads;
-  c.n_embd = C;
-  c.block_size = 8;
-  c.vocab_size = V;
-  c.dropout = dropout;
-  return c;
-}
-
-struct Data {
-  int B = 3, T = 8;
-  std::vector<int32_t> tokens, targets;
-  std::vector<float> x, dy;  // a hidden state and an output gradient [B, T, C]
-  Batch batch() const { return Batch{tokens.data(), targets.data(), B, T, 5}; }
-};
-
-Data make_data(const GPTConfig& c, uint32_t seed) {
-  Data d;
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int i = 0; i < d.B * d.T; ++i) {
-    d.tokens.push_back(tok(rng));
-    d.targets.push_back(i % 7 == 3 ? -1 : tok(rng));
-  }
-  for (int i = 0; i < d.B * d.T * c.n_embd; ++i) {
-    d.x.push_back(n(rng));
-    d.dy.push_back(n(rng));
-  }
-  return d;
-}
-
-const StepContext kCtx{1234, 7, true, 1.0f / 20.0f};
-
-// What one rank of a module test produces.
-struct RankOut {
-  std::vector<float> out, dx;  // the module's output and input gradient (replicated)
-  double loss = 0;
-  Globals grads, values;
-};
-
-// Runs `body` on t thread ranks (t == 1: one rank without a group) and collects each rank's result.
-template <typename Body>
-std::vector<RankOut> on_ranks(int t, Body body) {
-  std::vector<RankOut> outs(static_cast<size_t>(t));
-  comm::run_inproc(t, [&](comm::Communicator& c) {
-    Allocator alloc("tp rank " + std::to_string(c.rank()));
-    CurrentAllocatorScope scope(alloc);
-    TensorSplit split{t > 1 ? &c : nullptr};
-    outs[static_cast<size_t>(c.rank())] = body(split, alloc);
-  });
-  return outs;
-}
 
 void expect_equivalent(const std::vector<RankOut>& one, const std::vector<RankOut>& tp,
                        double rel) {
@@ -302,34 +199,15 @@ TEST(VocabRange, CeilSplitWithoutPaddingRows) {
 namespace tessera::train {
 namespace {
 
+using testing::expect_resumed;
 using testing::expect_same_run;
 using testing::expect_same_weights;
 using testing::read_weights;
 using testing::Reference;
 using testing::run_reference;
 using testing::temp_dir;
-
-TrainConfig tp_config(const std::filesystem::path& dir) {
-  TrainConfig c = testing::tiny_config(dir);
-  c.heads = 4;  // divisible by tp in {1, 2, 4}
-  c.batch = 12;
-  c.steps = 12;
-  c.warmup = 3;
-  c.lr = 5e-3f;
-  c.dropout = 0.1f;
-  c.grad_clip = 0.5f;  // exercised: the norm is well above 0.5 early on
-  c.bucket_mb = 0.01;  // several buckets
-  c.val_fraction = 0;
-  return c;
-}
-
-const Reference& one_rank() {
-  static Reference ref = [] {
-    auto dir = temp_dir("tp_reference");
-    return run_reference("run", tp_config(dir), dir);
-  }();
-  return ref;
-}
+using testing::tp_config;
+using testing::tp_one_rank;
 
 struct Layout {
   int tp, dp, zero;
@@ -344,7 +222,7 @@ class TensorParallelTraining : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(TensorParallelTraining, SameLossesAndWeightsAsOneRank) {
   const Layout l = GetParam();
-  const Reference& ref = one_rank();
+  const Reference& ref = tp_one_rank();
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5) << "the reference run should learn";
   auto dir = temp_dir(layout_name(l));
   TrainConfig c = tp_config(dir);
@@ -430,12 +308,7 @@ TEST(TensorParallelCheckpoint, ResumesUnderAnotherLayout) {
     r.dp = l.dp;
     r.zero = l.zero;
     r.resume = (dir / "a" / "step-00000006").string();
-    const TrainResult rest = run_training(r, nullptr);
-    EXPECT_EQ(rest.first_step, 6);
-    ASSERT_EQ(rest.losses.size(), 6u);
-    for (int i = 0; i < 6; ++i)
-      EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-5 * std::abs(whole.losses[6 + i]))
-          << "step " << 7 + i;
+    expect_resumed(whole, run_training(r, nullptr), 6);
   }
 }
 

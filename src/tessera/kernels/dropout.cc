@@ -42,6 +42,25 @@ void dropout_mask_btc(uint8_t* mask, int B, int T, int C, float p, uint64_t seed
   for (int64_t i = 0; i < n; ++i) mask[i] = philox_uniform(seed, stream, index(i)) > p ? 1 : 0;
 }
 
+void dropout_forward_rows(float* out, uint8_t* mask, const float* in, int64_t rows, int C, float p,
+                          uint64_t seed, uint64_t stream, int64_t first_row) {
+  const uint64_t base = static_cast<uint64_t>(first_row) * static_cast<uint64_t>(C);
+  dropout_forward(out, mask, in, rows * C, p, seed, stream,
+                  [base](int64_t i) { return base + static_cast<uint64_t>(i); });
+}
+
+void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t seed, uint64_t stream,
+                       int64_t first_row) {
+  const int64_t n = rows * C;
+  if (p == 0.0f) {
+    if (n > 0) std::memset(mask, 1, static_cast<size_t>(n));
+    return;
+  }
+  const uint64_t base = static_cast<uint64_t>(first_row) * static_cast<uint64_t>(C);
+  for (int64_t i = 0; i < n; ++i)
+    mask[i] = philox_uniform(seed, stream, base + static_cast<uint64_t>(i)) > p ? 1 : 0;
+}
+
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p) {
   if (p == 0.0f) {
     if (din != dout && n > 0) std::memcpy(din, dout, sizeof(float) * static_cast<size_t>(n));

@@ -49,6 +49,15 @@ void dropout_forward_btc(float* out, uint8_t* mask, const float* in, int B, int 
 void dropout_mask_btc(uint8_t* mask, int B, int T, int C, float p, uint64_t seed, uint64_t stream,
                       int64_t first_sample, int64_t c_offset = 0, int64_t c_global = -1);
 
+// Rows [first_row, first_row + rows) of the step's [samples * T, C] activation (a row is a global
+// token, (sample * T + t); first_row = first_sample * T + the micro-batch row of the first one):
+// the same numbers dropout_forward_btc draws for those tokens, index = (first_row + row) * C + c.
+// A sequence-parallel rank draws its slice of the single-device mask with it.
+void dropout_forward_rows(float* out, uint8_t* mask, const float* in, int64_t rows, int C, float p,
+                          uint64_t seed, uint64_t stream, int64_t first_row);
+void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t seed, uint64_t stream,
+                       int64_t first_row);
+
 // ASSIGNS din[n] = dout[n] * mask[n] / (1 - p). din may alias dout. p == 0: copy.
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p);
 

@@ -60,6 +60,15 @@ void add_positions(float* out, const float* wpe, int B, int T, int C) {
     }
 }
 
+void add_positions_rows(float* out, const float* wpe, int64_t first_row, int64_t rows, int T,
+                        int C) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* o = out + i * C;
+    const float* p = wpe + ((first_row + i) % T) * C;
+    for (int c = 0; c < C; ++c) o[c] += p[c];
+  }
+}
+
 void embedding_rows_backward(float* dwte_local, float* dwpe, const float* dout,
                              const int32_t* tokens, int64_t row_begin, int64_t rows, int B, int T,
                              int C) {

@@ -26,6 +26,10 @@ void embedding_lookup_rows(float* out, const int32_t* tokens, const float* wte_l
                            int64_t row_begin, int64_t rows, int64_t N, int C);
 // out[B, T, C] += wpe[t, :].
 void add_positions(float* out, const float* wpe, int B, int T, int C);
+// Rows [first_row, first_row + rows) of a [B, T, C] activation (row b * T + t) in out[rows, C]:
+// out[i] += wpe[(first_row + i) % T] (a sequence-parallel slice).
+void add_positions_rows(float* out, const float* wpe, int64_t first_row, int64_t rows, int T,
+                        int C);
 // ACCUMULATES dwte_local[tokens[n] - row_begin] += dout[n] for tokens in the rank's rows and
 // dwpe[t] += sum over b of dout[b, t] (either may be null). Serial: deterministic.
 void embedding_rows_backward(float* dwte_local, float* dwpe, const float* dout,

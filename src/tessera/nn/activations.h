@@ -16,20 +16,27 @@ struct NamedActivation {
   Tensor t;
   // Elements per token (B*T rows); 0 means attention probabilities [B, heads, T, T].
   int64_t width = 0;
+  // Holds only this rank's rows (token_range: sequence parallelism) instead of all B*T.
+  bool sequence_slice = false;
 };
 
-// Allocates activation tensors for up to `rows` tokens (max_batch * block_size) and lists the F32
-// ones in `list` under their names.
+// Allocates activation tensors for up to `rows` tokens (max_batch * block_size, or a
+// sequence-parallel rank's slice of them: sequence_slice) and lists the F32 ones in `list` under
+// their names.
 class ActivationAllocator {
  public:
   ActivationAllocator(Allocator& alloc, int64_t rows, int64_t att_elems,
-                      std::vector<NamedActivation>* list)
-      : alloc_(alloc), rows_(rows), att_elems_(att_elems), list_(list) {}
+                      std::vector<NamedActivation>* list, bool sequence_slice = false)
+      : alloc_(alloc),
+        rows_(rows),
+        att_elems_(att_elems),
+        list_(list),
+        sequence_slice_(sequence_slice) {}
   // rows * width elements (width 0: att_elems, the attention probabilities).
   Tensor operator()(const std::string& name, int64_t width, DType dt = DType::F32) {
     const int64_t n = width > 0 ? rows_ * width : att_elems_;
     Tensor t = Tensor::zeros({n}, dt, MemCategory::Activations, name, &alloc_);
-    if (list_ && dt == DType::F32) list_->push_back({name, t, width});
+    if (list_ && dt == DType::F32) list_->push_back({name, t, width, sequence_slice_});
     return t;
   }
 
@@ -37,6 +44,7 @@ class ActivationAllocator {
   Allocator& alloc_;
   int64_t rows_, att_elems_;
   std::vector<NamedActivation>* list_;
+  bool sequence_slice_;
 };
 
 }  // namespace tessera::nn

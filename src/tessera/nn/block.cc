@@ -22,7 +22,12 @@ constexpr float kInitStd = 0.02f;
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
              Recompute recompute)
-    : ps_(ps), cfg_(cfg), layer_(layer), split_(split), recompute_(recompute) {
+    : ps_(ps),
+      cfg_(cfg),
+      layer_(layer),
+      split_(split),
+      sequence_(split.sequence_parallel()),
+      recompute_(recompute) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
   TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
@@ -32,7 +37,8 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   mlp_local_ = 4 * C / t;
   const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   // Shards: c_attn by columns (the same columns of q, k and v: 3 blocks), c_fc by columns, both
-  // c_proj by rows; LayerNorms and the c_proj biases replicated.
+  // c_proj by rows; LayerNorms and the c_proj biases replicated. Under sequence parallelism the
+  // LayerNorms see this rank's rows only: their gradients are partial sums.
   auto part = [&](int dim, int64_t blocks, int64_t len) {
     return t == 1 ? ShardSpec{} : ShardSpec{dim, blocks, r * len, len};
   };
@@ -54,6 +60,7 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
                       part(0, 1, mlp_local_));
   q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  for (int i : {q_.ln1_w, q_.ln1_b, q_.ln2_w, q_.ln2_b}) mark_sequence_partial(ps, i, split);
   site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
   site_mlp_drop_ = stable_hash(h + "mlp.dropout");
@@ -62,25 +69,27 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
 void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
                      bool keep_attention, bool keep_rest) const {
   const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
   ActivationAllocator a(alloc, BT, BT * heads_local_ * T, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, sequence_);
   const std::string h = "h." + std::to_string(layer_) + ".";
   const bool drop = cfg_.dropout > 0.0f;
   if (keep_rest) {
     const int64_t C = cfg_.n_embd;
-    r.ln1 = a(h + "ln_1", C);
-    r.ln1_mean = a(h + "ln_1.mean", 1);
-    r.ln1_rstd = a(h + "ln_1.rstd", 1);
+    r.ln1 = rows(h + "ln_1", C);
+    r.ln1_mean = rows(h + "ln_1.mean", 1);
+    r.ln1_rstd = rows(h + "ln_1.rstd", 1);
     r.qkv = a(h + "qkv", 3 * c_local_);
     r.atty = a(h + "atty", c_local_);
-    r.x_attn = a(h + "x_attn", C);
-    r.ln2 = a(h + "ln_2", C);
-    r.ln2_mean = a(h + "ln_2.mean", 1);
-    r.ln2_rstd = a(h + "ln_2.rstd", 1);
+    r.x_attn = rows(h + "x_attn", C);
+    r.ln2 = rows(h + "ln_2", C);
+    r.ln2_mean = rows(h + "ln_2.mean", 1);
+    r.ln2_rstd = rows(h + "ln_2.rstd", 1);
     r.fc = a(h + "fc", mlp_local_);
     r.fch = a(h + "fc.gelu", mlp_local_);
     if (drop) {
-      r.mask_attn = a(h + "attn.resid_dropout.mask", C, DType::U8);
-      r.mask_mlp = a(h + "mlp.dropout.mask", C, DType::U8);
+      r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
+      r.mask_mlp = rows(h + "mlp.dropout.mask", C, DType::U8);
     }
   }
   if (keep_attention) {
@@ -99,10 +108,12 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
 Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
   ActivationAllocator a(alloc, BT, T * T, nullptr);
+  ActivationAllocator padded(alloc, token_range(split_, BT).padded(), 0, nullptr);
   const int64_t C = cfg_.n_embd;
   Workspace ws;
-  ws.proj = a("block.proj", C);
-  ws.dln = a("block.d_ln", C);
+  ws.proj = padded("block.proj", C);
+  ws.dln = padded("block.d_ln", C);
+  if (sequence_) ws.gathered = padded("block.gathered_ln", C);
   ws.datty = a("block.d_atty", c_local_);
   ws.dqkv = a("block.d_qkv", 3 * c_local_);
   ws.dfch = a("block.d_fc", mlp_local_);
@@ -130,50 +141,64 @@ void Block::attention(float* atty, float* att, float* att_drop, const Record& r)
 
 void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
                         bool write_output) const {
-  const int B = r.B, T = r.T, BT = B * T, C = cfg_.n_embd;
+  const int BT = r.B * r.T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   const int64_t n = static_cast<int64_t>(BT) * C;
+  // The residual stream's rows on this rank (all BT without sequence parallelism); dropout masks
+  // are keyed by the global token (first_row + i), so the rows draw the single-device mask.
+  const TokenRange rows = token_range(split_, BT);
+  const int R = static_cast<int>(rows.size());
+  const int64_t first_row = r.first_sample * r.T + rows.begin;
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
-  // out = residual + dropout(proj + bias), after the projection's reduce point.
+  // Entering the tensor-parallel region (every token) from a LayerNorm output of this rank's rows.
+  auto to_tp = [&](const Tensor& ln) {
+    return sequence_ ? gather_to_tp(split_, ln.f32(), ws.gathered.f32(), rows, C)
+                     : copy_to_tp(split_, ln.f32(), n);
+  };
+  // Leaving it at a reduce point: the sum of the partial projections, on this rank's rows.
+  auto from_tp = [&](float* proj) {
+    return sequence_ ? reduce_scatter_from_tp(split_, proj, proj + rows.place() * C, rows, C)
+                     : reduce_from_tp(split_, proj, n);
+  };
+  // out = residual + dropout(proj + bias) on this rank's rows, after the reduce point.
   auto residual_branch = [&](float* out, float* proj, const float* bias, const float* residual,
                              Tensor& mask, uint64_t site) {
     if (!drop) {
-      k::bias_residual_forward(out, proj, bias, residual, BT, C);
+      k::bias_residual_forward(out, proj, bias, residual, R, C);
       return;
     }
-    k::bias_forward(proj, proj, bias, BT, C);
-    k::dropout_forward_btc(proj, mask.data<uint8_t>(), proj, B, T, C, r.p, r.seed,
-                           mix_stream(r.step, site), r.first_sample);
-    k::residual_forward(out, residual, proj, n);
+    k::bias_forward(proj, proj, bias, R, C);
+    k::dropout_forward_rows(proj, mask.data<uint8_t>(), proj, R, C, r.p, r.seed,
+                            mix_stream(r.step, site), first_row);
+    k::residual_forward(out, residual, proj, static_cast<int64_t>(R) * C);
   };
 
   // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
   k::layernorm_forward(r.ln1.f32(), r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
-                       BT, C, cfg_.ln_eps);
-  copy_to_tp(split_, r.ln1.f32(), n);
-  k::matmul_forward(r.qkv.f32(), r.ln1.f32(), p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
+                       R, C, cfg_.ln_eps);
+  const float* ln1 = to_tp(r.ln1);
+  k::matmul_forward(r.qkv.f32(), ln1, p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
   attention(r.atty.f32(), r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
-  float* proj = ws.proj.f32();
-  k::matmul_forward(proj, r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
-  reduce_from_tp(split_, proj, n);  // reduce point
-  residual_branch(r.x_attn.f32(), proj, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
+  k::matmul_forward(ws.proj.f32(), r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
+  float* attn_out = from_tp(ws.proj.f32());  // reduce point
+  residual_branch(r.x_attn.f32(), attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
 
   // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj).
   k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), r.x_attn.f32(), p(q_.ln2_w),
-                       p(q_.ln2_b), BT, C, cfg_.ln_eps);
-  copy_to_tp(split_, r.ln2.f32(), n);
-  k::matmul_forward(r.fc.f32(), r.ln2.f32(), p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
+                       p(q_.ln2_b), R, C, cfg_.ln_eps);
+  const float* ln2 = to_tp(r.ln2);
+  k::matmul_forward(r.fc.f32(), ln2, p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
   k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
   if (!write_output) {  // a recomputation needs only the mask of the last dropout
     if (drop)
-      k::dropout_mask_btc(r.mask_mlp.data<uint8_t>(), B, T, C, r.p, r.seed,
-                          mix_stream(r.step, site_mlp_drop_), r.first_sample);
+      k::dropout_mask_rows(r.mask_mlp.data<uint8_t>(), R, C, r.p, r.seed,
+                           mix_stream(r.step, site_mlp_drop_), first_row);
     return;
   }
-  k::matmul_forward(proj, r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
-  reduce_from_tp(split_, proj, n);  // reduce point
-  residual_branch(y, proj, p(q_.mproj_b), r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
+  k::matmul_forward(ws.proj.f32(), r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
+  float* mlp_out = from_tp(ws.proj.f32());  // reduce point
+  residual_branch(y, mlp_out, p(q_.mproj_b), r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
 }
 
 void Block::forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
@@ -235,9 +260,7 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
         auto keep = [&](Tensor& dst, const Tensor& src, int64_t width) {
           std::memcpy(dst.f32(), src.f32(), sizeof(float) * static_cast<size_t>(BT * width));
         };
-        keep(defer->ln1, full.ln1, cfg_.n_embd);
-        keep(defer->atty, full.atty, c_local_);
-        keep(defer->ln2, full.ln2, cfg_.n_embd);
+        keep(defer->atty, full.atty, c_local_);  // (ln_1, ln_2: kept by run_backward)
         keep(defer->fch, full.fch, mlp_local_);
       }
       return;
@@ -256,10 +279,12 @@ Block::Record::DeferredWeightGrads& Block::deferred_for(Record& r) const {
     d->d_fc = make(mlp_local_, "block.deferred.d_fc");
     d->d_aproj = make(C, "block.deferred.d_attn_proj");
     d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
-    if (recompute_ == Recompute::Full) {
+    if (recompute_ == Recompute::Full || sequence_) {  // the record has no whole ln_1, ln_2
       d->ln1 = make(C, "block.deferred.ln_1");
-      d->atty = make(c_local_, "block.deferred.atty");
       d->ln2 = make(C, "block.deferred.ln_2");
+    }
+    if (recompute_ == Recompute::Full) {
+      d->atty = make(c_local_, "block.deferred.atty");
       d->fch = make(mlp_local_, "block.deferred.fch");
     }
     r.deferred = std::move(d);
@@ -271,18 +296,21 @@ void Block::backward_weight(Record& r) const {
   TESSERA_ASSERT(r.deferred != nullptr, "Block::backward_weight of h.", layer_,
                  " without a deferred backward");
   const Record::DeferredWeightGrads& d = *r.deferred;
-  const bool full = recompute_ == Recompute::Full;
   const int BT = r.B * r.T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   auto g = [&](int i) { return ps_.grad_data(i); };
-  k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(),
-                     (full ? d.fch : r.fch).f32(), nullptr, BT, F, C);
-  k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), (full ? d.ln2 : r.ln2).f32(),
-                     nullptr, BT, C, F);
-  k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(),
-                     (full ? d.atty : r.atty).f32(), nullptr, BT, Cl, C);
-  k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(),
-                     (full ? d.ln1 : r.ln1).f32(), nullptr, BT, C, 3 * Cl);
+  // A matmul's input: the copy the BI pass kept, or the record's.
+  auto in = [](const Tensor& kept, const Tensor& rec) {
+    return (kept.defined() ? kept : rec).f32();
+  };
+  k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
+                     nullptr, BT, F, C);
+  k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
+                     C, F);
+  k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
+                     nullptr, BT, Cl, C);
+  k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1), nullptr,
+                     BT, C, 3 * Cl);
 }
 
 void Block::run_backward(const Record& r, float* dres, Workspace& ws,
@@ -290,39 +318,63 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   const int B = r.B, T = r.T, BT = B * T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   const int64_t n = static_cast<int64_t>(BT) * C;
+  const TokenRange rows = token_range(split_, BT);  // dres holds these rows
+  const int R = static_cast<int>(rows.size());
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
   // Weight gradients now, or (zero-bubble BI) the output gradient kept for W.
   auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
   auto keep = [&](Tensor Record::DeferredWeightGrads::*slot, const float* dout, int64_t width) {
-    if (defer)
+    if (defer && (defer->*slot).defined())
       std::memcpy((defer->*slot).f32(), dout, sizeof(float) * static_cast<size_t>(BT * width));
   };
   auto g_ln = [&](int i) { return ps_.grad_data(i); };  // LayerNorms: always now
   float* dln = ws.dln.f32();
+  // A reduce point's backward: the output gradient of this rank's rows (after the dropout's
+  // backward, written where the rows go in ws.proj) on every token. reduce_from_tp's backward is
+  // the identity: without sequence parallelism dres is complete on every rank.
+  float* dy_rows = ws.proj.f32() + rows.place() * C;
+  auto grad_to_tp = [&](const float* dy) {
+    return sequence_ ? reduce_scatter_from_tp_backward(split_, dy, ws.proj.f32(), rows, C) : dy;
+  };
+  // A column-parallel input's gradient (partial on each rank), summed, on this rank's rows.
+  auto grad_from_tp = [&](float* d) {
+    return sequence_ ? gather_to_tp_backward(split_, d, d + rows.place() * C, rows, C)
+                     : copy_to_tp_backward(split_, d, n);
+  };
+  // A column-parallel layer's input for its weight gradient: the record keeps only this rank's
+  // rows of the LayerNorm output under sequence parallelism, so it is all-gathered again.
+  auto tp_input = [&](const Tensor& ln) {
+    return sequence_ ? gather_to_tp(split_, ln.f32(), ws.gathered.f32(), rows, C) : ln.f32();
+  };
 
-  // MLP branch (reduce_from_tp's backward is the identity: dres is complete on every rank).
+  // MLP branch.
   const float* dy = dres;
   if (drop) {
-    k::dropout_backward(ws.proj.f32(), dres, r.mask_mlp.data<uint8_t>(), n, r.p);
-    dy = ws.proj.f32();
+    k::dropout_backward(dy_rows, dres, r.mask_mlp.data<uint8_t>(), static_cast<int64_t>(R) * C,
+                        r.p);
+    dy = dy_rows;
   }
+  dy = grad_to_tp(dy);
   float* dfch = ws.dfch.f32();
   keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
   k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F, C);
   k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
   keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-  k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, r.ln2.f32(), p(q_.fc_w), BT, C, F);
-  copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
-                        r.ln2_mean.f32(), r.ln2_rstd.f32(), BT, C);
+  const float* ln2 = tp_input(r.ln2);
+  keep(&Record::DeferredWeightGrads::ln2, ln2, C);
+  k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
+  k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), r.x_attn.f32(),
+                        p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
 
   // Attention branch.
   dy = dres;
   if (drop) {
-    k::dropout_backward(ws.proj.f32(), dres, r.mask_attn.data<uint8_t>(), n, r.p);
-    dy = ws.proj.f32();
+    k::dropout_backward(dy_rows, dres, r.mask_attn.data<uint8_t>(), static_cast<int64_t>(R) * C,
+                        r.p);
+    dy = dy_rows;
   }
+  dy = grad_to_tp(dy);
   keep(&Record::DeferredWeightGrads::d_aproj, dy, C);
   k::matmul_backward(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, r.atty.f32(), p(q_.aproj_w),
                      BT, Cl, C);
@@ -330,11 +382,12 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
                         drop ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl, heads_local_,
                         r.p);
   keep(&Record::DeferredWeightGrads::d_attn, ws.dqkv.f32(), 3 * Cl);
-  k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), r.ln1.f32(), p(q_.attn_w), BT,
-                     C, 3 * Cl);
-  copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w),
-                        r.ln1_mean.f32(), r.ln1_rstd.f32(), BT, C);
+  const float* ln1 = tp_input(r.ln1);
+  keep(&Record::DeferredWeightGrads::ln1, ln1, C);
+  k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), ln1, p(q_.attn_w), BT, C,
+                     3 * Cl);
+  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), grad_from_tp(dln), r.x, p(q_.ln1_w),
+                        r.ln1_mean.f32(), r.ln1_rstd.f32(), R, C);
 }
 
 }  // namespace tessera::nn

@@ -9,6 +9,15 @@
 // where the tensor-parallel ranks reduce it (marked "reduce point" in block.cc). With t = 1 (the
 // only case this module runs alone) the reduce points are identities.
 //
+// Sequence parallelism (TensorSplit::sequence, Korthikanti et al. 2022): the block's input and
+// output, the LayerNorms, the residual-branch dropouts and the residual adds hold only this
+// rank's rows (token_range); the column-parallel inputs are all-gathered (gather_to_tp) and the
+// row-parallel outputs reduce-scattered (reduce_scatter_from_tp) instead of all-reduced. The
+// record keeps the LayerNorm outputs of its rows only; the backward all-gathers them again for the
+// weight gradients. The LayerNorms' parameter gradients are then partial (summed over the group
+// by the data-parallel engine); the row-parallel biases get theirs from the all-gathered output
+// gradient, complete on every rank.
+//
 // Activation recomputation (gpt_config.h): the Record keeps everything (None), everything but
 // the attention probabilities (Selective), or nothing but the bookkeeping (Full); the caller
 // always keeps the block's input alive until its backward. Recomputed values go to the shared
@@ -31,20 +40,22 @@ namespace tessera::nn {
 class Block {
  public:
   struct Record {
-    // [B, T, width] unless noted; empty where the recompute mode drops them.
-    Tensor ln1, ln1_mean, ln1_rstd;  // C, 1, 1
+    // [B, T, width] unless noted; empty where the recompute mode drops them. "rows": this rank's
+    // rows of the B*T tokens under sequence parallelism (all of them otherwise).
+    Tensor ln1, ln1_mean, ln1_rstd;  // rows x C, 1, 1
     Tensor qkv;                      // 3 * C_local (this rank's q, k and v columns)
     Tensor att, att_drop;            // [B, heads_local, T, T] probabilities, dropped copy
     Tensor atty;                     // C_local (attention output, heads concatenated)
-    Tensor x_attn;                   // C (residual stream after the attention branch)
-    Tensor ln2, ln2_mean, ln2_rstd;  // C, 1, 1
+    Tensor x_attn;                   // rows x C (residual stream after the attention branch)
+    Tensor ln2, ln2_mean, ln2_rstd;  // rows x C, 1, 1
     Tensor fc, fch;                  // F_local = 4C / t (before and after GELU)
-    Tensor mask_attn, mask_mlp;      // U8 C: residual-branch dropout masks
-    // Zero-bubble split backward (BI now, W later): the four matmuls' output gradients, and
-    // under full recomputation their inputs too (the recomputed ones are scratch).
+    Tensor mask_attn, mask_mlp;      // U8 rows x C: residual-branch dropout masks
+    // Zero-bubble split backward (BI now, W later): the four matmuls' output gradients (of every
+    // token), and the inputs the record does not keep whole: the LayerNorm outputs under full
+    // recomputation or sequence parallelism, atty and fch under full recomputation.
     struct DeferredWeightGrads {
       Tensor d_mproj, d_fc, d_aproj, d_attn;
-      Tensor ln1, atty, ln2, fch;  // Full only
+      Tensor ln1, atty, ln2, fch;  // undefined where the record has them
     };
     std::shared_ptr<DeferredWeightGrads> deferred;
     // What the forward ran with (a recomputation reruns exactly this).
@@ -56,9 +67,11 @@ class Block {
   };
 
   // Scratch shared by every block of a stage (sized for max_batch x block_size tokens).
+  // proj, dln and gathered have token_range's padded() rows (the rows collectives move).
   struct Workspace {
     Tensor proj;      // C: a projection's output before its reduce point; dropout-backward scratch
     Tensor dln;       // C: gradient w.r.t. a LayerNorm output
+    Tensor gathered;  // C: a LayerNorm output all-gathered (sequence parallelism only)
     Tensor datty;     // C_local
     Tensor dqkv;      // 3 C_local
     Tensor dfch;      // F_local
@@ -90,6 +103,7 @@ class Block {
   Recompute recompute() const { return recompute_; }
   int64_t c_local() const { return c_local_; }
   int64_t mlp_local() const { return mlp_local_; }
+  bool sequence_parallel() const { return sequence_; }
 
  private:
   struct Params {
@@ -112,6 +126,7 @@ class Block {
   GPTConfig cfg_;
   int layer_;
   TensorSplit split_;
+  bool sequence_;
   Recompute recompute_;
   int heads_local_;
   int64_t c_local_, mlp_local_;

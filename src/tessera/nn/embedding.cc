@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "tessera/core/error.h"
 #include "tessera/core/philox.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/embedding.h"
@@ -32,40 +33,56 @@ Embedding::Record Embedding::make_record(int max_batch, Allocator& alloc) const 
   Record r;
   r.tokens = Tensor::zeros({BT}, DType::I32, MemCategory::Activations, "tokens", &alloc);
   if (cfg_.dropout > 0.0f)
-    r.mask =
-        Tensor::zeros({BT * cfg_.n_embd}, DType::U8, MemCategory::Activations, "drop.mask", &alloc);
+    r.mask = Tensor::zeros({token_range(split_, BT).per * cfg_.n_embd}, DType::U8,
+                           MemCategory::Activations, "drop.mask", &alloc);
   return r;
 }
 
-void Embedding::forward(const StepContext& ctx, const Batch& b, float* out, Record& r) const {
+void Embedding::forward(const StepContext& ctx, const Batch& b, float* out, Record& r,
+                        float* scratch) const {
   const int B = b.B, T = b.T, C = cfg_.n_embd;
+  const int64_t n = static_cast<int64_t>(B) * T;
+  const TokenRange rows = token_range(split_, n);
   r.B = B;
   r.T = T;
   r.p = ctx.training ? cfg_.dropout : 0.0f;
   std::memcpy(r.tokens.data<int32_t>(), b.tokens, sizeof(int32_t) * B * T);
+  const float* wte = ps_.param_data(wte_);
   if (split_.size() == 1) {
-    k::embedding_forward(out, b.tokens, ps_.param_data(wte_), ps_.param_data(wpe_), B, T, C);
-  } else {
-    const int64_t n = static_cast<int64_t>(B) * T;
-    k::embedding_lookup_rows(out, b.tokens, ps_.param_data(wte_), rows_.begin, rows_.size(), n, C);
+    k::embedding_forward(out, b.tokens, wte, ps_.param_data(wpe_), B, T, C);
+  } else if (!split_.sequence_parallel()) {
+    k::embedding_lookup_rows(out, b.tokens, wte, rows_.begin, rows_.size(), n, C);
     reduce_from_tp(split_, out, n * C);  // each element: one rank's row value plus zeros
     k::add_positions(out, ps_.param_data(wpe_), B, T, C);
+  } else {
+    TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
+    k::embedding_lookup_rows(scratch, b.tokens, wte, rows_.begin, rows_.size(), n, C);
+    reduce_scatter_from_tp(split_, scratch, out, rows, C);  // exact, as above; this rank's rows
+    k::add_positions_rows(out, ps_.param_data(wpe_), rows.begin, rows.size(), T, C);
   }
   if (r.p > 0.0f)
-    k::dropout_forward_btc(out, r.mask.data<uint8_t>(), out, B, T, C, r.p, ctx.seed,
-                           mix_stream(ctx.step, site_), b.first_sample);
+    k::dropout_forward_rows(out, r.mask.data<uint8_t>(), out, rows.size(), C, r.p, ctx.seed,
+                            mix_stream(ctx.step, site_), b.first_sample * T + rows.begin);
 }
 
-void Embedding::backward(Record& r, float* dout) const {
-  const int64_t n = static_cast<int64_t>(r.B) * r.T * cfg_.n_embd;
-  if (r.p > 0.0f) k::dropout_backward(dout, dout, r.mask.data<uint8_t>(), n, r.p);
-  if (split_.size() == 1)
+void Embedding::backward(Record& r, float* dout, float* scratch) const {
+  const int64_t n = static_cast<int64_t>(r.B) * r.T;
+  const TokenRange rows = token_range(split_, n);
+  if (r.p > 0.0f)
+    k::dropout_backward(dout, dout, r.mask.data<uint8_t>(), rows.size() * cfg_.n_embd, r.p);
+  if (split_.size() == 1) {
     k::embedding_backward(ps_.grad_data(wte_), ps_.grad_data(wpe_), dout, r.tokens.data<int32_t>(),
                           r.B, r.T, cfg_.n_embd);
-  else  // dout is the same on every rank of the group: each keeps its rows' share
-    k::embedding_rows_backward(ps_.grad_data(wte_), ps_.grad_data(wpe_), dout,
-                               r.tokens.data<int32_t>(), rows_.begin, rows_.size(), r.B, r.T,
-                               cfg_.n_embd);
+    return;
+  }
+  // The gradient of every token on every rank of the group: each keeps its rows' share of wte.
+  const float* d = dout;
+  if (split_.sequence_parallel()) {
+    TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
+    d = reduce_scatter_from_tp_backward(split_, dout, scratch, rows, cfg_.n_embd);
+  }
+  k::embedding_rows_backward(ps_.grad_data(wte_), ps_.grad_data(wpe_), d, r.tokens.data<int32_t>(),
+                             rows_.begin, rows_.size(), r.B, r.T, cfg_.n_embd);
 }
 
 }  // namespace tessera::nn

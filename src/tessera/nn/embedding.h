@@ -7,6 +7,11 @@
 // A rank looks up the tokens in its rows and writes zeros for the others; one all-reduce over the
 // group completes the lookup (exact: every element is one value plus zeros), then the positions
 // and the dropout are applied as on one device. The backward accumulates only the local rows.
+//
+// Sequence parallelism: the output holds this rank's rows of the B*T tokens (token_range). The
+// partial lookups are reduce-scattered instead of all-reduced (reduce_scatter_from_tp), and the
+// positions and the dropout apply to the rank's rows; the backward all-gathers the gradient of the
+// rows, so the wte rows and wpe get their gradients from every token (complete on every rank).
 
 #pragma once
 
@@ -24,7 +29,7 @@ class Embedding {
  public:
   struct Record {
     Tensor tokens;  // I32 [B, T], a copy of the micro-batch's tokens
-    Tensor mask;    // U8 [B, T, C] dropout mask (only with dropout)
+    Tensor mask;    // U8 [rows, C] dropout mask of this rank's rows (only with dropout)
     int B = 0, T = 0;
     float p = 0.0f;  // dropout probability in effect for this micro-batch
   };
@@ -35,11 +40,14 @@ class Embedding {
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
 
-  // ASSIGNS out[B, T, C] = dropout(wte[tokens] + wpe[t]).
-  void forward(const StepContext& ctx, const Batch& b, float* out, Record& r) const;
-  // Given dout[B, T, C] (overwritten: the dropout backward runs in place), ACCUMULATES the wte
-  // and wpe gradients.
-  void backward(Record& r, float* dout) const;
+  // ASSIGNS out[rows, C] = dropout(wte[tokens] + wpe[t]) for this rank's rows (all B*T without
+  // sequence parallelism). scratch: token_range(B*T).padded() x C floats, needed only under
+  // sequence parallelism.
+  void forward(const StepContext& ctx, const Batch& b, float* out, Record& r,
+               float* scratch = nullptr) const;
+  // Given dout[rows, C] (overwritten: the dropout backward runs in place), ACCUMULATES the wte
+  // and wpe gradients. scratch as for forward.
+  void backward(Record& r, float* dout, float* scratch = nullptr) const;
 
  private:
   const ParameterSet& ps_;

@@ -46,8 +46,9 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   }
   // Parameter groups: replicated tensor-parallel copies count in the norm once; the two copies of
   // a tied wte on different stages are summed over the embedding group and counted once.
+  // (The modules mark the sequence-parallel partial sums, GradReduction::over_tensor_parallel.)
   for (int i = 0; i < params_.size(); ++i) {
-    GradReduction r;
+    GradReduction r = params_.infos()[i].reduction;
     r.counts_in_norm = !params_.infos()[i].tp_replicated() || replicas_count;
     params_.set_reduction(i, r);
   }
@@ -64,14 +65,14 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   }
   params_.materialize(alloc_, layout.full_params, layout.full_grads);
 
-  const int64_t BT = static_cast<int64_t>(max_batch_) * cfg_.block_size;
+  const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
   if (!blocks_.empty())
     ws_ = blocks_.front().make_workspace(max_batch_, alloc_);
-  else if (head_)  // the head's backward scratch
-    ws_.dln = Tensor::zeros({BT * cfg_.n_embd}, DType::F32, MemCategory::Activations, "block.d_ln",
-                            &alloc_);
-  dres_ = Tensor::zeros({BT * cfg_.n_embd}, DType::F32, MemCategory::Activations, "d_residual",
-                        &alloc_);
+  else  // the head's backward scratch, the sequence-parallel embedding's
+    ws_.dln = Tensor::zeros({rows.padded() * cfg_.n_embd}, DType::F32, MemCategory::Activations,
+                            "block.d_ln", &alloc_);
+  dres_ = Tensor::zeros({rows.per * cfg_.n_embd}, DType::F32, MemCategory::Activations,
+                        "d_residual", &alloc_);
 }
 
 void GPT::initialize(uint64_t seed) {
@@ -88,7 +89,9 @@ void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) { hooks_.call_revers
 
 std::unique_ptr<GPT::Record> GPT::make_record() {
   auto rec = std::make_unique<Record>();
-  ActivationAllocator a(alloc_, static_cast<int64_t>(max_batch_) * cfg_.block_size, 0, &rec->named);
+  const TensorSplit& tp = layout_.tensor;
+  const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
+  ActivationAllocator a(alloc_, rows.per, 0, &rec->named, tp.sequence_parallel());
   if (embedding_) rec->embedding = embedding_->make_record(max_batch_, alloc_);
   rec->hidden.push_back(a(has_embedding() ? "x0" : "stage_input", cfg_.n_embd));
   for (const Block& b : blocks_) {
@@ -128,7 +131,7 @@ double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
   rec.T = b.T;
   if (embedding_) {
     hook(&UnitHooks::before_forward, 0);
-    embedding_->forward(ctx, b, rec.hidden[0].f32(), *rec.embedding);
+    embedding_->forward(ctx, b, rec.hidden[0].f32(), *rec.embedding, ws_.dln.f32());
     hook_reverse(&UnitHooks::after_forward, 0);
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -154,7 +157,7 @@ void GPT::backward_input(Record& rec, const float* dout) {
 
 void GPT::backward_pass(Record& rec, const float* dout, bool split) {
   TESSERA_CHECK(rec.B > 0, "backward() without a preceding forward()");
-  const int64_t n = static_cast<int64_t>(rec.B) * rec.T * cfg_.n_embd;
+  const int64_t n = hidden_elems(rec.B, rec.T);
   float* dres = dres_.f32();
   auto after = split ? &UnitHooks::after_backward_input : &UnitHooks::after_backward;
   if (head_) {
@@ -173,7 +176,7 @@ void GPT::backward_pass(Record& rec, const float* dout, bool split) {
   }
   if (embedding_) {  // all of its gradients are weight gradients, and cheap: always now
     hook(&UnitHooks::before_backward, 0);
-    embedding_->backward(*rec.embedding, dres);
+    embedding_->backward(*rec.embedding, dres, ws_.dln.f32());
     hook_reverse(after, 0);
   }
 }
@@ -194,6 +197,10 @@ void GPT::backward_weight(Record& rec) {
     hook(&UnitHooks::before_backward_weight, 0);
     hook_reverse(&UnitHooks::after_backward, 0);
   }
+}
+
+int64_t GPT::hidden_elems(int B, int T) const {
+  return token_range(layout_.tensor, static_cast<int64_t>(B) * T).per * cfg_.n_embd;
 }
 
 GPT::Record& GPT::single_record() {
@@ -264,6 +271,7 @@ std::string GPT::first_non_finite(const Record* rec) const {
   if (!rec || rec->B == 0) return "";
   const int T = rec->T;
   const int64_t BT = static_cast<int64_t>(rec->B) * T;
+  const int64_t my_rows = token_range(layout_.tensor, BT).size();
   const bool logits_valid = rec->head && rec->head->have_targets;
   for (const NamedActivation& a : rec->named) {
     // Attention probabilities are meaningful on the causal triangle only: check row by row.
@@ -274,7 +282,8 @@ std::string GPT::first_non_finite(const Record* rec) const {
       continue;
     }
     if (a.name == "logits" && !logits_valid) continue;
-    if (bad(a.t.f32(), BT * a.width)) return a.name + " (activation)";
+    if (bad(a.t.f32(), (a.sequence_slice ? my_rows : BT) * a.width))
+      return a.name + " (activation)";
   }
   return "";
 }

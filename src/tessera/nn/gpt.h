@@ -59,7 +59,8 @@ class GPT : public UnitModel {
   struct Record {
     std::optional<Embedding::Record> embedding;
     // hidden[0]: the stage's input (the embedding's output on the first stage); hidden[i + 1]:
-    // the output of the stage's i-th block. [B, T, C] each.
+    // the output of the stage's i-th block. [B, T, C] each, or this rank's rows of the B*T tokens
+    // under sequence parallelism (token_range; hidden_elems).
     std::vector<Tensor> hidden;
     std::vector<Block::Record> blocks;
     std::optional<Head::Record> head;
@@ -114,6 +115,9 @@ class GPT : public UnitModel {
   // the first kept in rec. Together they give backward's gradients.
   void backward_input(Record& rec, const float* dout = nullptr);
   void backward_weight(Record& rec);
+  // Elements of a hidden state of a (B, T) micro-batch on this rank, as stages pass it on: B*T*C,
+  // or token_range(B*T).per * C under sequence parallelism (the same on every rank of the group).
+  int64_t hidden_elems(int B, int T) const;
   float* input(Record& rec) const { return rec.hidden.front().f32(); }
   const float* output(const Record& rec) const { return rec.hidden.back().f32(); }
   const float* input_grad() const { return dres_.f32(); }

@@ -27,16 +27,19 @@ Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
                  "the head's wte does not hold its vocabulary slice");
   lnf_w_ = ps.add("ln_f.weight", {C}, Init::Ones, 0.0f, false);
   lnf_b_ = ps.add("ln_f.bias", {C}, Init::Zeros, 0.0f, false);
+  for (int i : {lnf_w_, lnf_b_}) mark_sequence_partial(ps, i, split);  // ln_f sees its rows only
 }
 
 Head::Record Head::make_record(int max_batch, Allocator& alloc,
                                std::vector<NamedActivation>* list) const {
   const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  const TokenRange rows = token_range(split_, BT);
   ActivationAllocator a(alloc, BT, 0, list);
+  ActivationAllocator mine(alloc, rows.per, 0, list, split_.sequence_parallel());
   Record r;
-  r.lnf = a("ln_f", cfg_.n_embd);
-  r.lnf_mean = a("ln_f.mean", 1);
-  r.lnf_rstd = a("ln_f.rstd", 1);
+  r.lnf = ActivationAllocator(alloc, rows.padded(), 0, list)("ln_f", cfg_.n_embd);
+  r.lnf_mean = mine("ln_f.mean", 1);
+  r.lnf_rstd = mine("ln_f.rstd", 1);
   r.logits = a("logits", vocab_.size());
   r.lse = a("logsumexp", 1);
   r.losses = a("losses", 1);
@@ -51,9 +54,14 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   r.T = b.T;
   r.have_targets = b.targets != nullptr;
   r.loss_scale = ctx.loss_scale;
-  k::layernorm_forward(r.lnf.f32(), r.lnf_mean.f32(), r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_),
-                       ps_.param_data(lnf_b_), BT, C, cfg_.ln_eps);
-  if (V > 0) k::matmul_nt_forward(r.logits.f32(), r.lnf.f32(), ps_.param_data(wte_), BT, C, V);
+  const TokenRange rows = token_range(split_, BT);
+  float* lnf_rows = r.lnf.f32() + rows.place() * C;  // this rank's rows of ln_f(x), in place
+  k::layernorm_forward(lnf_rows, r.lnf_mean.f32(), r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_),
+                       ps_.param_data(lnf_b_), static_cast<int>(rows.size()), C, cfg_.ln_eps);
+  const float* lnf = split_.sequence_parallel()
+                         ? gather_to_tp(split_, lnf_rows, r.lnf.f32(), rows, C)
+                         : copy_to_tp(split_, lnf_rows, static_cast<int64_t>(BT) * C);
+  if (V > 0) k::matmul_nt_forward(r.logits.f32(), lnf, ps_.param_data(wte_), BT, C, V);
   if (!r.have_targets) return 0.0;
   std::memcpy(r.targets.data<int32_t>(), b.targets, sizeof(int32_t) * BT);
   if (split_.size() == 1)
@@ -62,9 +70,7 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   // exponentials and the target logit (one rank holds it, the others add 0), summed over the group.
   float* row_max = r.lse.f32();
   k::vocab_slice_max(row_max, r.logits.f32(), BT, V);
-  comm::AllReduceOptions mx;
-  mx.op = comm::ReduceOp::Max;
-  split_.group->all_reduce(row_max, static_cast<size_t>(BT), DType::F32, mx).wait();
+  max_over_tp(split_, row_max, BT);
   Tensor stats = Tensor::empty({2 * static_cast<int64_t>(BT)}, DType::F32, MemCategory::Activations,
                                "head.vocab_stats");
   float* sum_exp = stats.f32();
@@ -107,10 +113,16 @@ void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) co
   } else {
     std::memset(scratch, 0, sizeof(float) * static_cast<size_t>(BT) * C);
   }
-  copy_to_tp_backward(split_, scratch, static_cast<int64_t>(BT) * C);  // sum over the slices
-  std::memset(dx, 0, sizeof(float) * static_cast<size_t>(BT) * C);
-  k::layernorm_backward(dx, ps_.grad_data(lnf_w_), ps_.grad_data(lnf_b_), scratch, r.x,
-                        ps_.param_data(lnf_w_), r.lnf_mean.f32(), r.lnf_rstd.f32(), BT, C);
+  // Summed over the vocabulary slices (on this rank's rows under sequence parallelism).
+  const TokenRange rows = token_range(split_, BT);
+  const float* dlnf =
+      split_.sequence_parallel()
+          ? gather_to_tp_backward(split_, scratch, scratch + rows.place() * C, rows, C)
+          : copy_to_tp_backward(split_, scratch, static_cast<int64_t>(BT) * C);
+  std::memset(dx, 0, sizeof(float) * static_cast<size_t>(rows.size()) * C);
+  k::layernorm_backward(dx, ps_.grad_data(lnf_w_), ps_.grad_data(lnf_b_), dlnf, r.x,
+                        ps_.param_data(lnf_w_), r.lnf_mean.f32(), r.lnf_rstd.f32(),
+                        static_cast<int>(rows.size()), C);
   r.have_targets = false;  // the logits are now gradients: a second backward would be wrong
 }
 

@@ -12,6 +12,11 @@
 // exponentials and of the target logit); the full logits are never gathered. Backward: the local
 // dlogits, dwte_local += dlogits^T . ln_f(x), and d ln_f(x) = dlogits . wte_local summed over the
 // group (copy_to_tp_backward). There are no padding rows, so a padding logit cannot exist.
+//
+// Sequence parallelism: the input x and dx hold this rank's rows (token_range); ln_f runs on them
+// and its output is all-gathered (gather_to_tp) before the logits, so the loss is computed from
+// every token's logits exactly as without it; d ln_f(x) is reduce-scattered back to the rows
+// (gather_to_tp_backward), and ln_f's parameter gradients are partial (summed by the engine).
 #pragma once
 
 #include <cstdint>
@@ -29,11 +34,12 @@ namespace tessera::nn {
 class Head {
  public:
   struct Record {
-    Tensor lnf, lnf_mean, lnf_rstd;  // [B, T, C], [B, T], [B, T]
-    Tensor logits;                   // [B, T, V_local]; the backward turns it into dlogits in place
-    Tensor lse, losses;              // [B, T]
-    Tensor targets;                  // I32 [B, T]
-    const float* x = nullptr;        // the head's input, kept alive by the caller
+    Tensor lnf;                 // [B, T, C] (padded rows: all-gathered into place)
+    Tensor lnf_mean, lnf_rstd;  // [rows]: this rank's rows
+    Tensor logits;              // [B, T, V_local]; the backward turns it into dlogits in place
+    Tensor lse, losses;         // [B, T]
+    Tensor targets;             // I32 [B, T]
+    const float* x = nullptr;   // the head's input, kept alive by the caller
     int B = 0, T = 0;
     bool have_targets = false;
     float loss_scale = 1.0f;
@@ -49,11 +55,11 @@ class Head {
   VocabRange vocab() const { return vocab_; }
   bool owns_wte() const { return owns_wte_; }
 
-  // Logits of x[B, T, C]; returns the SUM of the token cross-entropies over targets that are not
-  // -1 (0 without targets: inference).
+  // Logits of x[rows, C] (token_range: all B*T without sequence parallelism); returns the SUM of
+  // the token cross-entropies over targets that are not -1 (0 without targets: inference).
   double forward(const StepContext& ctx, const Batch& b, const float* x, Record& r) const;
-  // ASSIGNS dx[B, T, C] = d(loss_scale * loss sum)/dx and ACCUMULATES the ln_f and wte gradients.
-  // scratch: [B, T, C] floats of workspace.
+  // ASSIGNS dx[rows, C] = d(loss_scale * loss sum)/dx and ACCUMULATES the ln_f and wte
+  // gradients. scratch: token_range(B*T).padded() x C floats of workspace.
   // defer_weights (zero-bubble BI): the tied wte's gradient waits for backward_weight(r) (W),
   // which reads the logits' gradient and ln_f's output kept in r.
   void backward(Record& r, float* dx, float* scratch, bool defer_weights = false) const;

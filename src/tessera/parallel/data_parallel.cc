@@ -112,6 +112,9 @@ void DataParallel::end_backward() {
   for (int b : ready_) launch(b);
   ready_.clear();
   drain(0);
+  if (mp_.stage != nullptr)
+    sum_marked_gradients(*mp_.stage, &nn::GradReduction::over_tensor_parallel,
+                         "sequence-parallel replicas");
 }
 
 double DataParallel::grad_norm_contribution() {
@@ -128,21 +131,32 @@ double DataParallel::grad_norm() {
 }
 
 void DataParallel::sum_embedding_group(comm::Communicator& group) {
-  const bool contributes = zero_->sharded() || dp_.rank() == 0;
-  for (int i = 0; i < ps_.size(); ++i) {
-    if (!ps_.infos()[i].reduction.over_embedding_group) continue;
-    TraceSpan span("embedding group", "reduce");
-    Tensor full = Tensor::zeros({ps_.infos()[i].local_numel()}, DType::F32, MemCategory::Buffers,
-                                "embedding_group.grad", &alloc_);
-    float* f = full.f32();
-    if (contributes)
-      for (const optim::Segment& s : opt_->segments())
-        if (s.param == i) std::copy(s.grad, s.grad + s.n, f + s.param_offset);
-    group.all_reduce(f, static_cast<size_t>(full.numel()), DType::F32).wait();
-    volume_.all_reduce += 2.0 * (group.size() - 1) / group.size() * full.numel() * sizeof(float);
+  sum_marked_gradients(group, &nn::GradReduction::over_embedding_group, "embedding group");
+}
+
+void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
+                                        const char* label) {
+  // The marked parameters' local elements, packed: parameter i at packed_at[i].
+  std::vector<int64_t> packed_at(static_cast<size_t>(ps_.size()), -1);
+  int64_t total = 0;
+  for (int i = 0; i < ps_.size(); ++i)
+    if (ps_.infos()[i].reduction.*flag) packed_at[i] = total, total += ps_.infos()[i].local_numel();
+  if (total == 0 || group.size() == 1) return;
+  TraceSpan span(label, "reduce");
+  Tensor packed =
+      Tensor::zeros({total}, DType::F32, MemCategory::Buffers, "marked_gradients", &alloc_);
+  float* f = packed.f32();
+  if (zero_->sharded() || dp_.rank() == 0)
     for (const optim::Segment& s : opt_->segments())
-      if (s.param == i) std::copy(f + s.param_offset, f + s.param_offset + s.n, s.grad);
-  }
+      if (packed_at[s.param] >= 0)
+        std::copy(s.grad, s.grad + s.n, f + packed_at[s.param] + s.param_offset);
+  group.all_reduce(f, static_cast<size_t>(total), DType::F32).wait();
+  volume_.all_reduce += 2.0 * (group.size() - 1) / group.size() * total * sizeof(float);
+  for (const optim::Segment& s : opt_->segments())
+    if (packed_at[s.param] >= 0) {
+      const float* from = f + packed_at[s.param] + s.param_offset;
+      std::copy(from, from + s.n, s.grad);
+    }
 }
 
 void DataParallel::clip(double norm, double max_norm) {

@@ -37,10 +37,13 @@ nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size);
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {});
 
 // The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
-// gradient norm is summed, and the tensor-parallel group, over which checkpoints gather shards.
+// gradient norm is summed, the tensor-parallel group, over which checkpoints gather shards, and
+// the dp x tp ranks of this pipeline stage, over which the sequence-parallel partial gradients
+// (GradReduction::over_tensor_parallel) are summed.
 struct ModelParallelGroups {
   comm::Communicator* world = nullptr;  // null: the data-parallel group is the world
   comm::Communicator* tp = nullptr;     // null: no tensor parallelism
+  comm::Communicator* stage = nullptr;  // null: no parameter is marked over_tensor_parallel
 };
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
@@ -78,7 +81,10 @@ class DataParallel final : public nn::UnitHooks {
   // backward; } end_backward(); grad_norm(); clip(); optimizer_step().
   void begin_step();
   void begin_micro_batch(bool last) { last_micro_ = last; }
-  void end_backward();  // waits for every reduction
+  // Waits for every reduction, then sums the gradients marked over_tensor_parallel (the
+  // LayerNorms under sequence parallelism) over the stage's dp x tp ranks: every rank then holds
+  // the sum of the tensor-parallel ranks' partial gradients.
+  void end_backward();
   // The exact global gradient norm (each global element counted once: counts_in_norm, ZeRO
   // shards, and with ZeRO-0 only data-parallel rank 0's replica; summed over the world).
   double grad_norm();
@@ -115,6 +121,11 @@ class DataParallel final : public nn::UnitHooks {
   // each tensor-parallel shard placed at its global indices, summed over the tp group.
   io::NamedTensors assemble_tensor_parallel(io::NamedTensors local);
   void drain(size_t keep);  // completes reductions until at most `keep` remain
+  // Sums the reduced gradients of the parameters marked `flag` over `group`, each element counted
+  // once: each rank places what it holds after the data-parallel reduction (its ZeRO shard, or
+  // data-parallel rank 0 its replica) in a zero buffer, one all-reduce, and takes its part back.
+  void sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
+                            const char* label);
 
   nn::UnitModel& model_;
   nn::ParameterSet& ps_;

@@ -28,6 +28,7 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape) : world_(world), s
   pp_ = world.split(dp_rank * shape.tp + tp_rank, pp_rank);
   const bool end_stage = pp_rank == 0 || pp_rank == shape.pp - 1;
   embedding_ = world.split(shape.pp > 1 && end_stage ? tp_rank : -1, pp_rank * shape.dp + dp_rank);
+  stage_ = world.split(pp_rank, r);
 }
 
 }  // namespace tessera::parallel

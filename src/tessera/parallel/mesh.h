@@ -36,6 +36,9 @@ class Mesh {
   // with this rank's tp rank (they sum the tied wte's gradients). Null on other ranks and
   // without pipeline parallelism.
   comm::Communicator* embedding() const { return embedding_.get(); }
+  // The dp x tp ranks of this rank's pipeline stage (they hold the same units; the world without
+  // pipeline parallelism), ordered by world rank.
+  comm::Communicator& stage() const { return *stage_; }
   int rank() const { return world_.rank(); }
   int dp_rank() const { return dp_->rank(); }
   int pp_rank() const { return pp_->rank(); }
@@ -49,7 +52,7 @@ class Mesh {
  private:
   comm::Communicator& world_;
   MeshShape shape_;
-  std::unique_ptr<comm::Communicator> dp_, pp_, tp_, embedding_;
+  std::unique_ptr<comm::Communicator> dp_, pp_, tp_, embedding_, stage_;
 };
 
 }  // namespace tessera::parallel

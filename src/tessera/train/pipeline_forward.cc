@@ -18,11 +18,12 @@ PipelineForward::PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicato
 
 nn::GPT* PipelineForward::run(const nn::Batch& b, const nn::StepContext& ctx, double& loss) {
   const int stages = pp_size_ * static_cast<int>(chunks_.size());
-  const size_t count = static_cast<size_t>(b.B) * b.T * config().n_embd;
   nn::GPT* last = nullptr;
   for (int s = 0; s < stages; ++s) {
     if (s % pp_size_ != rank_) continue;
     nn::GPT& model = *chunks_[static_cast<size_t>(s / pp_size_)];
+    // This rank's rows of the hidden state (all of it without sequence parallelism).
+    const size_t count = static_cast<size_t>(model.hidden_elems(b.B, b.T));
     nn::GPT::Record& rec = model.single_record();
     comm::RecvOptions ro;
     ro.tag = 2 * s;

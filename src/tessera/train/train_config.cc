@@ -18,7 +18,7 @@ namespace tessera::train {
   X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(pp) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
+  X(dp) X(tp) X(sp) X(pp) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -143,6 +143,10 @@ void TrainConfig::validate() const {
   TESSERA_CHECK_AS(ConfigError, tp >= 1,
                    "--tp must be at least 1 (1 = no tensor parallelism), got ", tp);
   if (resume.empty() && init_from.empty()) check_tensor_parallel(new_model_heads(), dim, tp);
+  TESSERA_CHECK_AS(ConfigError, !sp || tp > 1,
+                   "--sp (sequence parallelism) splits the sequence over the tensor-parallel "
+                   "ranks: it needs --tp 2 or more, got --tp ",
+                   tp, " (--sp=false turns it off, e.g. to resume an --sp checkpoint at --tp 1)");
   TESSERA_CHECK_AS(ConfigError, pp >= 1, "--pp must be at least 1 (1 = no pipeline), got ", pp);
   TESSERA_CHECK_AS(ConfigError, virtual_stages >= 1, "--virtual-stages must be at least 1, got ",
                    virtual_stages);

@@ -40,6 +40,7 @@ struct TrainConfig {
   // Parallelism.
   int dp = 1;                     // data-parallel ranks (threads here, or the processes of mpirun)
   int tp = 1;                     // tensor-parallel ranks per data-parallel replica (world = dp*tp)
+  bool sp = false;                // sequence parallelism inside the tensor-parallel group (tp > 1)
   int pp = 1;                     // pipeline stages (ranks); world = pp * dp * tp
   std::string pp_split;           // units per model stage, e.g. "4,4"; "" = balanced by cost
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1

@@ -1,6 +1,7 @@
 #include "tessera/train/trainer.h"
 
 #include <cblas.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -151,6 +152,13 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   return plan;
 }
 
+// CPU seconds of this process so far: every rank thread of an inproc job, and BLAS's threads.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 size_t model_state_peak(const Allocator& a) {
   return a.peak(MemCategory::Parameters) + a.peak(MemCategory::Gradients) +
          a.peak(MemCategory::OptimizerState);
@@ -168,7 +176,7 @@ class RankRun {
   void restore_or_initialize();
   void print_header();
   void train_step();
-  void after_step(double loss, double norm, float lr, double secs);
+  void after_step(double loss, double norm, float lr, double secs, double cpu_secs);
   void save(int64_t at_step);
   void validate(int64_t at_step);
   void sample();
@@ -209,6 +217,7 @@ class RankRun {
   const int per_rank_, micro_, n_micro_;
   const int64_t tokens_per_step_;
   parallel::DataParallelOptions dpo_;
+  nn::TensorParallelTraffic tp_traffic_;  // bytes this rank sent in tensor-parallel collectives
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::optional<StepExecutor> executor_;
   std::optional<PipelineForward> forward_;  // evaluation and sampling
@@ -227,10 +236,11 @@ class RankRun {
 };
 
 nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo,
-                           const parallel::Mesh& mesh, const parallel::UnitRange& units) {
+                           const parallel::Mesh& mesh, const parallel::UnitRange& units,
+                           nn::TensorParallelTraffic* traffic) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
-  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp()};
+  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
   base.first_unit = units.first;
   base.last_unit = units.last;
   return parallel::gpt_layout_for(dpo, cfg.dp, base);
@@ -264,7 +274,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
       dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
       schedule_(make_step_schedule(cfg, n_micro_)),
-      boundary_elems_(static_cast<int64_t>(micro_) * cfg.seq * plan.mcfg.n_embd),
+      boundary_elems_(0),  // set once the model exists (hidden_elems)
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
       sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
       in_(static_cast<size_t>(micro_) * cfg.seq),
@@ -274,17 +284,19 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   if (plan.split.validation.size() > cfg.seq)
     val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
   const parallel::ModelParallelGroups groups{world.size() > cfg.dp ? &world : nullptr,
-                                             cfg.tp > 1 ? &mesh_.tp() : nullptr};
+                                             cfg.tp > 1 ? &mesh_.tp() : nullptr,
+                                             cfg.sp ? &mesh_.stage() : nullptr};
   for (int c = 0; c < cfg.virtual_stages; ++c) {
     const parallel::UnitRange& units =
         split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
     chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
-                                              model_layout(cfg, dpo_, mesh_, units), mesh_.dp(),
-                                              dpo_, groups));
+                                              model_layout(cfg, dpo_, mesh_, units, &tp_traffic_),
+                                              mesh_.dp(), dpo_, groups));
     chunks_.back()->engine.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
       return make_optimizer(std::move(segs), n);
     });
   }
+  boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
   comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
   executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding()});
   forward_.emplace(models(), pp);
@@ -372,14 +384,14 @@ void RankRun::print_header() {
   std::snprintf(
       line, sizeof line,
       "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | tp %d | pp %d | zero %d | recompute %s | %s "
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d%s | pp %d | zero %d | recompute %s | %s "
       "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
       m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
       static_cast<double>(first_model().num_params_without_wpe() +
                           static_cast<int64_t>(m.block_size) * m.n_embd) /
           1e6,
-      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.pp, cfg_.zero,
-      cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp,
+      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -396,11 +408,13 @@ void RankRun::print_header() {
 
 void RankRun::train_step() {
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
   for (auto& c : chunks_) {
     c->engine.reset_volume();
     c->engine.begin_step();
   }
+  tp_traffic_ = {};
   const data::SamplerPosition pos = sampler_.position();
   const int dp_rank = mesh_.dp_rank();
   auto fetch = [&](int m) {
@@ -440,15 +454,17 @@ void RankRun::train_step() {
     timing_sum_.pipeline_seconds += executor_->timing().pipeline_seconds;
   }
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
-  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count());
+  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
+             process_cpu_seconds() - cpu0);
 }
 
-void RankRun::after_step(double loss, double norm, float lr, double secs) {
+void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
-  double comm_bytes = 0;
+  double comm_bytes = tp_traffic_.total();
   for (auto& c : chunks_) comm_bytes += c->engine.volume().total();
   result_.comm_bytes_per_step = comm_bytes;
+  result_.tp_bytes_per_step = tp_traffic_.total();
   StepStats st;
   st.step = step_ + 1;
   st.total_steps = cfg_.steps;
@@ -469,7 +485,9 @@ void RankRun::after_step(double loss, double norm, float lr, double secs) {
                    {"tokens_per_s", st.tokens_per_s},
                    {"flops_per_s", st.flops_per_s},
                    {"step_ms", secs * 1e3},
-                   {"comm_bytes_per_rank", comm_bytes}});
+                   {"process_cpu_ms", cpu_secs * 1e3},
+                   {"comm_bytes_per_rank", comm_bytes},
+                   {"tp_bytes_per_rank", tp_traffic_.total()}});
   if (pl_) pl_->update(st);
 }
 

@@ -24,6 +24,7 @@ struct TrainResult {
   std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
   std::vector<size_t> memory_peaks;         // per rank: the allocator's peak over all categories
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
+  double tp_bytes_per_step = 0;             // of which in tensor-parallel collectives
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start
   // to the end of the rank's last forward or backward, over the steps after the first).
