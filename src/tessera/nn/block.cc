@@ -21,7 +21,7 @@ constexpr float kInitStd = 0.02f;
 }  // namespace
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
-             Recompute recompute)
+             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split)
     : ps_(ps), cfg_(cfg), layer_(layer), split_(split), recompute_(recompute) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
@@ -48,12 +48,18 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   q_.aproj_b = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
   q_.ln2_w = ps.add(h + "ln_2.weight", {C}, Init::Ones, 0.0f, false);
   q_.ln2_b = ps.add(h + "ln_2.bias", {C}, Init::Zeros, 0.0f, false);
-  q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
-                   part(1, 1, mlp_local_));
-  q_.fc_b = ps.add(h + "mlp.c_fc.bias", {4 * C}, Init::Zeros, 0.0f, false, part(0, 1, mlp_local_));
-  q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
-                      part(0, 1, mlp_local_));
-  q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  if (cfg.moe.is_moe_layer(layer)) {  // the MLP is a mixture of experts
+    moe_.emplace(ps, experts ? *experts : ps, cfg, layer, expert_split);
+    q_.fc_w = q_.fc_b = q_.mproj_w = q_.mproj_b = -1;
+  } else {
+    q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
+                     part(1, 1, mlp_local_));
+    q_.fc_b =
+        ps.add(h + "mlp.c_fc.bias", {4 * C}, Init::Zeros, 0.0f, false, part(0, 1, mlp_local_));
+    q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
+                        part(0, 1, mlp_local_));
+    q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  }
   site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
   site_mlp_drop_ = stable_hash(h + "mlp.dropout");
@@ -76,8 +82,12 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
     r.ln2 = a(h + "ln_2", C);
     r.ln2_mean = a(h + "ln_2.mean", 1);
     r.ln2_rstd = a(h + "ln_2.rstd", 1);
-    r.fc = a(h + "fc", mlp_local_);
-    r.fch = a(h + "fc.gelu", mlp_local_);
+    if (moe_) {
+      r.moe = std::make_shared<MoeMlp::Record>(moe_->make_record(max_batch, alloc));
+    } else {
+      r.fc = a(h + "fc", mlp_local_);
+      r.fch = a(h + "fc.gelu", mlp_local_);
+    }
     if (drop) {
       r.mask_attn = a(h + "attn.resid_dropout.mask", C, DType::U8);
       r.mask_mlp = a(h + "mlp.dropout.mask", C, DType::U8);
@@ -107,6 +117,8 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   ws.dqkv = a("block.d_qkv", 3 * c_local_);
   ws.dfch = a("block.d_fc", mlp_local_);
   ws.dscratch = a("block.d_att", 0);  // [T, T]
+  if (cfg_.moe.enabled())
+    ws.moe = std::make_shared<MoeMlp::Workspace>(MoeMlp::make_workspace(alloc));
   if (recompute_ != Recompute::None) {
     ws.recomputed = std::make_unique<Record>();
     const bool selective = recompute_ == Recompute::Selective;
@@ -138,11 +150,15 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   // out = residual + dropout(proj + bias), after the projection's reduce point.
   auto residual_branch = [&](float* out, float* proj, const float* bias, const float* residual,
                              Tensor& mask, uint64_t site) {
-    if (!drop) {
+    if (!drop && bias) {
       k::bias_residual_forward(out, proj, bias, residual, BT, C);
       return;
     }
-    k::bias_forward(proj, proj, bias, BT, C);
+    if (bias) k::bias_forward(proj, proj, bias, BT, C);
+    if (!drop) {
+      k::residual_forward(out, residual, proj, n);
+      return;
+    }
     k::dropout_forward_btc(proj, mask.data<uint8_t>(), proj, B, T, C, r.p, r.seed,
                            mix_stream(r.step, site), r.first_sample);
     k::residual_forward(out, residual, proj, n);
@@ -159,16 +175,27 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   reduce_from_tp(split_, proj, n);  // reduce point
   residual_branch(r.x_attn.f32(), proj, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
 
-  // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj).
+  // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj), or with
+  // the mixture of experts, y = x_attn + dropout(moe(ln_2(x_attn))) (complete on every tp rank;
+  // its backward needs the experts' outputs, so a recomputation runs all of it).
   k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), r.x_attn.f32(), p(q_.ln2_w),
                        p(q_.ln2_b), BT, C, cfg_.ln_eps);
-  copy_to_tp(split_, r.ln2.f32(), n);
-  k::matmul_forward(r.fc.f32(), r.ln2.f32(), p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
-  k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+  if (moe_) {
+    moe_->forward(r.ln2.f32(), proj, B, T, r.loss_scale, *r.moe, *ws.moe,
+                  write_output && r.training);
+  } else {
+    copy_to_tp(split_, r.ln2.f32(), n);
+    k::matmul_forward(r.fc.f32(), r.ln2.f32(), p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
+    k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+  }
   if (!write_output) {  // a recomputation needs only the mask of the last dropout
     if (drop)
       k::dropout_mask_btc(r.mask_mlp.data<uint8_t>(), B, T, C, r.p, r.seed,
                           mix_stream(r.step, site_mlp_drop_), r.first_sample);
+    return;
+  }
+  if (moe_) {  // the experts' biases are inside their outputs
+    residual_branch(y, proj, nullptr, r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
     return;
   }
   k::matmul_forward(proj, r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
@@ -185,6 +212,8 @@ void Block::forward(const StepContext& ctx, const Batch& b, const float* x, floa
   r.p = ctx.training ? cfg_.dropout : 0.0f;
   r.seed = ctx.seed;
   r.step = ctx.step;
+  r.loss_scale = ctx.loss_scale;
+  r.training = ctx.training;
   switch (recompute_) {
     case Recompute::None:
       run_forward(x, y, r, ws, true);
@@ -200,6 +229,7 @@ void Block::forward(const StepContext& ctx, const Batch& b, const float* x, floa
       Record& scratch = *ws.recomputed;
       scratch.B = r.B, scratch.T = r.T, scratch.p = r.p;
       scratch.first_sample = r.first_sample, scratch.seed = r.seed, scratch.step = r.step;
+      scratch.loss_scale = r.loss_scale, scratch.training = r.training;
       scratch.x = x;
       run_forward(x, y, scratch, ws, true);
       return;
@@ -227,6 +257,7 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
       Record& full = *ws.recomputed;
       full.B = r.B, full.T = r.T, full.p = r.p;
       full.first_sample = r.first_sample, full.seed = r.seed, full.step = r.step;
+      full.loss_scale = r.loss_scale, full.training = r.training;
       full.x = r.x;
       run_forward(r.x, nullptr, full, ws, false);
       run_backward(full, dres, ws, defer);
@@ -237,8 +268,10 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
         };
         keep(defer->ln1, full.ln1, cfg_.n_embd);
         keep(defer->atty, full.atty, c_local_);
-        keep(defer->ln2, full.ln2, cfg_.n_embd);
-        keep(defer->fch, full.fch, mlp_local_);
+        if (!moe_) {
+          keep(defer->ln2, full.ln2, cfg_.n_embd);
+          keep(defer->fch, full.fch, mlp_local_);
+        }
       }
       return;
     }
@@ -247,20 +280,24 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
 
 Block::Record::DeferredWeightGrads& Block::deferred_for(Record& r) const {
   const int64_t BT = static_cast<int64_t>(r.B) * r.T, C = cfg_.n_embd;
-  if (!r.deferred || r.deferred->d_mproj.numel() != BT * C) {
+  if (!r.deferred || r.deferred->d_aproj.numel() != BT * C) {
     auto d = std::make_shared<Record::DeferredWeightGrads>();
     auto make = [&](int64_t width, const char* name) {
       return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
     };
-    d->d_mproj = make(C, "block.deferred.d_mlp_proj");
-    d->d_fc = make(mlp_local_, "block.deferred.d_fc");
+    if (!moe_) {
+      d->d_mproj = make(C, "block.deferred.d_mlp_proj");
+      d->d_fc = make(mlp_local_, "block.deferred.d_fc");
+    }
     d->d_aproj = make(C, "block.deferred.d_attn_proj");
     d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
     if (recompute_ == Recompute::Full) {
       d->ln1 = make(C, "block.deferred.ln_1");
       d->atty = make(c_local_, "block.deferred.atty");
-      d->ln2 = make(C, "block.deferred.ln_2");
-      d->fch = make(mlp_local_, "block.deferred.fch");
+      if (!moe_) {
+        d->ln2 = make(C, "block.deferred.ln_2");
+        d->fch = make(mlp_local_, "block.deferred.fch");
+      }
     }
     r.deferred = std::move(d);
   }
@@ -275,10 +312,12 @@ void Block::backward_weight(Record& r) const {
   const int BT = r.B * r.T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   auto g = [&](int i) { return ps_.grad_data(i); };
-  k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(),
-                     (full ? d.fch : r.fch).f32(), nullptr, BT, F, C);
-  k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), (full ? d.ln2 : r.ln2).f32(),
-                     nullptr, BT, C, F);
+  if (!moe_) {  // an MoE block computed its MLP's gradients in backward already
+    k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(),
+                       (full ? d.fch : r.fch).f32(), nullptr, BT, F, C);
+    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), (full ? d.ln2 : r.ln2).f32(),
+                       nullptr, BT, C, F);
+  }
   k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(),
                      (full ? d.atty : r.atty).f32(), nullptr, BT, Cl, C);
   k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(),
@@ -307,13 +346,18 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     k::dropout_backward(ws.proj.f32(), dres, r.mask_mlp.data<uint8_t>(), n, r.p);
     dy = ws.proj.f32();
   }
-  float* dfch = ws.dfch.f32();
-  keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
-  k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F, C);
-  k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
-  keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-  k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, r.ln2.f32(), p(q_.fc_w), BT, C, F);
-  copy_to_tp_backward(split_, dln, n);
+  if (moe_) {
+    moe_->backward(*r.moe, dy, dln, *ws.moe);  // complete on every tp rank: no reduction
+  } else {
+    float* dfch = ws.dfch.f32();
+    keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
+    k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F,
+                       C);
+    k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+    keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
+    k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, r.ln2.f32(), p(q_.fc_w), BT, C, F);
+    copy_to_tp_backward(split_, dln, n);
+  }
   k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
                         r.ln2_mean.f32(), r.ln2_rstd.f32(), BT, C);
 
@@ -333,8 +377,8 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), r.ln1.f32(), p(q_.attn_w), BT,
                      C, 3 * Cl);
   copy_to_tp_backward(split_, dln, n);
-  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w), r.ln1_mean.f32(),
-                        r.ln1_rstd.f32(), BT, C);
+  k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), dln, r.x, p(q_.ln1_w),
+                        r.ln1_mean.f32(), r.ln1_rstd.f32(), BT, C);
 }
 
 }  // namespace tessera::nn
