@@ -4,8 +4,8 @@
 
 namespace tessera::parallel {
 
-std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int shards,
-                                 std::vector<int>& bucket_of_unit) {
+std::vector<Bucket> make_buckets(const nn::GPT& model, nn::ParamGroup group, double bucket_mb,
+                                 int shards, std::vector<int>& bucket_of_unit) {
   const int first = model.first_unit(), last = model.last_unit();
   const int64_t target = static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4);
   std::vector<Bucket> buckets;
@@ -13,13 +13,18 @@ std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int sha
   int hi = last;
   while (hi >= first) {
     int lo = hi;
-    while (lo > first && model.unit_begin(hi + 1) - model.unit_begin(lo) < target) --lo;
+    auto begin = [&](int u) { return model.unit_begin(u, group); };
+    while (lo > first && begin(hi + 1) - begin(lo) < target) --lo;
     Bucket b;
     b.first_unit = lo;
     b.last_unit = hi;
-    b.begin = model.unit_begin(lo);
-    b.end = model.unit_begin(hi + 1);
-    auto [fp, lp] = model.params().params_in(b.begin, b.end);
+    b.begin = begin(lo);
+    b.end = begin(hi + 1);
+    if (b.size() == 0) {  // none of the set's parameters live in these units
+      hi = lo - 1;
+      continue;
+    }
+    auto [fp, lp] = model.params(group).params_in(b.begin, b.end);
     b.first_param = fp;
     b.last_param = lp;
     TESSERA_ASSERT(shards == 0 || b.size() % shards == 0, "a bucket of ", b.size(),
@@ -32,7 +37,7 @@ std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int sha
     hi = lo - 1;
   }
   for (int u = first; u <= last; ++u) {
-    const int tied = model.tied_unit(u);
+    const int tied = group == nn::ParamGroup::Model ? model.tied_unit(u) : -1;
     if (tied >= 0 && bucket_of_unit[tied - first] != bucket_of_unit[u - first])
       ++buckets[bucket_of_unit[tied - first]].users;
   }

@@ -29,11 +29,13 @@ struct Bucket {
   int64_t size() const { return end - begin; }
 };
 
-// Buckets of about bucket_mb MiB over the stage's units, in backward order. With ZeRO
+// Buckets of about bucket_mb MiB over the stage's units, in backward order, of the parameter set
+// `group` (a bucket the set has no parameters in, e.g. units without experts, is left out and its
+// units map to -1). With ZeRO
 // (`shards` > 0: the data-parallel size) every bucket's size divides by `shards` (the model's unit
 // padding guarantees it) and Bucket::shard is set.
 // bucket_of_unit[u - model.first_unit()] is the bucket holding unit u.
-std::vector<Bucket> make_buckets(const nn::GPT& model, double bucket_mb, int shards,
-                                 std::vector<int>& bucket_of_unit);
+std::vector<Bucket> make_buckets(const nn::GPT& model, nn::ParamGroup group, double bucket_mb,
+                                 int shards, std::vector<int>& bucket_of_unit);
 
 }  // namespace tessera::parallel

@@ -10,22 +10,33 @@
 
 namespace tessera::parallel {
 
-nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base) {
+nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base,
+                             int expert_dp_size) {
   base.unit_alignment = 16 * static_cast<int64_t>(o.zero > 0 ? dp_size : 1);
+  const int edp = expert_dp_size > 0 ? expert_dp_size : dp_size;
+  base.expert_unit_alignment = 16 * static_cast<int64_t>(o.zero > 0 ? edp : 1);
   base.full_params = o.zero < 3;
   base.full_grads = o.zero < 2;
   return base;
 }
 
 DataParallel::DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
-                           Allocator& alloc, ModelParallelGroups mp)
-    : model_(model), ps_(model.params()), dp_(dp), o_(o), mp_(mp), alloc_(alloc) {
+                           Allocator& alloc, ModelParallelGroups mp, nn::ParamGroup group)
+    : model_(model),
+      group_(group),
+      ps_(model.params(group)),
+      dp_(dp),
+      o_(o),
+      mp_(mp),
+      alloc_(alloc) {
   TESSERA_CHECK_AS(ConfigError, o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ",
                    o.zero);
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
-  buckets_ = make_buckets(model, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
+  buckets_ = make_buckets(model, group, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
   zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_});
-  zero_->set_pipeline_stage(!model.has_embedding() || !model.has_head());
+  // A full-model file holds tensors this engine does not read: other stages', or the other set's.
+  zero_->set_pipeline_stage(!model.has_embedding() || !model.has_head() || model.has_experts() ||
+                            group != nn::ParamGroup::Model);
   model_.add_hooks(this);
 }
 
@@ -141,8 +152,9 @@ io::NamedTensors DataParallel::assemble_tensor_parallel(io::NamedTensors local) 
 template <typename F>
 void DataParallel::for_each_bucket_of(int unit, F f) {
   const int own = bucket_of_unit_[unit - model_.first_unit()];
+  if (own < 0) return;  // no parameters of this engine's set in the unit
   f(own);
-  const int tied = model_.tied_unit(unit);
+  const int tied = group_ == nn::ParamGroup::Model ? model_.tied_unit(unit) : -1;
   if (tied >= 0 && bucket_of_unit_[tied - model_.first_unit()] != own)
     f(bucket_of_unit_[tied - model_.first_unit()]);
 }

@@ -31,8 +31,10 @@ struct DataParallelOptions {
 };
 
 // How the model must be laid out for this engine: units padded to multiples of 16 * dp floats so
-// every bucket splits into equal 64-byte-aligned shards; full buffers only where not sharded.
-nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {});
+// every bucket splits into equal 64-byte-aligned shards; full buffers only where not sharded. The
+// expert parameter set is padded for the expert-data-parallel size (0: dp_size).
+nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {},
+                             int expert_dp_size = 0);
 
 // The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
 // gradient norm is summed, and the tensor-parallel group, over which checkpoints gather shards.
@@ -47,8 +49,11 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
 class DataParallel final : public nn::UnitHooks {
  public:
   // Adds itself to the model's hooks. The model must have been built with gpt_layout_for(o, dp).
+  // `group`: the parameter set this engine reduces; the experts of a mixture-of-experts model get
+  // their own engine over the expert-data-parallel group (`dp` is then that group).
   DataParallel(nn::GPT& model, comm::Communicator& dp, const DataParallelOptions& o,
-               Allocator& alloc, ModelParallelGroups mp = {});
+               Allocator& alloc, ModelParallelGroups mp = {},
+               nn::ParamGroup group = nn::ParamGroup::Model);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -113,6 +118,7 @@ class DataParallel final : public nn::UnitHooks {
   void drain(size_t keep);  // completes reductions until at most `keep` remain
 
   nn::GPT& model_;
+  nn::ParamGroup group_;
   nn::ParameterSet& ps_;
   comm::Communicator& dp_;
   DataParallelOptions o_;

@@ -27,10 +27,12 @@
 
 namespace tessera::train {
 
-// One model chunk of this rank: a stage of the model and the engine that reduces its gradients.
+// One model chunk of this rank: a stage of the model and the engine that reduces its gradients
+// (and, for a mixture of experts, the engine of its experts over the expert-data-parallel group).
 struct StageChunk {
   nn::GPT* model = nullptr;
   parallel::DataParallel* engine = nullptr;
+  parallel::DataParallel* experts = nullptr;
 };
 
 // This rank's pipeline groups (all null for one stage).
@@ -43,7 +45,7 @@ struct PipelineLinks {
 
 // Where the time of the last run went on this rank.
 struct StepTiming {
-  double compute_seconds = 0;  // in F, B, BI and W
+  double compute_seconds = 0;   // in F, B, BI and W
   double pipeline_seconds = 0;  // from the start to the end of the last compute action
   double bubble() const {
     return pipeline_seconds > 0 ? 1.0 - compute_seconds / pipeline_seconds : 0.0;
@@ -73,8 +75,8 @@ class StepExecutor {
     StageChunk stage;
     std::vector<nn::GPT::Record*> pool;  // the model's single record first, then owned
     std::vector<std::unique_ptr<nn::GPT::Record>> owned;
-    std::vector<int> free;     // indices into pool
-    std::vector<int> slot_of;  // micro-batch -> pool index, -1 when not in flight
+    std::vector<int> free;             // indices into pool
+    std::vector<int> slot_of;          // micro-batch -> pool index, -1 when not in flight
     std::vector<comm::Work> sends_of;  // micro-batch -> its activation send (waited at release)
     std::vector<int> dout_of;          // micro-batch -> received output gradient buffer, or -1
   };
@@ -86,6 +88,7 @@ class StepExecutor {
   nn::GPT::Record& acquire(Chunk& c, int micro_batch);
   nn::GPT::Record& in_flight(Chunk& c, int micro_batch);
   void release(Chunk& c, int micro_batch);
+  void begin_micro_batch(Chunk& c, bool last);
   Tensor& buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index, int64_t elems);
   SendBuffer& send_buffer(int64_t elems);
   void execute(const parallel::Schedule& s, int rank, const parallel::Action& a,

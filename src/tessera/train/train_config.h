@@ -22,6 +22,13 @@ struct TrainConfig {
   int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
   std::string init_from;  // safetensors weights to start from
+  // Mixture of experts (nn/moe.h; the architecture comes from config.json when resuming).
+  int moe_experts = 0;               // experts per MoE block; 0 = dense
+  int moe_top_k = 2;                 // experts per token
+  int moe_every = 1;                 // block l is MoE when l % every == every - 1
+  float moe_capacity_factor = 0.0f;  // per-sequence capacity factor; 0 = dropless
+  float moe_aux_loss = 0.01f;        // load-balancing loss coefficient (alpha)
+  float moe_z_loss = 0.001f;         // router z-loss coefficient (beta)
 
   // Optimisation.
   int64_t steps = 1000;
@@ -38,17 +45,18 @@ struct TrainConfig {
   uint64_t seed = 1337;
 
   // Parallelism.
-  int dp = 1;                    // data-parallel ranks (threads here, or the processes of mpirun)
-  int tp = 1;                    // tensor-parallel ranks per data-parallel replica (world = dp*tp)
-  int pp = 1;                    // pipeline stages (ranks); world = pp * dp * tp
-  std::string pp_split;          // units per model stage, e.g. "4,4"; "" = balanced by cost
+  int dp = 1;                     // data-parallel ranks (threads here, or the processes of mpirun)
+  int tp = 1;                     // tensor-parallel ranks per data-parallel replica (world = dp*tp)
+  int pp = 1;                     // pipeline stages (ranks); world = pp * dp * tp
+  int ep = 1;                     // expert-parallel ranks, carved from dp (must divide it)
+  std::string pp_split;           // units per model stage, e.g. "4,4"; "" = balanced by cost
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved schedule)
-  int zero = 0;                  // ZeRO stage 0..3
-  double bucket_mb = 25;         // gradient bucket size (MiB)
-  bool overlap = true;           // overlap bucket communication with backward
-  std::string backend = "auto";  // auto | inproc | mpi
-  std::string trace;             // Chrome trace-event JSON of the run's timeline
+  int zero = 0;                   // ZeRO stage 0..3
+  double bucket_mb = 25;          // gradient bucket size (MiB)
+  bool overlap = true;            // overlap bucket communication with backward
+  std::string backend = "auto";   // auto | inproc | mpi
+  std::string trace;              // Chrome trace-event JSON of the run's timeline
   std::string recompute = "none";  // activation recomputation: none | selective | full
 
   // Run.
