@@ -6,9 +6,9 @@
 #            expert assignments. GPT L=4 C=256 heads 4 T=128, every block MoE, dropless. The two
 #            sides alternate, ROUNDS times each; medians of the runs' median tokens/s.
 #   balance  the default corpus and model (`tessera train` defaults) with E = 8, top-2, 500
-#            steps, with the default load-balancing loss (0.01) and without it (0): the busiest
-#            expert's share over the mean share (1/E), per MoE layer, averaged over the last 50
-#            steps, from the metrics.
+#            steps, with the default load-balancing loss (0.01) and without it (0), both runs at
+#            once with one BLAS thread each: the busiest expert's share over the mean share (1/E),
+#            per MoE layer, averaged over the last 50 steps, from the metrics.
 # Usage: bench/parallel/moe.sh [tessera] [speed|balance|all]. Timings want a quiet machine.
 set -euo pipefail
 bin=${1:-build/apps/tessera/tessera}
@@ -45,11 +45,14 @@ fi
 
 if [[ $what == balance || $what == all ]]; then
   steps=${BALANCE_STEPS:-500}
+  # The two runs side by side, one BLAS thread each (the loads do not depend on the timing).
   for aux in 0.01 0; do
     "$bin" train --moe-experts 8 --moe-top-k 2 --steps "$steps" --eval-every 0 --sample-tokens 0 \
-      --moe-aux-loss $aux --metrics "$out/balance_aux$aux.jsonl" >"$out/balance_aux$aux.log"
-    tail -n 3 "$out/balance_aux$aux.log"
+      --threads 1 --moe-aux-loss $aux --metrics "$out/balance_aux$aux.jsonl" \
+      >"$out/balance_aux$aux.log" &
   done
+  wait
+  for aux in 0.01 0; do tail -n 3 "$out/balance_aux$aux.log"; done
   python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]

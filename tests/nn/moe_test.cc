@@ -12,6 +12,7 @@
 #include <random>
 
 #include "gpt_reference.h"
+#include "module_checks.h"
 #include "tessera/nn/block.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/moe_router.h"
@@ -19,9 +20,16 @@
 namespace tessera::nn {
 namespace {
 
+using testing::as_batch;
+using testing::expect_gradient;
+using testing::random_floats;
 using testing::RefBatch;
 using testing::RefModel;
 using testing::Vec;
+
+RefBatch make_batch(const GPTConfig& c, int B, int T, uint32_t seed, float p, int64_t first) {
+  return testing::make_batch(c, B, T, seed, p, first, /*all_targets=*/true);
+}
 
 TEST(MoeRouter, TopKIsDescendingWithTiesToTheLowerIndexAndRenormalisedGates) {
   // Row 0: experts 1 and 3 tie for first, 0 and 2 for third.
@@ -111,35 +119,6 @@ GPTConfig moe_config(float dropout, float capacity, int top_k = 2) {
   return c;
 }
 
-RefBatch make_batch(const GPTConfig& c, int B, int T, uint32_t seed, float p, int64_t first) {
-  RefBatch b;
-  b.B = B;
-  b.T = T;
-  b.seed = 77;
-  b.step = 3;
-  b.p = p;
-  b.first_sample = first;
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
-  for (int i = 0; i < B * T; ++i) {
-    b.tokens.push_back(tok(rng));
-    b.targets.push_back(tok(rng));
-  }
-  return b;
-}
-
-Batch as_batch(const RefBatch& r) {
-  return Batch{r.tokens.data(), r.targets.data(), r.B, r.T, r.first_sample};
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 // Initialise, then add noise so that biases, gains and the router carry non-trivial values.
 void init_noisy(ParameterSet& ps, uint64_t seed, float sd = 0.05f) {
   ps.initialize(seed);
@@ -149,30 +128,6 @@ void init_noisy(ParameterSet& ps, uint64_t seed, float sd = 0.05f) {
     float* w = ps.param_data(i);
     const float s = ps.infos()[i].name.find("router") != std::string::npos ? 20 * sd : sd;
     for (int64_t j = 0; j < ps.infos()[i].local_numel(); ++j) w[j] += s / sd * d(rng);
-  }
-}
-
-// As modules_test.cc: |got - ref| <= 1e-4 (|ref| + 0.01 max|ref|), ref by central differences.
-void expect_gradient(const std::string& what, const std::vector<float>& got, Vec& x,
-                     const std::function<double()>& f) {
-  ASSERT_EQ(got.size(), x.size()) << what;
-  Vec ref(x.size());
-  const double h = 1e-6;
-  for (size_t j = 0; j < x.size(); ++j) {
-    const double saved = x[j];
-    x[j] = saved + h;
-    const double lp = f();
-    x[j] = saved - h;
-    const double lm = f();
-    x[j] = saved;
-    ref[j] = (lp - lm) / (2 * h);
-  }
-  double rmax = 0;
-  for (double v : ref) rmax = std::max(rmax, std::abs(v));
-  for (size_t j = 0; j < x.size(); ++j) {
-    const double denom = std::abs(ref[j]) + 0.01 * rmax;
-    ASSERT_LE(std::abs(got[j] - ref[j]), 1e-4 * (denom > 0 ? denom : 1.0))
-        << what << "[" << j << "]: " << got[j] << " vs reference " << ref[j];
   }
 }
 

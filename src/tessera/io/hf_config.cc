@@ -74,7 +74,15 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
   TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "In ", source, ", n_embd ", c.n_embd,
                    " is not divisible by n_head ", c.n_head, ".");
   if (j.contains("num_local_experts")) {
-    c.num_local_experts = positive_int(j, "num_local_experts", source);
+    const json& e = j["num_local_experts"];
+    TESSERA_CHECK_AS(ConfigError,
+                     e.is_number_integer() && e.get<int64_t>() >= 0 &&
+                         e.get<int64_t>() <= std::numeric_limits<int>::max(),
+                     "In ", source, ", \"num_local_experts\" must be a non-negative integer, got ",
+                     e.dump(), ".");
+    c.num_local_experts = static_cast<int>(e.get<int64_t>());
+  }
+  if (c.num_local_experts > 0) {
     if (j.contains("num_experts_per_tok"))
       c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", source);
     if (j.contains("moe_every")) c.moe_every = positive_int(j, "moe_every", source);

@@ -84,6 +84,11 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
     r.ln2_rstd = a(h + "ln_2.rstd", 1);
     if (moe_) {
       r.moe = std::make_shared<MoeMlp::Record>(moe_->make_record(max_batch, alloc));
+      if (list) {  // the router's [B T, E] activations (the experts' rows vary with routing)
+        const int64_t E = cfg_.moe.experts;
+        list->push_back({h + "mlp.router.logits", r.moe->logits, E});
+        list->push_back({h + "mlp.router.probs", r.moe->probs, E});
+      }
     } else {
       r.fc = a(h + "fc", mlp_local_);
       r.fch = a(h + "fc.gelu", mlp_local_);

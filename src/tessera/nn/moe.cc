@@ -97,31 +97,20 @@ void MoeMlp::exchange(const float* send, const std::vector<size_t>& send_rows, f
 
 // Receive order: for each source s, its rows for local expert 0, 1, ...; experts' order: for each
 // local expert el, its rows from source 0, 1, ...
-void MoeMlp::to_expert_major(const float* src, float* dst, const Record& r) const {
+void MoeMlp::permute_rows(const float* src, float* dst, const Record& r, bool to_experts) const {
   const int n = split_.size(), C = cfg_.n_embd;
-  int64_t out = 0;
+  int64_t expert_row = 0;
   for (int el = 0; el < local_; ++el)
     for (int s = 0; s < n; ++s) {
-      int64_t in = 0;
-      for (int s2 = 0; s2 < s; ++s2) in += static_cast<int64_t>(r.recv_rows[s2]);
-      for (int e2 = 0; e2 < el; ++e2) in += r.recv_counts[s * local_ + e2];
+      int64_t source_row = 0;
+      for (int s2 = 0; s2 < s; ++s2) source_row += static_cast<int64_t>(r.recv_rows[s2]);
+      for (int e2 = 0; e2 < el; ++e2) source_row += r.recv_counts[s * local_ + e2];
       const int64_t rows = r.recv_counts[s * local_ + el];
-      copy_rows(dst + out * C, src + in * C, rows, C);
-      out += rows;
-    }
-}
-
-void MoeMlp::to_source_major(const float* src, float* dst, const Record& r) const {
-  const int n = split_.size(), C = cfg_.n_embd;
-  int64_t in = 0;
-  for (int el = 0; el < local_; ++el)
-    for (int s = 0; s < n; ++s) {
-      int64_t out = 0;
-      for (int s2 = 0; s2 < s; ++s2) out += static_cast<int64_t>(r.recv_rows[s2]);
-      for (int e2 = 0; e2 < el; ++e2) out += r.recv_counts[s * local_ + e2];
-      const int64_t rows = r.recv_counts[s * local_ + el];
-      copy_rows(dst + out * C, src + in * C, rows, C);
-      in += rows;
+      if (to_experts)
+        copy_rows(dst + expert_row * C, src + source_row * C, rows, C);
+      else
+        copy_rows(dst + source_row * C, src + expert_row * C, rows, C);
+      expert_row += rows;
     }
 }
 
@@ -211,7 +200,7 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
   float* fc = ensure(r.fc, r.R * F, "moe.fc", r.alloc);
   float* fch = ensure(r.fch, r.R * F, "moe.fc.gelu", r.alloc);
   float* ye = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
-  to_expert_major(recv, xe, r);
+  permute_rows(recv, xe, r, true);
   int64_t row = 0;
   for (int el = 0; el < local_; ++el) {
     int64_t rows = 0;
@@ -229,7 +218,7 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
   float* o = ensure(r.out, r.K * C, "moe.output", r.alloc);
   {
     TraceSpan span(combine_label_, "moe", 1);
-    to_source_major(ye, recv, r);
+    permute_rows(ye, recv, r, false);
     exchange(recv, r.recv_rows, o, r.send_rows);
   }
   for (int64_t t = 0; t < N; ++t) {
@@ -276,7 +265,7 @@ void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& 
     TraceSpan span(dispatch_label_ + " (backward)", "moe", 1);
     exchange(dsend, r.send_rows, drecv, r.recv_rows);
   }
-  to_expert_major(drecv, dye, r);
+  permute_rows(drecv, dye, r, true);
 
   // The experts' backward; their input gradients overwrite dye row block by row block.
   float* dfch = ensure(ws.dfch, r.R * F, "moe.d_fc", ws.alloc);
@@ -300,7 +289,7 @@ void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& 
   }
   {
     TraceSpan span(combine_label_ + " (backward)", "moe", 1);
-    to_source_major(dye, drecv, r);
+    permute_rows(dye, drecv, r, false);
     exchange(drecv, r.recv_rows, dsend, r.send_rows);
   }
 

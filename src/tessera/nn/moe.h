@@ -109,9 +109,8 @@ class MoeMlp {
   // Data movement of the dispatch and the combine: rows of C floats, `to` given per rank.
   void exchange(const float* send, const std::vector<size_t>& send_rows, float* recv,
                 const std::vector<size_t>& recv_rows) const;
-  // Rows between the receive order (source-major) and the experts' order (expert-major).
-  void to_expert_major(const float* src, float* dst, const Record& r) const;
-  void to_source_major(const float* src, float* dst, const Record& r) const;
+  // Rows from the receive order (source-major) to the experts' order (expert-major), or back.
+  void permute_rows(const float* src, float* dst, const Record& r, bool to_experts) const;
   void plan_dispatch(Record& r) const;
 
   const ParameterSet& ps_;
