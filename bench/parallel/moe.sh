@@ -22,9 +22,12 @@ if [[ $what == speed || $what == all ]]; then
   args=(--cache-dir "$out/cache" --vocab 4096 --val-fraction 0 --eval-every 0 --sample-tokens 0
         --layers 4 --dim 256 --heads 4 --seq 128 --steps ${STEPS:-12} --warmup 1 --threads 1
         --moe-experts 8 --moe-top-k 2 --moe-every 1)
+  "$bin" train "${args[@]}" --batch "$batch" --steps 0 >/dev/null  # tokenizer and token cache
+  TIMEFORMAT='%U %S'  # user and system CPU seconds of each run, into *.cpu
   for round in $(seq 1 "${ROUNDS:-3}"); do
-    "$bin" train "${args[@]}" --batch "$batch" >"$out/one_$round.log"
-    "$bin" train "${args[@]}" --batch $((2 * batch)) --dp 2 --ep 2 >"$out/ep2_$round.log"
+    { time "$bin" train "${args[@]}" --batch "$batch" >"$out/one_$round.log"; } 2>"$out/one_$round.cpu"
+    { time "$bin" train "${args[@]}" --batch $((2 * batch)) --dp 2 --ep 2 \
+        >"$out/ep2_$round.log"; } 2>"$out/ep2_$round.cpu"
     grep "^done" "$out/one_$round.log" | sed "s/^/round $round, one rank: /"
     grep "^done" "$out/ep2_$round.log" | sed "s/^/round $round, ep=2:     /"
   done
@@ -40,6 +43,21 @@ ratios = [b / a for a, b in zip(one, ep2)]
 print(f"tokens/s one rank {[round(x) for x in one]} median {statistics.median(one):.0f}")
 print(f"tokens/s ep=2     {[round(x) for x in ep2]} median {statistics.median(ep2):.0f}")
 print(f"speed-up per round {[round(r, 2) for r in ratios]}, median {statistics.median(ratios):.2f}x")
+# Tokens per CPU-second (the whole run's user + system time): what the speed-up would be if each
+# rank had a core to itself. On a loaded machine the scheduler may give the two ranks no more CPU
+# than the one (then the wall-clock speed-up is about 1x even though no work is lost).
+def per_cpu(side, r, steps_tokens):
+    u, s = (float(x) for x in open(f"{out}/{side}_{r}.cpu").read().split()[-2:])
+    return steps_tokens / (u + s)
+import os
+steps = int(os.environ.get("STEPS", "12"))
+batch = int(os.environ.get("BATCH", "8"))
+one_c = [per_cpu("one", r, steps * batch * 128) for r in range(1, rounds + 1)]
+ep2_c = [per_cpu("ep2", r, steps * 2 * batch * 128) for r in range(1, rounds + 1)]
+cpu_ratio = [b / a for a, b in zip(one_c, ep2_c)]
+print(f"tokens per CPU-second: one rank median {statistics.median(one_c):.0f}, ep=2 median "
+      f"{statistics.median(ep2_c):.0f}; ep=2 / one per round {[round(r, 2) for r in cpu_ratio]} "
+      f"(a speed-up of 2 x this with a core per rank)")
 PY
 fi
 

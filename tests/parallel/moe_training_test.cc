@@ -14,6 +14,7 @@
 
 #include "run_compare.h"
 #include "tessera/core/error.h"
+#include "tessera/parallel/pipeline_split.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 
@@ -111,7 +112,7 @@ TEST_P(MoeTraining, SameLossesAndWeightsAsOneRank) {
 }
 
 // A representative subset; TESSERA_MOE_GRID=1 (scripts/moe_grid.sh) runs ep {1,2,4} x dp (the
-// multiples of ep up to 4) x ZeRO {0,1,3} x {dropless, capacity}, plus tp = 2 and pp = 2 (with
+// multiples of ep up to 4) x ZeRO {0,1,2,3} x {dropless, capacity}, plus tp = 2 and pp = 2 (with
 // each recompute mode) at ep {1, 2}.
 std::vector<Layout> layouts() {
   const char* grid = std::getenv("TESSERA_MOE_GRID");
@@ -122,7 +123,7 @@ std::vector<Layout> layouts() {
   std::vector<Layout> v;
   for (int ep : {1, 2, 4})
     for (int dp = ep; dp <= 4; dp *= 2)
-      for (int zero : {0, 1, 3})
+      for (int zero : {0, 1, 2, 3})
         for (float cap : {0.0f, 0.75f}) v.push_back({dp, ep, zero, 1, 1, cap});
   for (int ep : {1, 2})
     for (float cap : {0.0f, 0.75f}) {
@@ -209,6 +210,25 @@ TEST(MoeTraining, MetricsConfigAndTimelineShowTheExperts) {
   EXPECT_NE(trace.str().find("\"dispatch h.1\""), std::string::npos);
   EXPECT_NE(trace.str().find("\"combine h.1\""), std::string::npos);
   EXPECT_NE(trace.str().find("\"combine h.1 (backward)\""), std::string::npos);
+}
+
+// The pipeline cost model (which balances --pp stages) counts an MoE block's top_k experts and
+// its router; dense blocks cost what they did.
+TEST(MoeConfig, PipelineCostModelCountsTheExperts) {
+  nn::GPTConfig m;
+  m.n_layer = 4;
+  m.n_embd = 64;
+  m.n_head = 4;
+  m.vocab_size = 300;
+  const std::vector<double> dense = parallel::unit_costs(m, 16);
+  m.moe.experts = 8;
+  m.moe.top_k = 2;
+  m.moe.every = 2;  // blocks 1 and 3 (units 2 and 4)
+  const std::vector<double> moe = parallel::unit_costs(m, 16);
+  const double C = 64;
+  EXPECT_EQ(moe[1], dense[1]);
+  EXPECT_EQ(moe[2] - dense[2], 6 * (8 * C * C + C * 8));
+  EXPECT_EQ(moe[4] - dense[4], 6 * (8 * C * C + C * 8));
 }
 
 TEST(MoeConfig, BadLayoutsAreConfigErrorsBeforeAnyWork) {
