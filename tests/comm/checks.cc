@@ -276,6 +276,9 @@ void check_all_to_allv_patterns(Communicator& c, size_t count) {
         st += sc[j];
         rt += rc[j];
       }
+      // The receive counts exchanged from the send counts are what the peers send.
+      if (c.exchange_counts(sc) != rc)
+        throw std::runtime_error(ctx(c, "exchange_counts", count) + ": wrong receive counts");
       Buf in(t, st), out(t, rt);
       for (size_t i = 0; i < st; ++i) in.set(i, value(me, i));
       const bool empty = st == 0 && rt == 0;
