@@ -110,6 +110,17 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "dropout", v.dropout, "Dropout probability");
   flag(cmd, *f, "init_from", v.init_from,
        "Start from these safetensors weights (HF GPT-2 names); the architecture comes from them");
+  flag(cmd, *f, "moe_experts", v.moe_experts,
+       "Mixture of experts: experts per MoE block (each a GPT-2 MLP); 0 = dense MLPs");
+  flag(cmd, *f, "moe_top_k", v.moe_top_k,
+       "Experts per token (gates renormalised over them); ties go to the lower expert index");
+  flag(cmd, *f, "moe_every", v.moe_every,
+       "Block l (0-based) is an MoE block when l % every == every - 1 (1: every block)");
+  flag(cmd, *f, "moe_capacity_factor", v.moe_capacity_factor,
+       "Per-sequence expert capacity ceil(factor x top_k x seq / experts); 0 = dropless");
+  flag(cmd, *f, "moe_aux_loss", v.moe_aux_loss,
+       "Switch load-balancing loss coefficient (alpha E sum_i f_i P_i, per sequence)");
+  flag(cmd, *f, "moe_z_loss", v.moe_z_loss, "Router z-loss coefficient (mean logsumexp^2)");
   flag(cmd, *f, "steps", v.steps, "Optimizer steps (the total, also when resuming)");
   flag(cmd, *f, "batch", v.batch, "Global batch size in sequences");
   flag(cmd, *f, "micro_batch", v.micro_batch,
@@ -136,6 +147,9 @@ void register_train(CLI::App& root, int& exit_code) {
               "all-reduce");
   flag(cmd, *f, "pp", v.pp,
        "Pipeline stages (ranks); the job has pp x dp x tp ranks (tp fastest, then dp, then pp)");
+  flag(cmd, *f, "ep", v.ep,
+       "Expert-parallel ranks: each MoE block's experts split over ep ranks carved from --dp "
+       "(ep must divide dp and the expert count)");
   flag(cmd, *f, "pp_split", v.pp_split,
        "Units per model stage, e.g. 4,4 for 6 blocks (the embedding and the head count as units); "
        "empty = balanced by modelled cost");

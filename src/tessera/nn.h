@@ -9,6 +9,8 @@
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/head.h"
+#include "tessera/nn/moe.h"
+#include "tessera/nn/moe_router.h"
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"

@@ -4,7 +4,8 @@
 # parallelism tp=2 (2 processes) and dp=2 x tp=2 with ZeRO-1 (4 processes); the 3D layout
 # pp=2 x dp=2 x tp=2 with ZeRO 1 and 3 (8 processes); each model-parallel run's final loss also
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
-# at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); and the
+# at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); a mixture
+# of experts with expert parallelism (ep=2, also with tp=2); and the
 # error for too few processes.
 set -u
 bin=$1
@@ -83,6 +84,56 @@ for name in a:
     assert diff <= 1e-4 * norm, f"{name}: |diff| {diff} > 1e-4 x {norm}"
 PY
   then echo "ok   mpirun $name: final parameters match one rank"; else failures=$((failures + 1)); fi
+done
+# Mixture of experts with expert parallelism under mpirun: E = 4, top-2, capacity 0.75, against
+# one rank holding every expert (losses within 1e-5, parameters within 1e-4), and the same layout
+# as threads (the same final loss): ep=2 x dp=2 ZeRO-1 (2 processes), ep=2 x dp=2 x tp=2 ZeRO-3
+# (4 processes).
+moe=(--moe-experts 4 --moe-top-k 2 --moe-capacity-factor 0.75)
+"$bin" train "${args[@]}" "${moe[@]}" --metrics "$dir/moe1.jsonl" --save "$dir/moe1" >"$dir/moe1.log" 2>&1 || { cat "$dir/moe1.log"; exit 1; }
+for layout in "2 2 1 1" "2 2 3 2"; do
+  read -r dp ep zero tp <<<"$layout"
+  np=$((dp * tp))
+  run="moe-$dp-$ep-$zero-$tp"
+  name="MoE dp=$dp ep=$ep zero=$zero tp=$tp"
+  checks=$((checks + 3))
+  if ! timeout 180 "$mpiexec" --oversubscribe -n $np "$bin" train "${args[@]}" "${moe[@]}" --dp $dp \
+      --ep $ep --zero $zero --tp $tp --metrics "$dir/mpi$run.jsonl" --save "$dir/mpi$run" \
+      >"$dir/mpi$run.log" 2>&1; then
+    echo "FAIL mpirun -n $np $name"; cat "$dir/mpi$run.log"; failures=$((failures + 3)); continue
+  fi
+  "$bin" train "${args[@]}" "${moe[@]}" --dp $dp --ep $ep --zero $zero --tp $tp --backend inproc \
+    --metrics "$dir/thr$run.jsonl" >"$dir/thr$run.log" 2>&1 || { cat "$dir/thr$run.log"; exit 1; }
+  if python3 - "$(losses "$dir/moe1.jsonl")" "$(losses "$dir/mpi$run.jsonl")" "$(losses "$dir/thr$run.jsonl")" <<'PY'
+import sys
+a, b, t = ([float(x) for x in s.split()] for s in sys.argv[1:4])
+assert len(a) == len(b) == len(t) == 8, (a, b, t)
+for i, (x, y) in enumerate(zip(a, b)):
+    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: one rank {x}, mpi {y}"
+assert abs(t[-1] - b[-1]) <= 1e-6 * abs(t[-1]), f"final loss: threads {t[-1]}, mpi {b[-1]}"
+PY
+  then echo "ok   mpirun $name: losses match one rank and the thread run"; else failures=$((failures + 2)); fi
+  if python3 - "$dir/moe1/model.safetensors" "$dir/mpi$run/model.safetensors" <<'PY'
+import json, math, struct, sys
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: struct.unpack(f"<{(t['data_offsets'][1] - t['data_offsets'][0]) // 4}f",
+                             data[t["data_offsets"][0]:t["data_offsets"][1]])
+            for k, t in header.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and "h.1.mlp.experts.3.c_fc.weight" in a
+for name in a:
+    x, y = a[name], b[name]
+    if name.endswith("attn.c_attn.bias"):
+        c = len(x) // 3
+        x, y = x[:c] + x[2 * c:], y[:c] + y[2 * c:]
+    diff = math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y)))
+    assert diff <= 1e-4 * math.sqrt(sum(p * p for p in x)), name
+PY
+  then echo "ok   mpirun $name: final parameters (every expert) match one rank"; else failures=$((failures + 1)); fi
 done
 # Too few processes for --dp x --tp: a ConfigError that says what is wrong, before any work.
 checks=$((checks + 1))

@@ -1,6 +1,7 @@
 // Backend-independent correctness checks (used by test_comm and test_comm_mpi).
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
@@ -239,6 +240,56 @@ void check_all_to_allv(Communicator& c, size_t count) {
         for (int k = 0; k < me; ++k) src_off += cnt(j, k);
         for (size_t e = 0; e < rc[j]; ++e)
           expect_eq(res.get(off + e), value(j, src_off + e), t, w, off + e);
+        off += rc[j];
+      }
+    }
+  }
+}
+
+void check_all_to_allv_patterns(Communicator& c, size_t count) {
+  const int n = c.size(), me = c.rank();
+  // The three count matrices cnt(i, j) = elements rank i sends rank j, the same on every rank:
+  // all zero (null buffers are fine then), everything to the last rank, and pseudo-random counts
+  // in [0, 2 count + 2] with about a quarter of them zero (a seeded generator every rank runs).
+  std::vector<std::vector<size_t>> random(n, std::vector<size_t>(n));
+  uint64_t state = 0x9E3779B97F4A7C15ull ^ (count * 1315423911ull) ^ static_cast<uint64_t>(n);
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<size_t>(state >> 33);
+  };
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) random[i][j] = next() % 4 == 0 ? 0 : next() % (2 * count + 3);
+  const std::function<size_t(int, int)> patterns[] = {
+      [](int, int) { return size_t{0}; },
+      [&](int i, int j) { return j == n - 1 ? count + static_cast<size_t>(i) : 0; },
+      [&](int i, int j) { return random[i][j]; }};
+  const char* names[] = {"all_to_allv (zero counts)", "all_to_allv (all to the last rank)",
+                         "all_to_allv (random counts)"};
+  for (int k = 0; k < 3; ++k) {
+    const auto& cnt = patterns[k];
+    for (DType t : {DType::F32, DType::I32}) {
+      std::vector<size_t> sc(n), rc(n);
+      size_t st = 0, rt = 0;
+      for (int j = 0; j < n; ++j) {
+        sc[j] = cnt(me, j);
+        rc[j] = cnt(j, me);
+        st += sc[j];
+        rt += rc[j];
+      }
+      // The receive counts exchanged from the send counts are what the peers send.
+      if (c.exchange_counts(sc) != rc)
+        throw std::runtime_error(ctx(c, "exchange_counts", count) + ": wrong receive counts");
+      Buf in(t, st), out(t, rt);
+      for (size_t i = 0; i < st; ++i) in.set(i, value(me, i));
+      const bool empty = st == 0 && rt == 0;
+      c.all_to_allv(empty ? nullptr : in.p(), sc, empty ? nullptr : out.p(), rc, t).wait();
+      size_t off = 0;
+      const std::string w = ctx(c, names[k], count);
+      for (int j = 0; j < n; ++j) {
+        size_t src_off = 0;
+        for (int q = 0; q < me; ++q) src_off += cnt(j, q);
+        for (size_t e = 0; e < rc[j]; ++e)
+          expect_eq(out.get(off + e), value(j, src_off + e), t, w, off + e);
         off += rc[j];
       }
     }

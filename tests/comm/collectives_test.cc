@@ -84,6 +84,9 @@ TEST_P(Collectives, AllToAll) {
 TEST_P(Collectives, AllToAllV) {
   spawn(n(), [&](Communicator& c) { check_all_to_allv(c, block()); });
 }
+TEST_P(Collectives, AllToAllVZeroOneRankAndRandomCounts) {
+  spawn(n(), [&](Communicator& c) { check_all_to_allv_patterns(c, block()); });
+}
 TEST_P(Collectives, SendRecv) {
   spawn(n(), [&](Communicator& c) { check_send_recv(c, count()); });
 }

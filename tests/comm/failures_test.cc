@@ -88,6 +88,23 @@ TEST(InprocFailure, AllToAllvCountMismatchFailsEverywhere) {
   }
 }
 
+TEST(InprocFailure, AllToAllvTimeoutNamesOpAndPeer) {
+  auto t0 = Clock::now();
+  auto errs = spawn_collect(3, [](Communicator& c) {
+    std::vector<size_t> counts(3, 1);
+    std::vector<float> in(3), out(3);
+    if (c.rank() == 2) std::this_thread::sleep_for(700ms);  // late, but alive
+    AllToAllOptions o;
+    o.timeout = 300ms;
+    c.all_to_allv(in.data(), counts, out.data(), counts, DType::F32, o).wait();
+  });
+  EXPECT_LT(since_ms(t0), 1500);
+  ASSERT_TRUE(holds<TimeoutError>(errs[0]) || holds<PeerFailedError>(errs[0])) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("all_to_allv #1"), std::string::npos) << what(errs[0]);
+  EXPECT_NE(what(errs[0]).find("timed out"), std::string::npos) << what(errs[0]);
+  EXPECT_TRUE(holds<PeerFailedError>(errs[2])) << what(errs[2]);
+}
+
 TEST(InprocFailure, RankThatThrowsMakesOthersFailFast) {
   auto t0 = Clock::now();
   auto errs = spawn_collect(

@@ -64,6 +64,9 @@ void check_reduce_scatter(Communicator& c, size_t count, bool full);
 void check_broadcast(Communicator& c, size_t count, bool full);
 void check_all_to_all(Communicator& c, size_t count, bool full);
 void check_all_to_allv(Communicator& c, size_t count);
+// all_to_allv with all-zero counts (null buffers), everything sent to one rank, and random counts;
+// exchange_counts gives each pattern's receive counts.
+void check_all_to_allv_patterns(Communicator& c, size_t count);
 void check_send_recv(Communicator& c, size_t count);
 // send_recv: a ring, pairs with unequal counts (and a rank paired with itself), a pipeline with
 // skipped halves, a no-op, and messages shared with send/recv; every dtype kind.

@@ -54,6 +54,7 @@ TEST_F(Mpi, AllOpsSmallCounts) {
     check_broadcast(c, count, true);
     check_all_to_all(c, count, true);
     check_all_to_allv(c, count);
+    check_all_to_allv_patterns(c, count);
     check_send_recv(c, count);
     check_send_recv_exchange(c, count);
   }
@@ -213,6 +214,39 @@ TEST_F(Mpi, SendRecvTimeoutNamesPeer) {
 
 // A receive that gets a different count than it expects fails with MismatchError, whether the
 // message is shorter or longer (MPI would truncate it).
+// A receive count that disagrees with what the peer sends fails on every rank (the counts are
+// checked before MPI_Ialltoallv, so nothing is truncated), and a rank that never calls makes the
+// others time out naming the op.
+TEST_F(Mpi, AllToAllvCountMismatchFailsEverywhereAndTimeoutNamesTheOp) {
+  CommOptions o;
+  o.timeout = 2s;
+  auto c = mpi_world(o);
+  const int n = c->size();
+  std::vector<size_t> sc(n, 2), rc(n, 2);
+  if (c->rank() == n - 1) rc[0] = 3;
+  std::vector<float> in(2 * n), out(2 * n + 1);
+  try {
+    c->all_to_allv(in.data(), sc, out.data(), rc, DType::F32).wait();
+    ADD_FAILURE() << "expected a MismatchError";
+  } catch (const MismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_allv #1"), std::string::npos) << e.what();
+  }
+  CommOptions t;
+  t.timeout = 300ms;
+  auto d = mpi_world(t);
+  if (d->rank() == 1) {
+    std::this_thread::sleep_for(600ms);  // never joins
+    return;
+  }
+  std::vector<size_t> ones(n, 1);
+  try {
+    d->all_to_allv(in.data(), ones, out.data(), ones, DType::F32).wait();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_allv #1"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Mpi, SendRecvCountMismatch) {
   for (size_t expect : {size_t{3}, size_t{5}}) {
     auto c = world().split(world().rank() < 2 ? 0 : -1, world().rank());

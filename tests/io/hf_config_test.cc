@@ -45,6 +45,39 @@ TEST_F(HfConfigTest, RoundTripThroughAFile) {
   EXPECT_EQ(j["n_ctx"], 128);
 }
 
+// A mixture-of-experts model's settings round-trip; a dense model writes none of them, and a
+// file with num_local_experts 0 is dense.
+TEST_F(HfConfigTest, MixtureOfExpertsFieldsRoundTrip) {
+  HfGptConfig c;
+  c.num_local_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_every = 2;
+  c.moe_capacity_factor = 1.25;
+  c.router_aux_loss_coef = 0.02;
+  c.router_z_loss_coef = 0.003;
+  const auto path = dir_ / "moe.json";
+  write_hf_config(path, c);
+  EXPECT_EQ(read_hf_config(path), c);
+  const json j = json::parse(testing::slurp(path));
+  EXPECT_EQ(j["num_local_experts"], 8);
+  EXPECT_EQ(j["moe_every"], 2);
+  EXPECT_FALSE(hf_config_to_json(HfGptConfig{}).contains("num_local_experts"));
+  json dense = gpt2_small();
+  dense["num_local_experts"] = 0;
+  EXPECT_EQ(parse_hf_config(dense, "x"), HfGptConfig{});
+  json bad = gpt2_small();
+  bad["num_local_experts"] = 4;
+  bad["num_experts_per_tok"] = 5;
+  expect_error<ConfigError>([&] { parse_hf_config(bad, "cfg.json"); },
+                            {"cfg.json", "num_experts_per_tok 5 exceeds num_local_experts 4"});
+  bad["num_experts_per_tok"] = 2;
+  bad["moe_capacity_factor"] = -1;
+  expect_error<ConfigError>([&] { parse_hf_config(bad, "cfg.json"); }, {"moe_capacity_factor"});
+  bad["moe_capacity_factor"] = 1;
+  bad["num_local_experts"] = -2;
+  expect_error<ConfigError>([&] { parse_hf_config(bad, "cfg.json"); }, {"num_local_experts"});
+}
+
 TEST_F(HfConfigTest, NCtxAndDefaultEpsilon) {
   json j = gpt2_small();
   j.erase("n_positions");

@@ -4,6 +4,9 @@
 //   keep = philox_uniform(seed, mix_stream(step, stable_hash(site)), index) > p
 //   "drop", "h.<l>.attn.resid_dropout", "h.<l>.mlp.dropout": index ((s*T)+t)*C + c
 //   "h.<l>.attn.attn_dropout": index ((s*NH + h)*T + t)*T + j
+// An MoE block's MLP follows nn/moe_router.h: softmax router, top-k (ties to the lower index),
+// renormalised gates, per-sequence capacity filled in (choice, position) order, and the
+// auxiliary objective alpha loss_scale T sum_s balance_s + beta loss_scale sum_t lse_t^2.
 #pragma once
 
 #include <cmath>
@@ -24,15 +27,22 @@ struct RefModel {
   GPTConfig cfg;
   std::map<std::string, Vec> w;  // HF name -> values (HF layout)
 
-  static RefModel from(const GPT& m) { return from(m.config(), m.params()); }
+  static RefModel from(const GPT& m) {
+    RefModel r = from(m.config(), m.params());
+    r.add(m.params(ParamGroup::Experts));
+    return r;
+  }
   static RefModel from(const GPTConfig& cfg, const ParameterSet& ps) {
     RefModel r;
     r.cfg = cfg;
+    r.add(ps);
+    return r;
+  }
+  void add(const ParameterSet& ps) {
     for (int i = 0; i < ps.size(); ++i) {
       const auto v = ps.param(i).to_vector();
-      r.w[ps.infos()[i].name] = Vec(v.begin(), v.end());
+      w[ps.infos()[i].name] = Vec(v.begin(), v.end());
     }
-    return r;
   }
 };
 
@@ -41,7 +51,8 @@ struct RefBatch {
   int B = 0, T = 0;
   int64_t first_sample = 0;
   uint64_t seed = 0, step = 0;
-  float p = 0.0f;  // dropout probability in effect
+  float p = 0.0f;           // dropout probability in effect
+  double loss_scale = 1.0;  // weight of the MoE auxiliary losses
 };
 
 namespace detail {
@@ -89,6 +100,85 @@ inline Vec conv1d(const Vec& x, const Vec& W, const Vec& b, int N, int in, int o
   return y;
 }
 
+inline double gelu(double v) {
+  return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+}
+
+// A GPT-2 MLP with the weights under prefix `h` ("h.3.mlp." or "h.3.mlp.experts.5.").
+inline Vec mlp(const RefModel& m, const std::string& h, const Vec& a, int N) {
+  const int C = m.cfg.n_embd;
+  Vec f = conv1d(a, m.w.at(h + "c_fc.weight"), m.w.at(h + "c_fc.bias"), N, C, 4 * C);
+  for (double& v : f) v = gelu(v);
+  return conv1d(f, m.w.at(h + "c_proj.weight"), m.w.at(h + "c_proj.bias"), N, 4 * C, C);
+}
+
+// The mixture of experts of block l on a[N, C]; adds its auxiliary objective to *aux.
+inline Vec moe(const RefModel& m, int l, const RefBatch& b, const Vec& a, double* aux) {
+  const MoeConfig& q = m.cfg.moe;
+  const int C = m.cfg.n_embd, E = q.experts, K = q.top_k, T = b.T, N = b.B * b.T;
+  const std::string h = "h." + std::to_string(l) + ".mlp.";
+  const Vec logits = conv1d(a, m.w.at(h + "router.weight"), Vec(E, 0.0), N, C, E);
+  Vec p(static_cast<size_t>(N) * E), lse(N);
+  std::vector<int> choice(static_cast<size_t>(N) * K);
+  Vec gate(choice.size());
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int e = 0; e < E; ++e) mx = std::max(mx, logits[n * E + e]);
+    for (int e = 0; e < E; ++e) z += std::exp(logits[n * E + e] - mx);
+    for (int e = 0; e < E; ++e) p[n * E + e] = std::exp(logits[n * E + e] - mx) / z;
+    lse[n] = mx + std::log(z);
+    std::vector<bool> taken(E, false);
+    double sum = 0;
+    for (int j = 0; j < K; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e)
+        if (!taken[e] && (best < 0 || p[n * E + e] > p[n * E + best])) best = e;
+      taken[best] = true;
+      choice[n * K + j] = best;
+      sum += p[n * E + best];
+    }
+    for (int j = 0; j < K; ++j) gate[n * K + j] = p[n * E + choice[n * K + j]] / sum;
+  }
+  // Capacity per sequence, first choices in position order, then second choices, ...
+  std::vector<bool> kept(choice.size(), true);
+  if (q.capacity_factor > 0) {
+    const long cap =
+        std::max(1L, static_cast<long>(std::ceil(q.capacity_factor * K * T / E - 1e-9)));
+    for (int s = 0; s < b.B; ++s) {
+      std::vector<long> used(E, 0);
+      for (int j = 0; j < K; ++j)
+        for (int t = 0; t < T; ++t) {
+          const int a_idx = (s * T + t) * K + j;
+          kept[a_idx] = used[choice[a_idx]] < cap;
+          if (kept[a_idx]) ++used[choice[a_idx]];
+        }
+    }
+  }
+  Vec out(static_cast<size_t>(N) * C, 0.0);
+  for (int e = 0; e < E; ++e) {
+    const Vec y = mlp(m, h + "experts." + std::to_string(e) + ".", a, N);
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < K; ++j)
+        if (choice[n * K + j] == e && kept[n * K + j])
+          for (int c = 0; c < C; ++c) out[n * C + c] += gate[n * K + j] * y[n * C + c];
+  }
+  if (aux) {
+    double balance = 0, zsum = 0;
+    for (int s = 0; s < b.B; ++s) {
+      Vec f(E, 0.0), P(E, 0.0);
+      for (int t = 0; t < T; ++t) {
+        const int n = s * T + t;
+        for (int j = 0; j < K; ++j) f[choice[n * K + j]] += 1.0 / (T * K);
+        for (int e = 0; e < E; ++e) P[e] += p[n * E + e] / T;
+        zsum += lse[n] * lse[n];
+      }
+      for (int e = 0; e < E; ++e) balance += E * f[e] * P[e];
+    }
+    *aux += q.aux_loss * b.loss_scale * T * balance + q.z_loss * b.loss_scale * zsum;
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // The modules of the model, each on its own (tests of nn::Embedding, nn::Block, nn::Head).
@@ -105,8 +195,9 @@ inline Vec ref_embedding(const RefModel& m, const RefBatch& b) {
   return x;
 }
 
-// Block l, in place: x = x + drop(attn(ln_1(x))); x = x + drop(mlp(ln_2(x))).
-inline void ref_block(const RefModel& m, int l, const RefBatch& b, Vec& x) {
+// Block l, in place: x = x + drop(attn(ln_1(x))); x = x + drop(mlp(ln_2(x))). An MoE block adds
+// its auxiliary objective to *aux (when given).
+inline void ref_block(const RefModel& m, int l, const RefBatch& b, Vec& x, double* aux = nullptr) {
   using namespace detail;
   const int B = b.B, T = b.T, C = m.cfg.n_embd, NH = m.cfg.n_head, N = B * T;
   const double eps = m.cfg.ln_eps;
@@ -121,10 +212,7 @@ inline void ref_block(const RefModel& m, int l, const RefBatch& b, Vec& x) {
   drop_btc(pr, b, C, h + "attn.resid_dropout");
   for (size_t i = 0; i < x.size(); ++i) x[i] += pr[i];
   const Vec a2 = layernorm(x, W("ln_2.weight"), W("ln_2.bias"), N, C, eps);
-  Vec f = conv1d(a2, W("mlp.c_fc.weight"), W("mlp.c_fc.bias"), N, C, 4 * C);
-  for (double& v : f)
-    v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-  Vec pm = conv1d(f, W("mlp.c_proj.weight"), W("mlp.c_proj.bias"), N, 4 * C, C);
+  Vec pm = m.cfg.moe.is_moe_layer(l) ? moe(m, l, b, a2, aux) : mlp(m, h + "mlp.", a2, N);
   drop_btc(pm, b, C, h + "mlp.dropout");
   for (size_t i = 0; i < x.size(); ++i) x[i] += pm[i];
 }
@@ -157,9 +245,10 @@ inline double ref_head_loss_sum(const RefModel& m, const RefBatch& b, const Vec&
 }
 
 // Returns the sum of token cross-entropies (targets -1 ignored). Optional `logits_out`.
-inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out = nullptr) {
+inline double ref_loss_sum(const RefModel& m, const RefBatch& b, Vec* logits_out = nullptr,
+                           double* aux = nullptr) {
   Vec x = ref_embedding(m, b);
-  for (int l = 0; l < m.cfg.n_layer; ++l) ref_block(m, l, b, x);
+  for (int l = 0; l < m.cfg.n_layer; ++l) ref_block(m, l, b, x, aux);
   return ref_head_loss_sum(m, b, x, logits_out);
 }
 

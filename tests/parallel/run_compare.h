@@ -39,7 +39,8 @@ inline Reference run_reference(const std::string& name, TrainConfig c,
 }
 
 // Weights within `weight_rel` per tensor (1e-5; see the tp=4 note below).
-inline void expect_same_run(const Reference& ref, const Reference& got, double weight_rel = 1e-5) {
+inline void expect_same_run(const Reference& ref, const Reference& got, double weight_rel = 1e-5,
+                            double expert_weight_rel = 0) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < got.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
@@ -50,7 +51,7 @@ inline void expect_same_run(const Reference& ref, const Reference& got, double w
   for (size_t i = 0; i < got.grad_norms.size(); ++i)
     EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 1e-5 * ref.grad_norms[i])
         << "gradient norm, step " << i + 1;
-  expect_same_weights(ref.weights, got.weights, weight_rel);
+  expect_same_weights(ref.weights, got.weights, weight_rel, expert_weight_rel);
 }
 
 // A run resumed from a checkpoint at step `at` continues `whole`: its losses within 1e-5 relative.

@@ -280,6 +280,20 @@ Work Communicator::all_to_allv(const void* send, std::span<const size_t> send_co
   return submit(std::move(d), o.async);
 }
 
+std::vector<size_t> Communicator::exchange_counts(std::span<const size_t> send_counts,
+                                                  const AllToAllOptions& o) {
+  const size_t n = static_cast<size_t>(size());
+  if (send_counts.size() != n)
+    throw CommUsageError(detail::concat("exchange_counts on communicator '", name(), "' rank ",
+                                        rank(), "/", size(), ": ", send_counts.size(),
+                                        " send counts, one per rank (", n, ") needed"));
+  std::vector<int64_t> mine(send_counts.begin(), send_counts.end()), theirs(n);
+  AllToAllOptions sync = o;
+  sync.async = false;
+  all_to_all(mine.data(), theirs.data(), 1, DType::I64, sync).wait();
+  return std::vector<size_t>(theirs.begin(), theirs.end());
+}
+
 Work Communicator::send(const void* buf, size_t count, DType dtype, int peer,
                         const SendOptions& o) {
   OpDesc d = make_desc(OpType::Send, buf, nullptr, count, dtype, o);

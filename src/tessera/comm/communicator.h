@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "tessera/comm/errors.h"
 #include "tessera/comm/op.h"
@@ -83,6 +84,10 @@ class Communicator {
   // recv_counts[j] on this rank must equal send_counts[rank] on rank j (else MismatchError).
   Work all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
                    std::span<const size_t> recv_counts, DType dtype, const AllToAllOptions& o = {});
+  // The receive counts of an all_to_allv when only the send counts are known: an all_to_all of
+  // them (synchronous; entry j = what rank j will send this rank). Collective.
+  std::vector<size_t> exchange_counts(std::span<const size_t> send_counts,
+                                      const AllToAllOptions& o = {});
   // Point to point, tagged. Messages between a pair with the same tag arrive in order; a recv
   // takes the oldest message from `peer` with its tag, which must have the same dtype and count.
   Work send(const void* buf, size_t count, DType dtype, int peer, const SendOptions& o = {});

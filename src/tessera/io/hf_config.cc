@@ -73,6 +73,37 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
   }
   TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "In ", source, ", n_embd ", c.n_embd,
                    " is not divisible by n_head ", c.n_head, ".");
+  if (j.contains("num_local_experts")) {
+    const json& e = j["num_local_experts"];
+    TESSERA_CHECK_AS(ConfigError,
+                     e.is_number_integer() && e.get<int64_t>() >= 0 &&
+                         e.get<int64_t>() <= std::numeric_limits<int>::max(),
+                     "In ", source, ", \"num_local_experts\" must be a non-negative integer, got ",
+                     e.dump(), ".");
+    c.num_local_experts = static_cast<int>(e.get<int64_t>());
+  }
+  if (c.num_local_experts > 0) {
+    if (j.contains("num_experts_per_tok"))
+      c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", source);
+    if (j.contains("moe_every")) c.moe_every = positive_int(j, "moe_every", source);
+    TESSERA_CHECK_AS(ConfigError, c.num_experts_per_tok <= c.num_local_experts, "In ", source,
+                     ", num_experts_per_tok ", c.num_experts_per_tok, " exceeds num_local_experts ",
+                     c.num_local_experts, ".");
+    TESSERA_CHECK_AS(ConfigError, c.moe_every <= c.n_layer, "In ", source, ", moe_every ",
+                     c.moe_every, " exceeds n_layer ", c.n_layer, ".");
+    auto non_negative = [&](const char* key, double& out) {
+      if (!j.contains(key)) return;
+      const json& v = j[key];
+      const bool ok = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
+                      v.get<double>() <= 1e30;
+      TESSERA_CHECK_AS(ConfigError, ok, "In ", source, ", \"", key,
+                       "\" must be a non-negative number, got ", v.dump(), ".");
+      out = v.get<double>();
+    };
+    non_negative("moe_capacity_factor", c.moe_capacity_factor);
+    non_negative("router_aux_loss_coef", c.router_aux_loss_coef);
+    non_negative("router_z_loss_coef", c.router_z_loss_coef);
+  }
   return c;
 }
 
@@ -89,16 +120,25 @@ HfGptConfig read_hf_config(const std::filesystem::path& path) {
 }
 
 json hf_config_to_json(const HfGptConfig& c) {
-  return json{{"model_type", "gpt2"},
-              {"architectures", {"GPT2LMHeadModel"}},
-              {"n_layer", c.n_layer},
-              {"n_head", c.n_head},
-              {"n_embd", c.n_embd},
-              {"n_positions", c.n_positions},
-              {"n_ctx", c.n_positions},
-              {"vocab_size", c.vocab_size},
-              {"layer_norm_epsilon", c.layer_norm_epsilon},
-              {"activation_function", "gelu_new"}};
+  json j{{"model_type", "gpt2"},
+         {"architectures", {"GPT2LMHeadModel"}},
+         {"n_layer", c.n_layer},
+         {"n_head", c.n_head},
+         {"n_embd", c.n_embd},
+         {"n_positions", c.n_positions},
+         {"n_ctx", c.n_positions},
+         {"vocab_size", c.vocab_size},
+         {"layer_norm_epsilon", c.layer_norm_epsilon},
+         {"activation_function", "gelu_new"}};
+  if (c.num_local_experts > 0) {
+    j["num_local_experts"] = c.num_local_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_every"] = c.moe_every;
+    j["moe_capacity_factor"] = c.moe_capacity_factor;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["router_z_loss_coef"] = c.router_z_loss_coef;
+  }
+  return j;
 }
 
 void write_hf_config(const std::filesystem::path& path, const HfGptConfig& c) {

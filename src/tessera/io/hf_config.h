@@ -18,6 +18,15 @@ struct HfGptConfig {
   int n_positions = 1024;  // "n_ctx" in older files
   int vocab_size = 50257;
   double layer_norm_epsilon = 1e-5;
+  // Mixture of experts (docs/FORMATS.md), written only when num_local_experts > 0: Mixtral's
+  // num_local_experts, num_experts_per_tok and router_aux_loss_coef, Switch's router_z_loss_coef,
+  // and tessera's moe_every and moe_capacity_factor.
+  int num_local_experts = 0;
+  int num_experts_per_tok = 2;
+  int moe_every = 1;
+  double moe_capacity_factor = 0;
+  double router_aux_loss_coef = 0.01;
+  double router_z_loss_coef = 0.001;
   bool operator==(const HfGptConfig&) const = default;
 };
 

@@ -21,7 +21,7 @@ constexpr float kInitStd = 0.02f;
 }  // namespace
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
-             Recompute recompute)
+             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
@@ -54,12 +54,23 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   q_.aproj_b = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
   q_.ln2_w = ps.add(h + "ln_2.weight", {C}, Init::Ones, 0.0f, false);
   q_.ln2_b = ps.add(h + "ln_2.bias", {C}, Init::Zeros, 0.0f, false);
-  q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
-                   part(1, 1, mlp_local_));
-  q_.fc_b = ps.add(h + "mlp.c_fc.bias", {4 * C}, Init::Zeros, 0.0f, false, part(0, 1, mlp_local_));
-  q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
-                      part(0, 1, mlp_local_));
-  q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  if (cfg.moe.is_moe_layer(layer)) {  // the MLP is a mixture of experts
+    // The MoE runs on every token of the micro-batch (its capacity is per sequence), which the
+    // rows of sequence parallelism do not hold.
+    TESSERA_CHECK_AS(ConfigError, !sequence_,
+                     "--sp (sequence parallelism) does not combine with a mixture of experts yet: "
+                     "run the MoE model with --sp false, or a dense model with --sp");
+    moe_.emplace(ps, experts ? *experts : ps, cfg, layer, expert_split);
+    q_.fc_w = q_.fc_b = q_.mproj_w = q_.mproj_b = -1;
+  } else {
+    q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
+                     part(1, 1, mlp_local_));
+    q_.fc_b =
+        ps.add(h + "mlp.c_fc.bias", {4 * C}, Init::Zeros, 0.0f, false, part(0, 1, mlp_local_));
+    q_.mproj_w = ps.add(h + "mlp.c_proj.weight", {4 * C, C}, Init::Normal, proj_std, true,
+                        part(0, 1, mlp_local_));
+    q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  }
   for (int i : {q_.ln1_w, q_.ln1_b, q_.ln2_w, q_.ln2_b}) mark_sequence_partial(ps, i, split);
   site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
@@ -85,8 +96,17 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
     r.ln2 = rows(h + "ln_2", C);
     r.ln2_mean = rows(h + "ln_2.mean", 1);
     r.ln2_rstd = rows(h + "ln_2.rstd", 1);
-    r.fc = a(h + "fc", mlp_local_);
-    r.fch = a(h + "fc.gelu", mlp_local_);
+    if (moe_) {
+      r.moe = std::make_shared<MoeMlp::Record>(moe_->make_record(max_batch, alloc));
+      if (list) {  // the router's [B T, E] activations (the experts' rows vary with routing)
+        const int64_t E = cfg_.moe.experts;
+        list->push_back({h + "mlp.router.logits", r.moe->logits, E});
+        list->push_back({h + "mlp.router.probs", r.moe->probs, E});
+      }
+    } else {
+      r.fc = a(h + "fc", mlp_local_);
+      r.fch = a(h + "fc.gelu", mlp_local_);
+    }
     if (drop) {
       r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
       r.mask_mlp = rows(h + "mlp.dropout.mask", C, DType::U8);
@@ -118,6 +138,8 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   ws.dqkv = a("block.d_qkv", 3 * c_local_);
   ws.dfch = a("block.d_fc", mlp_local_);
   ws.dscratch = a("block.d_att", 0);  // [T, T]
+  if (cfg_.moe.enabled())
+    ws.moe = std::make_shared<MoeMlp::Workspace>(MoeMlp::make_workspace(alloc));
   if (recompute_ != Recompute::None) {
     ws.recomputed = std::make_unique<Record>();
     const bool selective = recompute_ == Recompute::Selective;
@@ -164,14 +186,19 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   // out = residual + dropout(proj + bias) on this rank's rows, after the reduce point.
   auto residual_branch = [&](float* out, float* proj, const float* bias, const float* residual,
                              Tensor& mask, uint64_t site) {
-    if (!drop) {
+    const int64_t rn = static_cast<int64_t>(R) * C;
+    if (!drop && bias) {
       k::bias_residual_forward(out, proj, bias, residual, R, C);
       return;
     }
-    k::bias_forward(proj, proj, bias, R, C);
+    if (bias) k::bias_forward(proj, proj, bias, R, C);
+    if (!drop) {
+      k::residual_forward(out, residual, proj, rn);
+      return;
+    }
     k::dropout_forward_rows(proj, mask.data<uint8_t>(), proj, R, C, r.p, r.seed,
                             mix_stream(r.step, site), first_row);
-    k::residual_forward(out, residual, proj, static_cast<int64_t>(R) * C);
+    k::residual_forward(out, residual, proj, rn);
   };
 
   // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
@@ -184,16 +211,27 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   float* attn_out = from_tp(ws.proj.f32());  // reduce point
   residual_branch(r.x_attn.f32(), attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
 
-  // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj).
+  // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj), or with
+  // the mixture of experts, y = x_attn + dropout(moe(ln_2(x_attn))) (complete on every tp rank;
+  // its backward needs the experts' outputs, so a recomputation runs all of it).
   k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), r.x_attn.f32(), p(q_.ln2_w),
                        p(q_.ln2_b), R, C, cfg_.ln_eps);
-  const float* ln2 = to_tp(r.ln2);
-  k::matmul_forward(r.fc.f32(), ln2, p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
-  k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+  if (moe_) {  // every token on every tp rank (no --sp): complete, no reduce point
+    moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
+                  write_output && r.training);
+  } else {
+    const float* ln2 = to_tp(r.ln2);
+    k::matmul_forward(r.fc.f32(), ln2, p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
+    k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+  }
   if (!write_output) {  // a recomputation needs only the mask of the last dropout
     if (drop)
       k::dropout_mask_rows(r.mask_mlp.data<uint8_t>(), R, C, r.p, r.seed,
                            mix_stream(r.step, site_mlp_drop_), first_row);
+    return;
+  }
+  if (moe_) {  // the experts' biases are inside their outputs
+    residual_branch(y, ws.proj.f32(), nullptr, r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
     return;
   }
   k::matmul_forward(ws.proj.f32(), r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
@@ -210,6 +248,8 @@ void Block::forward(const StepContext& ctx, const Batch& b, const float* x, floa
   r.p = ctx.training ? cfg_.dropout : 0.0f;
   r.seed = ctx.seed;
   r.step = ctx.step;
+  r.loss_scale = ctx.loss_scale;
+  r.training = ctx.training;
   switch (recompute_) {
     case Recompute::None:
       run_forward(x, y, r, ws, true);
@@ -225,6 +265,7 @@ void Block::forward(const StepContext& ctx, const Batch& b, const float* x, floa
       Record& scratch = *ws.recomputed;
       scratch.B = r.B, scratch.T = r.T, scratch.p = r.p;
       scratch.first_sample = r.first_sample, scratch.seed = r.seed, scratch.step = r.step;
+      scratch.loss_scale = r.loss_scale, scratch.training = r.training;
       scratch.x = x;
       run_forward(x, y, scratch, ws, true);
       return;
@@ -252,6 +293,7 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
       Record& full = *ws.recomputed;
       full.B = r.B, full.T = r.T, full.p = r.p;
       full.first_sample = r.first_sample, full.seed = r.seed, full.step = r.step;
+      full.loss_scale = r.loss_scale, full.training = r.training;
       full.x = r.x;
       run_forward(r.x, nullptr, full, ws, false);
       run_backward(full, dres, ws, defer);
@@ -261,7 +303,7 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
           std::memcpy(dst.f32(), src.f32(), sizeof(float) * static_cast<size_t>(BT * width));
         };
         keep(defer->atty, full.atty, c_local_);  // (ln_1, ln_2: kept by run_backward)
-        keep(defer->fch, full.fch, mlp_local_);
+        if (!moe_) keep(defer->fch, full.fch, mlp_local_);
       }
       return;
     }
@@ -270,22 +312,24 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
 
 Block::Record::DeferredWeightGrads& Block::deferred_for(Record& r) const {
   const int64_t BT = static_cast<int64_t>(r.B) * r.T, C = cfg_.n_embd;
-  if (!r.deferred || r.deferred->d_mproj.numel() != BT * C) {
+  if (!r.deferred || r.deferred->d_aproj.numel() != BT * C) {
     auto d = std::make_shared<Record::DeferredWeightGrads>();
     auto make = [&](int64_t width, const char* name) {
       return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
     };
-    d->d_mproj = make(C, "block.deferred.d_mlp_proj");
-    d->d_fc = make(mlp_local_, "block.deferred.d_fc");
+    if (!moe_) {
+      d->d_mproj = make(C, "block.deferred.d_mlp_proj");
+      d->d_fc = make(mlp_local_, "block.deferred.d_fc");
+    }
     d->d_aproj = make(C, "block.deferred.d_attn_proj");
     d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
     if (recompute_ == Recompute::Full || sequence_) {  // the record has no whole ln_1, ln_2
       d->ln1 = make(C, "block.deferred.ln_1");
-      d->ln2 = make(C, "block.deferred.ln_2");
+      if (!moe_) d->ln2 = make(C, "block.deferred.ln_2");
     }
     if (recompute_ == Recompute::Full) {
       d->atty = make(c_local_, "block.deferred.atty");
-      d->fch = make(mlp_local_, "block.deferred.fch");
+      if (!moe_) d->fch = make(mlp_local_, "block.deferred.fch");
     }
     r.deferred = std::move(d);
   }
@@ -303,10 +347,12 @@ void Block::backward_weight(Record& r) const {
   auto in = [](const Tensor& kept, const Tensor& rec) {
     return (kept.defined() ? kept : rec).f32();
   };
-  k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
-                     nullptr, BT, F, C);
-  k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
-                     C, F);
+  if (!moe_) {  // an MoE block computed its MLP's gradients in backward already
+    k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
+                       nullptr, BT, F, C);
+    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr,
+                       BT, C, F);
+  }
   k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
                      nullptr, BT, Cl, C);
   k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1), nullptr,
@@ -356,16 +402,23 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     dy = dy_rows;
   }
   dy = grad_to_tp(dy);
-  float* dfch = ws.dfch.f32();
-  keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
-  k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F, C);
-  k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
-  keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-  const float* ln2 = tp_input(r.ln2);
-  keep(&Record::DeferredWeightGrads::ln2, ln2, C);
-  k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
-  k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), r.x_attn.f32(),
-                        p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+  if (moe_) {
+    moe_->backward(*r.moe, dy, dln, *ws.moe);  // complete on every tp rank: no reduction
+    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
+                          r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+  } else {
+    float* dfch = ws.dfch.f32();
+    keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
+    k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F,
+                       C);
+    k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+    keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
+    const float* ln2 = tp_input(r.ln2);
+    keep(&Record::DeferredWeightGrads::ln2, ln2, C);
+    k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
+    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln),
+                          r.x_attn.f32(), p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+  }
 
   // Attention branch.
   dy = dres;

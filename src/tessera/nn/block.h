@@ -22,16 +22,22 @@
 // the attention probabilities (Selective), or nothing but the bookkeeping (Full); the caller
 // always keeps the block's input alive until its backward. Recomputed values go to the shared
 // Workspace, so recomputation costs one block's activations per stage, not one per block.
+//
+// Mixture of experts (cfg.moe.is_moe_layer(layer)): the MLP is an MoeMlp (nn/moe.h) instead of
+// c_fc / c_proj; everything else is the same. Its router and experts compute all their gradients
+// in backward (also under the zero-bubble split).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/gpt_config.h"
+#include "tessera/nn/moe.h"
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"
 
@@ -48,8 +54,9 @@ class Block {
     Tensor atty;                     // C_local (attention output, heads concatenated)
     Tensor x_attn;                   // rows x C (residual stream after the attention branch)
     Tensor ln2, ln2_mean, ln2_rstd;  // rows x C, 1, 1
-    Tensor fc, fch;                  // F_local = 4C / t (before and after GELU)
-    Tensor mask_attn, mask_mlp;      // U8 rows x C: residual-branch dropout masks
+    Tensor fc, fch;                  // F_local = 4C / t (before and after GELU); dense MLP only
+    std::shared_ptr<MoeMlp::Record> moe;  // MoE blocks: the router's and experts' activations
+    Tensor mask_attn, mask_mlp;           // U8 rows x C: residual-branch dropout masks
     // Zero-bubble split backward (BI now, W later): the four matmuls' output gradients (of every
     // token), and the inputs the record does not keep whole: the LayerNorm outputs under full
     // recomputation or sequence parallelism, atty and fch under full recomputation.
@@ -64,6 +71,8 @@ class Block {
     int64_t first_sample = 0;
     float p = 0.0f;
     uint64_t seed = 0, step = 0;
+    float loss_scale = 0.0f;  // weighs the MoE auxiliary losses
+    bool training = false;    // MoE statistics are counted in training forwards
   };
 
   // Scratch shared by every block of a stage (sized for max_batch x block_size tokens).
@@ -77,10 +86,13 @@ class Block {
     Tensor dfch;      // F_local
     Tensor dscratch;  // [T, T] attention-backward scratch
     Tensor atty;      // Selective: recomputed attention output (discarded)
-    std::unique_ptr<Record> recomputed;  // Selective: att, att_drop; Full: every activation
+    std::unique_ptr<Record> recomputed;      // Selective: att, att_drop; Full: every activation
+    std::shared_ptr<MoeMlp::Workspace> moe;  // exchange buffers of the MoE blocks
   };
 
-  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute);
+  // An MoE block registers its router in `ps` and this rank's experts in `experts` (null: in ps).
+  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute,
+        ParameterSet* experts = nullptr, ExpertSplit expert_split = {});
 
   // Allocates the activations this block's recompute mode keeps for one micro-batch of up to
   // max_batch sequences. `list` (optional) collects the F32 ones by name.
@@ -104,6 +116,7 @@ class Block {
   int64_t c_local() const { return c_local_; }
   int64_t mlp_local() const { return mlp_local_; }
   bool sequence_parallel() const { return sequence_; }
+  const MoeMlp* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
   struct Params {
@@ -131,6 +144,7 @@ class Block {
   int heads_local_;
   int64_t c_local_, mlp_local_;
   Params q_{};
+  std::optional<MoeMlp> moe_;
   uint64_t site_attn_drop_, site_resid_drop_, site_mlp_drop_;
 };
 

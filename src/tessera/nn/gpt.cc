@@ -26,18 +26,25 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   const TensorSplit& tp = layout.tensor;
   const bool replicas_count = tp.rank() == 0;  // tensor-parallel replicas count on rank 0
 
+  TESSERA_CHECK_AS(ConfigError,
+                   layout.expert_unit_alignment > 0 && layout.expert_unit_alignment % 16 == 0,
+                   "expert unit alignment must be a positive multiple of 16, got ",
+                   layout.expert_unit_alignment);
   auto end_unit = [&] {
     params_.pad_to_multiple(layout.unit_alignment);
     unit_begin_.push_back(params_.numel());
+    expert_params_.pad_to_multiple(layout.expert_unit_alignment);
+    expert_unit_begin_.push_back(expert_params_.numel());
   };
   unit_begin_.push_back(0);
+  expert_unit_begin_.push_back(0);
   if (first_unit_ == 0) {
     embedding_.emplace(params_, cfg_, tp);
     end_unit();
   }
   blocks_.reserve(static_cast<size_t>(std::max(0, last_block - first_block_ + 1)));
   for (int l = first_block_; l <= last_block; ++l) {
-    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute);
+    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts);
     end_unit();
   }
   if (last_unit_ == L + 1) {
@@ -63,7 +70,13 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     r.counts_in_norm = false;  // the first stage's copy counts
     params_.set_reduction(head_->wte(), r);
   }
+  for (int i = 0; i < expert_params_.size(); ++i) {  // experts are whole on every tp rank
+    GradReduction r;
+    r.counts_in_norm = replicas_count;
+    expert_params_.set_reduction(i, r);
+  }
   params_.materialize(alloc_, layout.full_params, layout.full_grads);
+  expert_params_.materialize(alloc_, layout.full_params, layout.full_grads);
 
   const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
   if (!blocks_.empty())
@@ -77,6 +90,18 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
 
 void GPT::initialize(uint64_t seed) {
   params_.initialize(seed);
+  expert_params_.initialize(seed);
+}
+
+std::vector<const MoeMlp*> GPT::moe_layers() const {
+  std::vector<const MoeMlp*> out;
+  for (const Block& b : blocks_)
+    if (b.moe()) out.push_back(b.moe());
+  return out;
+}
+
+void GPT::reset_moe_stats() {
+  for (const MoeMlp* m : moe_layers()) m->reset_stats();
 }
 
 int GPT::tied_unit(int u) const {
@@ -239,14 +264,26 @@ const float* GPT::losses() const {
   return single_->head->losses.f32();
 }
 
+namespace {
+// Parameters of the whole model minus wpe, with `experts_used` experts per MoE block.
+int64_t count_params(const GPTConfig& cfg, int64_t experts_used) {
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, L = cfg.n_layer;
+  const int64_t mlp = 8 * C * C + 5 * C;  // c_fc and c_proj with biases
+  int64_t moe_blocks = 0;
+  for (int l = 0; l < L; ++l) moe_blocks += cfg.moe.is_moe_layer(l) ? 1 : 0;
+  // wte + L blocks (ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj) + ln_f; an MoE block has
+  // experts_used MLPs and a router [C, E] instead of one MLP.
+  return V * C + L * (12 * C * C + 13 * C) + 2 * C +
+         moe_blocks * ((experts_used - 1) * mlp + C * cfg.moe.experts);
+}
+}  // namespace
+
 int64_t GPT::num_params_without_wpe() const {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
-  // wte + L blocks (ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj) + ln_f.
-  return V * C + L * (12 * C * C + 13 * C) + 2 * C;
+  return count_params(cfg_, cfg_.moe.experts);
 }
 
 double GPT::flops_per_token(int T) const {
-  return 6.0 * static_cast<double>(num_params_without_wpe()) +
+  return 6.0 * static_cast<double>(count_params(cfg_, cfg_.moe.top_k)) +
          12.0 * cfg_.n_layer * static_cast<double>(cfg_.n_embd) * T;
 }
 
@@ -258,15 +295,16 @@ std::string GPT::first_non_finite(const Record* rec) const {
   };
   // Parameters first: a bad weight is the cause, bad gradients and activations its effects.
   // (Pointers are null where a ZeRO engine holds no full copy.)
-  for (int i = 0; i < params_.size(); ++i) {
-    const float* w = params_.param_data(i);
-    if (w && bad(w, params_.infos()[i].local_numel())) return params_.infos()[i].name;
-  }
-  for (int i = 0; i < params_.size(); ++i) {
-    const float* d = params_.grad_data(i);
-    if (d && bad(d, params_.infos()[i].local_numel()))
-      return params_.infos()[i].name + " (gradient)";
-  }
+  for (const ParameterSet* ps : {&params_, &expert_params_})
+    for (int i = 0; i < ps->size(); ++i) {
+      const float* w = ps->param_data(i);
+      if (w && bad(w, ps->infos()[i].local_numel())) return ps->infos()[i].name;
+    }
+  for (const ParameterSet* ps : {&params_, &expert_params_})
+    for (int i = 0; i < ps->size(); ++i) {
+      const float* d = ps->grad_data(i);
+      if (d && bad(d, ps->infos()[i].local_numel())) return ps->infos()[i].name + " (gradient)";
+    }
   if (!rec) rec = single_.get();
   if (!rec || rec->B == 0) return "";
   const int T = rec->T;
@@ -287,5 +325,21 @@ std::string GPT::first_non_finite(const Record* rec) const {
   }
   return "";
 }
+
+}  // namespace tessera::nn
+
+namespace tessera::nn {
+
+ParameterSet& ExpertUnits::params() { return model_.expert_params(); }
+const ParameterSet& ExpertUnits::params() const {
+  return model_.params(ParamGroup::Experts);
+}
+int ExpertUnits::first_unit() const { return model_.first_unit(); }
+int ExpertUnits::last_unit() const { return model_.last_unit(); }
+int64_t ExpertUnits::unit_begin(int u) const {
+  return model_.unit_begin(u, ParamGroup::Experts);
+}
+void ExpertUnits::add_hooks(UnitHooks* hooks) { model_.add_hooks(hooks); }
+void ExpertUnits::remove_hooks(UnitHooks* hooks) { model_.remove_hooks(hooks); }
 
 }  // namespace tessera::nn

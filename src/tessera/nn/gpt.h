@@ -16,6 +16,11 @@
 // Micro-batches in flight: forward(ctx, batch, record) and backward(record, ...) work on a Record
 // the caller owns (make_record()), so a pipeline stage can hold several; the single-record
 // forward(batch, ctx) / backward() keep one internally (evaluation, sampling, tests).
+//
+// Mixture of experts (cfg.moe, nn/moe.h): the experts of the MoE blocks live in a second
+// parameter set, params(ParamGroup::Experts), with its own flat buffers and unit offsets, so that
+// a data-parallel engine over the expert-data-parallel group can reduce and shard them apart from
+// the rest of the model (docs/ARCHITECTURE.md, decision 21). The routers stay in params().
 #pragma once
 
 #include <cstdint>
@@ -51,6 +56,35 @@ struct GPTLayout {
   int last_unit = -1;
   Recompute recompute = Recompute::None;
   TensorSplit tensor;  // the tensor-parallel group (none: the whole width)
+  // The expert-parallel group the MoE blocks' experts are split over (none: all on this rank), and
+  // the unit alignment of the expert parameter set (16 x the expert-data-parallel size under ZeRO).
+  ExpertSplit experts;
+  int64_t expert_unit_alignment = 16;
+};
+
+// The two parameter sets of a model: everything but the experts, and the experts.
+enum class ParamGroup { Model, Experts };
+
+class GPT;
+
+// A GPT's expert parameter set as a model of its own (same units, hooks and stage), so the
+// data-parallel engine of the experts (over the expert-data-parallel group) is a DataParallel like
+// any other. Units without experts span nothing; no unit is tied.
+class ExpertUnits final : public UnitModel {
+ public:
+  explicit ExpertUnits(GPT& model) : model_(model) {}
+  ParameterSet& params() override;
+  const ParameterSet& params() const override;
+  int first_unit() const override;
+  int last_unit() const override;
+  int64_t unit_begin(int u) const override;
+  // A full-model file holds the rest of the model, which this set does not read.
+  bool holds_whole_model() const override { return false; }
+  void add_hooks(UnitHooks* hooks) override;
+  void remove_hooks(UnitHooks* hooks) override;
+
+ private:
+  GPT& model_;
 };
 
 class GPT : public UnitModel {
@@ -80,6 +114,14 @@ class GPT : public UnitModel {
   int max_batch() const { return max_batch_; }
   ParameterSet& params() override { return params_; }
   const ParameterSet& params() const override { return params_; }
+  ParameterSet& params(ParamGroup g) { return g == ParamGroup::Model ? params_ : expert_params_; }
+  const ParameterSet& params(ParamGroup g) const {
+    return g == ParamGroup::Model ? params_ : expert_params_;
+  }
+  ParameterSet& expert_params() { return expert_params_; }
+  bool has_experts() const { return expert_params_.size() > 0; }
+  // The expert parameter set as a UnitModel (for its own DataParallel engine).
+  UnitModel& expert_units() { return expert_units_; }
 
   // Units (see unit_hooks.h). Global ids: 0 = embedding, 1..L = blocks, L+1 = head.
   int num_units() const { return cfg_.n_layer + 2; }  // of the whole model
@@ -90,10 +132,16 @@ class GPT : public UnitModel {
   // Flat offset where unit u's parameters start, u in [first_unit, last_unit + 1];
   // unit_begin(last_unit + 1) = params().numel().
   int64_t unit_begin(int u) const override { return unit_begin_[u - first_unit_]; }
+  // The same in the given parameter set (units without experts span nothing in the expert set).
+  int64_t unit_begin(int u, ParamGroup g) const {
+    return (g == ParamGroup::Model ? unit_begin_ : expert_unit_begin_)[u - first_unit_];
+  }
   // The other unit whose parameters unit u reads (the head reads the tied wte of unit 0 when both
   // are on this rank), or -1.
   int tied_unit(int u) const override;
-  bool holds_whole_model() const override { return has_embedding() && has_head(); }
+  bool holds_whole_model() const override {
+    return has_embedding() && has_head() && !has_experts();
+  }
   // Callbacks around each unit's forward and backward, called in order (before_*) and in reverse
   // order (after_*), like nested scopes.
   void add_hooks(UnitHooks* hooks) override { hooks_.add(hooks); }
@@ -138,7 +186,13 @@ class GPT : public UnitModel {
   const float* losses() const;
 
   int64_t num_params_without_wpe() const;  // whole-model parameter count minus wpe (PaLM's N)
-  double flops_per_token(int T) const;     // 6 N + 12 L C T (PaLM, forward + backward)
+  // 6 N + 12 L C T (PaLM, forward + backward), N counting the parameters a token uses: k of the
+  // E experts of an MoE block, and its router.
+  double flops_per_token(int T) const;
+
+  // The MoE blocks of this stage, and their statistics since the last reset.
+  std::vector<const MoeMlp*> moe_layers() const;
+  void reset_moe_stats();
 
   // The first parameter, gradient or activation (of `rec`, default: the single record) holding a
   // NaN/Inf, e.g. "h.2.mlp.c_fc.weight (gradient)" or "h.0.qkv (activation)"; "" if all finite.
@@ -157,11 +211,13 @@ class GPT : public UnitModel {
   Allocator& alloc_;
   int first_unit_, last_unit_, first_block_;
   ParameterSet params_;
+  ParameterSet expert_params_;
   std::optional<Embedding> embedding_;
   std::vector<Block> blocks_;
   std::optional<Head> head_;
-  std::vector<int64_t> unit_begin_;
+  std::vector<int64_t> unit_begin_, expert_unit_begin_;
   UnitHookList hooks_;
+  ExpertUnits expert_units_{*this};
   Block::Workspace ws_;
   Tensor dres_;  // [B, T, C]: the residual stream's gradient during backward
   std::unique_ptr<Record> single_;

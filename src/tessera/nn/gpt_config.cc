@@ -1,5 +1,7 @@
 #include "tessera/nn/gpt_config.h"
 
+#include <cmath>
+
 #include "tessera/core/error.h"
 
 namespace tessera::nn {
@@ -17,6 +19,20 @@ void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, c.ln_eps > 0.0f, "ln_eps must be positive, got ", c.ln_eps);
   TESSERA_CHECK_AS(ConfigError, c.dropout >= 0.0f && c.dropout < 1.0f,
                    "dropout must be in [0, 1), got ", c.dropout);
+  const MoeConfig& m = c.moe;
+  TESSERA_CHECK_AS(ConfigError, m.experts >= 0, "--moe-experts must be >= 0 (0 = dense), got ",
+                   m.experts);
+  if (m.experts == 0) return;
+  TESSERA_CHECK_AS(ConfigError, m.top_k >= 1 && m.top_k <= m.experts, "--moe-top-k ", m.top_k,
+                   " must be between 1 and the number of experts (--moe-experts ", m.experts, ")");
+  TESSERA_CHECK_AS(ConfigError, m.every >= 1 && m.every <= c.n_layer, "--moe-every ", m.every,
+                   " must be between 1 and the number of layers (", c.n_layer,
+                   "); block l is MoE when l % every == every - 1");
+  TESSERA_CHECK_AS(ConfigError, m.capacity_factor >= 0.0f && std::isfinite(m.capacity_factor),
+                   "--moe-capacity-factor must be >= 0 (0 = dropless), got ", m.capacity_factor);
+  TESSERA_CHECK_AS(ConfigError, m.aux_loss >= 0.0f && m.z_loss >= 0.0f,
+                   "--moe-aux-loss and --moe-z-loss must be >= 0, got ", m.aux_loss, " and ",
+                   m.z_loss);
 }
 
 Recompute parse_recompute(const std::string& s) {

@@ -6,6 +6,25 @@
 
 namespace tessera::nn {
 
+// Mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer, Fedus
+// et al. 2021): the MLP of some blocks becomes `experts` GPT-2 MLPs and a linear router (nn/moe.h,
+// docs/ARCHITECTURE.md decision 21). Block l (0-based) is an MoE block when
+// l % every == every - 1: every = 1 makes every block MoE, every = 2 blocks 1, 3, 5, ... (GShard's
+// and Switch's "every other layer").
+struct MoeConfig {
+  int experts = 0;  // E; 0: every MLP is dense
+  int top_k = 2;    // experts per token (gates renormalised over them)
+  int every = 1;
+  // Per-sequence capacity (moe_router.h): 0 = dropless; otherwise each expert takes at most
+  // ceil(capacity_factor * top_k * T / E) of a sequence's T tokens.
+  float capacity_factor = 0.0f;
+  float aux_loss = 0.01f;  // alpha of the Switch load-balancing loss, alpha E sum_i f_i P_i
+  float z_loss = 0.001f;   // beta of the router z-loss (ST-MoE), beta mean (logsumexp logits)^2
+  bool enabled() const { return experts > 0; }
+  bool is_moe_layer(int layer) const { return experts > 0 && layer % every == every - 1; }
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct GPTConfig {
   int n_layer = 4;
   int n_head = 4;
@@ -16,6 +35,7 @@ struct GPTConfig {
   // One probability for all of Hugging Face's dropout sites: embeddings ("drop"), attention
   // probabilities ("attn_dropout"), and the two residual branches ("resid_dropout", "mlp.dropout").
   float dropout = 0.0f;
+  MoeConfig moe;
 };
 
 // Activation recomputation (the seed's re-materialisation; Korthikanti et al. 2022, "Reducing
@@ -31,7 +51,8 @@ Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "ful
 const char* to_string(Recompute r);
 
 // Throws ConfigError naming the offending field: non-positive sizes, heads not dividing the
-// width, eps <= 0, dropout outside [0, 1).
+// width, eps <= 0, dropout outside [0, 1), MoE settings out of range (top_k above the expert
+// count, every above the layer count, negative capacity or loss coefficients).
 void validate(const GPTConfig& cfg);
 
 // A micro-batch: rows are global samples [first_sample, first_sample + B) of this step's global

@@ -13,12 +13,17 @@ std::vector<Bucket> make_buckets(const nn::UnitModel& model, double bucket_mb, i
   int hi = last;
   while (hi >= first) {
     int lo = hi;
-    while (lo > first && model.unit_begin(hi + 1) - model.unit_begin(lo) < target) --lo;
+    auto begin = [&](int u) { return model.unit_begin(u); };
+    while (lo > first && begin(hi + 1) - begin(lo) < target) --lo;
     Bucket b;
     b.first_unit = lo;
     b.last_unit = hi;
-    b.begin = model.unit_begin(lo);
-    b.end = model.unit_begin(hi + 1);
+    b.begin = begin(lo);
+    b.end = begin(hi + 1);
+    if (b.size() == 0) {  // none of the set's parameters live in these units (a GPT's experts)
+      hi = lo - 1;
+      continue;
+    }
     auto [fp, lp] = model.params().params_in(b.begin, b.end);
     b.first_param = fp;
     b.last_param = lp;

@@ -29,7 +29,9 @@ struct Bucket {
   int64_t size() const { return end - begin; }
 };
 
-// Buckets of about bucket_mb MiB over the stage's units, in backward order. With ZeRO
+// Buckets of about bucket_mb MiB over the stage's units, in backward order, of the parameter set
+// `group` (a bucket the set has no parameters in, e.g. units without experts, is left out and its
+// units map to -1). With ZeRO
 // (`shards` > 0: the data-parallel size) every bucket's size divides by `shards` (the model's unit
 // padding guarantees it) and Bucket::shard is set.
 // bucket_of_unit[u - model.first_unit()] is the bucket holding unit u.

@@ -18,8 +18,11 @@ nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size) {
   return f;
 }
 
-nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base) {
+nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base,
+                             int expert_dp_size) {
   const nn::FlatLayout f = flat_layout_for(o, dp_size);
+  base.expert_unit_alignment =
+      flat_layout_for(o, expert_dp_size > 0 ? expert_dp_size : dp_size).unit_alignment;
   base.unit_alignment = f.unit_alignment;
   base.full_params = f.full_params;
   base.full_grads = f.full_grads;
@@ -202,6 +205,7 @@ io::NamedTensors DataParallel::assemble_tensor_parallel(io::NamedTensors local) 
 template <typename F>
 void DataParallel::for_each_bucket_of(int unit, F f) {
   const int own = bucket_of_unit_[unit - model_.first_unit()];
+  if (own < 0) return;  // no parameters of this engine's set in the unit
   f(own);
   const int tied = model_.tied_unit(unit);
   if (tied >= 0 && bucket_of_unit_[tied - model_.first_unit()] != own)

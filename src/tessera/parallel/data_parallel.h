@@ -32,9 +32,11 @@ struct DataParallelOptions {
 
 // How a model's flat buffers must be laid out for this engine: units padded to multiples of
 // 16 * dp floats so every bucket splits into equal 64-byte-aligned shards; full buffers only where
-// not sharded. gpt_layout_for: the same for a GPT (`base` with those fields set).
+// not sharded. gpt_layout_for: the same for a GPT (`base` with those fields set); its expert
+// parameter set is padded for the expert-data-parallel size (0: dp_size).
 nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size);
-nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {});
+nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {},
+                             int expert_dp_size = 0);
 
 // The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
 // gradient norm is summed, the tensor-parallel group, over which checkpoints gather shards, and
@@ -53,7 +55,8 @@ class DataParallel final : public nn::UnitHooks {
  public:
   // Adds itself to the model's hooks. The model (a GPT or any UnitModel, nn/unit_model.h) must
   // have been built with flat_layout_for(o, dp.size()) (a GPT: gpt_layout_for); a ConfigError says
-  // what differs otherwise.
+  // what differs otherwise. The experts of a mixture-of-experts GPT get their own engine over
+  // the expert-data-parallel group: DataParallel(gpt.expert_units(), edp, ...).
   DataParallel(nn::UnitModel& model, comm::Communicator& dp, const DataParallelOptions& o,
                Allocator& alloc, ModelParallelGroups mp = {});
   ~DataParallel() override;

@@ -2,6 +2,11 @@
 // Rank order (as Megatron-LM): tp fastest, then dp, then pp, so a tensor-parallel group is a run
 // of neighbouring ranks (one machine), and
 //   world rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
+// Expert parallelism carves the data-parallel group: ep consecutive data-parallel ranks form an
+// expert-parallel group (they split a mixture-of-experts layer's experts), and the ranks with the
+// same position in their expert-parallel group form the expert-data-parallel group (dp / ep
+// ranks holding the same experts):
+//   dp_rank = edp_rank * ep + ep_rank.
 #pragma once
 
 #include <memory>
@@ -15,11 +20,13 @@ struct MeshShape {
   int dp = 1;
   int pp = 1;
   int tp = 1;
+  int ep = 1;  // divides dp; not a factor of the world
   int world() const { return dp * pp * tp; }
-  std::string str() const;  // "dp=2 pp=1 tp=2"
+  std::string str() const;  // "dp=2 pp=1 tp=2" (" ep=2" when ep > 1)
 };
 
-// Throws ConfigError when a size is not positive or the product differs from world_size.
+// Throws ConfigError when a size is not positive, the product differs from world_size, or ep
+// does not divide dp.
 void validate_mesh(const MeshShape& s, int world_size);
 
 class Mesh {
@@ -32,6 +39,9 @@ class Mesh {
   comm::Communicator& dp() const { return *dp_; }
   comm::Communicator& pp() const { return *pp_; }
   comm::Communicator& tp() const { return *tp_; }
+  // The expert-parallel group and the expert-data-parallel group (see above).
+  comm::Communicator& ep() const { return *ep_; }
+  comm::Communicator& edp() const { return *edp_; }
   // Megatron's embedding group: the data-parallel ranks of the first and the last pipeline stage
   // with this rank's tp rank (they sum the tied wte's gradients). Null on other ranks and
   // without pipeline parallelism.
@@ -43,6 +53,7 @@ class Mesh {
   int dp_rank() const { return dp_->rank(); }
   int pp_rank() const { return pp_->rank(); }
   int tp_rank() const { return tp_->rank(); }
+  int ep_rank() const { return ep_->rank(); }
 
   // The world rank at grid coordinates (dp_rank, pp_rank, tp_rank).
   static int world_rank(const MeshShape& s, int dp_rank, int pp_rank, int tp_rank) {
@@ -52,7 +63,7 @@ class Mesh {
  private:
   comm::Communicator& world_;
   MeshShape shape_;
-  std::unique_ptr<comm::Communicator> dp_, pp_, tp_, embedding_, stage_;
+  std::unique_ptr<comm::Communicator> dp_, pp_, tp_, embedding_, stage_, ep_, edp_;
 };
 
 }  // namespace tessera::parallel

@@ -12,7 +12,12 @@ std::vector<double> unit_costs(const nn::GPTConfig& cfg, int T) {
   const double C = cfg.n_embd, V = cfg.vocab_size;
   std::vector<double> costs(static_cast<size_t>(cfg.n_layer) + 2);
   costs.front() = 4 * C;
-  for (int l = 1; l <= cfg.n_layer; ++l) costs[static_cast<size_t>(l)] = 72 * C * C + 12 * T * C;
+  for (int l = 1; l <= cfg.n_layer; ++l) {
+    // 6 x (attention 4 C^2 + MLP 8 C^2) per token; an MoE block runs top_k MLPs and its router.
+    const bool moe = cfg.moe.is_moe_layer(l - 1);
+    const double mlp = moe ? 8 * C * C * cfg.moe.top_k + C * cfg.moe.experts : 8 * C * C;
+    costs[static_cast<size_t>(l)] = 6 * (4 * C * C + mlp) + 12 * T * C;
+  }
   costs.back() = 6 * C * V + 10 * V;
   return costs;
 }

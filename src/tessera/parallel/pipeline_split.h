@@ -17,8 +17,9 @@ struct UnitRange {
 
 // Modelled forward + backward FLOPs per token of each unit at context T: the embedding a gather
 // and a scatter-add (~4C), a block 6 * (12 C^2) for its matmuls plus 6 * 2 T C for attention
-// (PaLM's count, causal mask ignored), the head 6 C V for the tied projection plus ~10 V for the
-// softmax and cross-entropy.
+// (PaLM's count, causal mask ignored; an MoE block counts top_k MLPs of 8 C^2 and its router C E
+// instead of one MLP), the head 6 C V for the tied projection plus ~10 V for the softmax and
+// cross-entropy.
 std::vector<double> unit_costs(const nn::GPTConfig& cfg, int T);
 
 // Contiguous stages minimising the most expensive stage (exact, by dynamic programming over

@@ -13,6 +13,12 @@ io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
   h.n_positions = c.block_size;
   h.vocab_size = c.vocab_size;
   h.layer_norm_epsilon = c.ln_eps;
+  h.num_local_experts = c.moe.experts;
+  h.num_experts_per_tok = c.moe.top_k;
+  h.moe_every = c.moe.every;
+  h.moe_capacity_factor = c.moe.capacity_factor;
+  h.router_aux_loss_coef = c.moe.aux_loss;
+  h.router_z_loss_coef = c.moe.z_loss;
   return h;
 }
 
@@ -25,6 +31,12 @@ nn::GPTConfig from_hf_config(const io::HfGptConfig& h, float dropout) {
   c.vocab_size = h.vocab_size;
   c.ln_eps = static_cast<float>(h.layer_norm_epsilon);
   c.dropout = dropout;
+  c.moe.experts = h.num_local_experts;
+  c.moe.top_k = h.num_experts_per_tok;
+  c.moe.every = h.moe_every;
+  c.moe.capacity_factor = static_cast<float>(h.moe_capacity_factor);
+  c.moe.aux_loss = static_cast<float>(h.router_aux_loss_coef);
+  c.moe.z_loss = static_cast<float>(h.router_z_loss_coef);
   return c;
 }
 
@@ -67,8 +79,10 @@ io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::opt
 
 io::NamedTensors named_weights(nn::GPT& model) {
   io::NamedTensors out;
-  nn::ParameterSet& ps = model.params();
-  for (int i = 0; i < ps.size(); ++i) out.emplace_back(ps.infos()[i].name, ps.param(i));
+  for (nn::ParamGroup g : {nn::ParamGroup::Model, nn::ParamGroup::Experts}) {
+    nn::ParameterSet& ps = model.params(g);
+    for (int i = 0; i < ps.size(); ++i) out.emplace_back(ps.infos()[i].name, ps.param(i));
+  }
   return out;
 }
 

@@ -10,14 +10,24 @@ ProgressLine::ProgressLine(std::FILE* out, int every)
     : out_(out), every_(every < 1 ? 1 : every), tty_(isatty(fileno(out)) != 0) {}
 
 void ProgressLine::update(const StepStats& s) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %sFLOP/s | "
-                "%.0f ms/step | eta %s",
-                static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss,
-                static_cast<double>(s.lr), s.grad_norm, format_rate(s.tokens_per_s).c_str(),
-                format_rate(s.flops_per_s).c_str(), s.step_seconds * 1e3,
-                format_duration(s.eta_seconds).c_str());
+  char buf[512];
+  int len =
+      std::snprintf(buf, sizeof buf,
+                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %sFLOP/s | "
+                    "%.0f ms/step | eta %s",
+                    static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss,
+                    static_cast<double>(s.lr), s.grad_norm, format_rate(s.tokens_per_s).c_str(),
+                    format_rate(s.flops_per_s).c_str(), s.step_seconds * 1e3,
+                    format_duration(s.eta_seconds).c_str());
+  if (s.moe) {  // " | moe aux 0.0101 z 0.0021 | load % 13 12 ... max/mean 1.05 | drop 0.0%"
+    len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len),
+                         " | moe aux %.4f z %.4f | load %%", s.moe_aux_loss, s.moe_z_loss);
+    for (double l : s.moe_load)
+      if (len < static_cast<int>(sizeof buf) - 64)
+        len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " %.0f", 100 * l);
+    std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " max/mean %.2f | drop %.1f%%",
+                  s.moe_max_load_ratio, 100 * s.moe_dropped_fraction);
+  }
   if (tty_) {
     std::fprintf(out_, "\r\033[K%s", buf);
     line_open_ = true;

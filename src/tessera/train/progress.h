@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace tessera::train {
 
@@ -18,6 +19,11 @@ struct StepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;
   double eta_seconds = 0;
+  // Mixture of experts (moe = true): the auxiliary losses added to the objective, the busiest
+  // expert's share over the mean, the dropped fraction, and each expert's share (mean of layers).
+  bool moe = false;
+  double moe_aux_loss = 0, moe_z_loss = 0, moe_max_load_ratio = 0, moe_dropped_fraction = 0;
+  std::vector<double> moe_load;
 };
 
 class ProgressLine {

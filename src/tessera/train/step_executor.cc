@@ -62,6 +62,11 @@ void StepExecutor::release(Chunk& c, int m) {
   c.slot_of[m] = -1;
 }
 
+void StepExecutor::begin_micro_batch(Chunk& c, bool last) {
+  c.stage.engine->begin_micro_batch(last);
+  if (c.stage.experts) c.stage.experts->begin_micro_batch(last);
+}
+
 Tensor& StepExecutor::buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index,
                              int64_t elems) {
   if (free.empty()) {
@@ -95,7 +100,10 @@ void StepExecutor::finish_sends() {
 }
 
 void StepExecutor::reduce_gradients() {
-  for (Chunk& c : chunks_) c.stage.engine->end_backward();
+  for (Chunk& c : chunks_) {
+    c.stage.engine->end_backward();
+    if (c.stage.experts) c.stage.experts->end_backward();
+  }
   if (links_.embedding_group != nullptr)
     for (Chunk& c : chunks_) c.stage.engine->sum_embedding_group(*links_.embedding_group);
 }
@@ -144,7 +152,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
     case ActionKind::Backward: {
       // The data-parallel engine reduces during the backward of the last micro-batch (ZeRO-2/3
       // in every one).
-      c.stage.engine->begin_micro_batch(m == s.micro_batches - 1);
+      begin_micro_batch(c, m == s.micro_batches - 1);
       const int d = c.dout_of.size() > static_cast<size_t>(m) ? c.dout_of[m] : -1;
       {
         TraceSpan span(label("B", m), "backward", 2);
@@ -165,7 +173,7 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       break;  // the record stays for W
     }
     case ActionKind::BackwardWeight: {
-      c.stage.engine->begin_micro_batch(m == s.micro_batches - 1);
+      begin_micro_batch(c, m == s.micro_batches - 1);
       {
         TraceSpan span(label("W", m), "backward-weight", 2);
         model.backward_weight(in_flight(c, m));

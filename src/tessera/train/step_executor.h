@@ -27,10 +27,12 @@
 
 namespace tessera::train {
 
-// One model chunk of this rank: a stage of the model and the engine that reduces its gradients.
+// One model chunk of this rank: a stage of the model and the engine that reduces its gradients
+// (and, for a mixture of experts, the engine of its experts over the expert-data-parallel group).
 struct StageChunk {
   nn::GPT* model = nullptr;
   parallel::DataParallel* engine = nullptr;
+  parallel::DataParallel* experts = nullptr;
 };
 
 // This rank's pipeline groups (all null for one stage).
@@ -86,6 +88,7 @@ class StepExecutor {
   nn::GPT::Record& acquire(Chunk& c, int micro_batch);
   nn::GPT::Record& in_flight(Chunk& c, int micro_batch);
   void release(Chunk& c, int micro_batch);
+  void begin_micro_batch(Chunk& c, bool last);
   Tensor& buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index, int64_t elems);
   SendBuffer& send_buffer(int64_t elems);
   void execute(const parallel::Schedule& s, int rank, const parallel::Action& a,

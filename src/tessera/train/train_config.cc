@@ -16,9 +16,10 @@ namespace tessera::train {
 #define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                        \
   X(data) X(vocab) X(val_fraction) X(cache_dir)                                               \
   X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
+  X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute)                      \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -165,6 +166,27 @@ void TrainConfig::validate() const {
                    "--micro-batch ", micro_batch, " must divide the per-rank batch ", batch / dp,
                    " (--batch ", batch, " / --dp ", dp, ")");
   TESSERA_CHECK_AS(ConfigError, zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3, got ", zero);
+  TESSERA_CHECK_AS(ConfigError, ep >= 1 && dp % ep == 0, "--ep ", ep, " must divide --dp ", dp,
+                   " (the expert-parallel ranks are carved from the data-parallel ranks)");
+  TESSERA_CHECK_AS(ConfigError, moe_experts >= 0, "--moe-experts must be >= 0 (0 = dense), got ",
+                   moe_experts);
+  if (resume.empty() && init_from.empty()) {
+    TESSERA_CHECK_AS(ConfigError, ep == 1 || moe_experts > 0, "--ep ", ep,
+                     " needs a mixture of experts: set --moe-experts (a multiple of ep)");
+    TESSERA_CHECK_AS(ConfigError, moe_experts % ep == 0, "--moe-experts ", moe_experts,
+                     " does not split over --ep ", ep,
+                     " ranks; choose an expert count that is a multiple of ep");
+    TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_top_k >= 1 && moe_top_k <= moe_experts),
+                     "--moe-top-k ", moe_top_k,
+                     " must be between 1 and the number of experts (--moe-experts ", moe_experts,
+                     ")");
+    TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_every >= 1 && moe_every <= layers),
+                     "--moe-every ", moe_every, " must be between 1 and --layers ", layers);
+  }
+  TESSERA_CHECK_AS(ConfigError, moe_capacity_factor >= 0,
+                   "--moe-capacity-factor must be >= 0 (0 = dropless), got ", moe_capacity_factor);
+  TESSERA_CHECK_AS(ConfigError, moe_aux_loss >= 0 && moe_z_loss >= 0,
+                   "--moe-aux-loss and --moe-z-loss must be >= 0");
   nn::parse_recompute(recompute);  // throws a ConfigError naming the accepted values
   TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   TESSERA_CHECK_AS(ConfigError, backend == "auto" || backend == "inproc" || backend == "mpi",

@@ -22,6 +22,13 @@ struct TrainConfig {
   int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
   std::string init_from;  // safetensors weights to start from
+  // Mixture of experts (nn/moe.h; the architecture comes from config.json when resuming).
+  int moe_experts = 0;               // experts per MoE block; 0 = dense
+  int moe_top_k = 2;                 // experts per token
+  int moe_every = 1;                 // block l is MoE when l % every == every - 1
+  float moe_capacity_factor = 0.0f;  // per-sequence capacity factor; 0 = dropless
+  float moe_aux_loss = 0.01f;        // load-balancing loss coefficient (alpha)
+  float moe_z_loss = 0.001f;         // router z-loss coefficient (beta)
 
   // Optimisation.
   int64_t steps = 1000;
@@ -42,6 +49,7 @@ struct TrainConfig {
   int tp = 1;                     // tensor-parallel ranks per data-parallel replica (world = dp*tp)
   bool sp = false;                // sequence parallelism inside the tensor-parallel group (tp > 1)
   int pp = 1;                     // pipeline stages (ranks); world = pp * dp * tp
+  int ep = 1;                     // expert-parallel ranks, carved from dp (must divide it)
   std::string pp_split;           // units per model stage, e.g. "4,4"; "" = balanced by cost
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved schedule)

@@ -132,6 +132,10 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   plan.pd = data::prepare_data(dopt);
   say(log, nullptr, "data: " + plan.pd.description);
   if (!from_weights) {
+    mcfg.moe.experts = cfg.moe_experts;
+    mcfg.moe.top_k = cfg.moe_top_k;
+    mcfg.moe.every = cfg.moe_every;
+    mcfg.moe.capacity_factor = cfg.moe_capacity_factor;
     mcfg.n_layer = cfg.layers;
     mcfg.n_embd = cfg.dim;
     mcfg.n_head = cfg.new_model_heads();
@@ -144,8 +148,20 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
                    " but the model's vocabulary has only ", mcfg.vocab_size, " entries");
   TESSERA_CHECK_AS(ConfigError, cfg.seq <= mcfg.block_size, "--seq ", cfg.seq,
                    " is longer than the model's context of ", mcfg.block_size, " positions");
+  // The training objective's coefficients come from the flags (like dropout), also when resuming.
+  mcfg.moe.aux_loss = cfg.moe_aux_loss;
+  mcfg.moe.z_loss = cfg.moe_z_loss;
   nn::validate(mcfg);
   check_tensor_parallel(mcfg.n_head, mcfg.n_embd, cfg.tp);
+  TESSERA_CHECK_AS(ConfigError, cfg.ep == 1 || mcfg.moe.experts > 0, "--ep ", cfg.ep,
+                   " needs a mixture-of-experts model, but the model has no experts");
+  TESSERA_CHECK_AS(ConfigError, mcfg.moe.experts % cfg.ep == 0, "the model's ", mcfg.moe.experts,
+                   " experts do not split over --ep ", cfg.ep,
+                   " ranks; choose ep dividing the expert count");
+  TESSERA_CHECK_AS(ConfigError, !cfg.sp || mcfg.moe.experts == 0,
+                   "--sp (sequence parallelism) does not combine with a mixture of experts yet "
+                   "(the model has ",
+                   mcfg.moe.experts, " experts): run it with --sp=false");
   plan.split = data::split_train_val(plan.pd.tokens->size(), cfg.val_fraction, cfg.seq + 1);
   plan.unigram_entropy =
       data::unigram_entropy(*plan.pd.tokens, plan.split.train.begin, plan.split.train.end);
@@ -163,6 +179,22 @@ size_t model_state_peak(const Allocator& a) {
   return a.peak(MemCategory::Parameters) + a.peak(MemCategory::Gradients) +
          a.peak(MemCategory::OptimizerState);
 }
+
+// A step's mixture-of-experts statistics over the whole job (nn/moe_router.h defines them).
+struct MoeStepStats {
+  struct Layer {
+    int layer = 0;
+    double balance = 0;        // mean over sequences of balance_s (1 = perfectly balanced)
+    double z = 0;              // mean over tokens of lse^2
+    std::vector<double> load;  // [E] share of the router's assignments per expert
+  };
+  std::vector<Layer> layers;
+  double aux_loss = 0, z_loss = 0;  // alpha sum_l balance_l, beta sum_l z_l: added to the objective
+  double max_load_ratio = 0;        // the busiest expert's share over the mean share (1/E)
+  double dropped_fraction = 0;      // dropped assignments / assignments
+  double assignments = 0;
+  std::vector<double> mean_load;  // [E] load averaged over the layers
+};
 
 // One rank of the job: its model (stage), data-parallel engine, data and reporting. A step is the
 // schedule of this rank run by the StepExecutor; the rest of the methods are the run around it.
@@ -185,17 +217,29 @@ class RankRun {
   void write_timeline();
 
   // One model chunk of this rank (a pipeline stage; the whole model without pipelines).
+  // With a mixture of experts, the experts have their own engine over the expert-data-parallel
+  // group (parallel/mesh.h), so their gradients are summed over the ranks holding the same experts.
   struct Chunk {
     Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc, const nn::GPTLayout& layout,
-          comm::Communicator& dp, const parallel::DataParallelOptions& o,
+          comm::Communicator& dp, comm::Communicator& edp, const parallel::DataParallelOptions& o,
           parallel::ModelParallelGroups groups)
         : model(m, micro, alloc, layout),
           timeline(model.num_units(), model.num_units() - 1),
-          engine((model.add_hooks(&timeline), model), dp, o, alloc, groups) {}
+          engine((model.add_hooks(&timeline), model), dp, o, alloc, groups) {
+      if (model.has_experts())
+        experts.emplace(model.expert_units(), edp, o, alloc, groups);
+    }
+    std::vector<parallel::DataParallel*> engines() {
+      std::vector<parallel::DataParallel*> e{&engine};
+      if (experts) e.push_back(&*experts);
+      return e;
+    }
     nn::GPT model;
     parallel::UnitTimeline timeline;
     parallel::DataParallel engine;
+    std::optional<parallel::DataParallel> experts;
   };
+  MoeStepStats moe_step_stats();
   std::vector<StageChunk> stage_chunks();
   std::vector<nn::GPT*> models();
   double global_grad_norm();
@@ -243,7 +287,8 @@ nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelO
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
   base.first_unit = units.first;
   base.last_unit = units.last;
-  return parallel::gpt_layout_for(dpo, cfg.dp, base);
+  if (cfg.ep > 1) base.experts = nn::ExpertSplit{&mesh.ep()};
+  return parallel::gpt_layout_for(dpo, cfg.dp, base, cfg.dp / cfg.ep);
 }
 
 parallel::Schedule make_step_schedule(const TrainConfig& cfg, int micro_batches) {
@@ -256,7 +301,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     : cfg_(cfg),
       plan_(plan),
       world_(world),
-      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp}),
+      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp, cfg.ep}),
       split_(
           parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
       lead_(world.rank() == 0),
@@ -291,10 +336,11 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
         split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
     chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
                                               model_layout(cfg, dpo_, mesh_, units, &tp_traffic_),
-                                              mesh_.dp(), dpo_, groups));
-    chunks_.back()->engine.create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
-      return make_optimizer(std::move(segs), n);
-    });
+                                              mesh_.dp(), mesh_.edp(), dpo_, groups));
+    for (parallel::DataParallel* e : chunks_.back()->engines())
+      e->create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
+        return make_optimizer(std::move(segs), n);
+      });
   }
   boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
   comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
@@ -306,7 +352,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
 
 std::vector<StageChunk> RankRun::stage_chunks() {
   std::vector<StageChunk> out;
-  for (auto& c : chunks_) out.push_back(StageChunk{&c->model, &c->engine});
+  for (auto& c : chunks_)
+    out.push_back(StageChunk{&c->model, &c->engine, c->experts ? &*c->experts : nullptr});
   return out;
 }
 
@@ -317,10 +364,55 @@ std::vector<nn::GPT*> RankRun::models() {
 }
 
 double RankRun::global_grad_norm() {
-  if (chunks_.size() == 1) return chunks_.front()->engine.grad_norm();
-  double sum = 0;  // each chunk's share, then one reduction over the world
-  for (auto& c : chunks_) sum += c->engine.grad_norm_contribution();
+  if (chunks_.size() == 1 && !chunks_.front()->experts) return chunks_.front()->engine.grad_norm();
+  double sum = 0;  // each engine's share (experts: each ep rank its own), then one reduction
+  for (auto& c : chunks_)
+    for (parallel::DataParallel* e : c->engines()) sum += e->grad_norm_contribution();
   return std::sqrt(parallel::all_reduce_sum(world_, sum));
+}
+
+// Every MoE layer's statistics of the step, summed over the ranks (tensor-parallel replicas
+// counted once) so that every rank holds the same numbers.
+MoeStepStats RankRun::moe_step_stats() {
+  MoeStepStats out;
+  const nn::MoeConfig& m = plan_.mcfg.moe;
+  if (!m.enabled()) return out;
+  const int L = plan_.mcfg.n_layer, E = m.experts, W = 5 + E;
+  std::vector<double> buf(static_cast<size_t>(L) * W, 0.0);
+  if (mesh_.tp_rank() == 0)
+    for (auto& c : chunks_)
+      for (const nn::MoeMlp* layer : c->model.moe_layers()) {
+        const nn::MoeStats& s = layer->stats();
+        double* b = buf.data() + static_cast<size_t>(s.layer) * W;
+        b[0] += s.balance_sum, b[1] += s.sequences, b[2] += s.z_sum, b[3] += s.tokens;
+        b[4] += s.dropped;
+        for (int e = 0; e < E; ++e) b[5 + e] += s.load[static_cast<size_t>(e)];
+      }
+  world_.all_reduce(buf.data(), buf.size(), DType::F64).wait();
+  double load_sum = 0, dropped = 0;
+  out.mean_load.assign(static_cast<size_t>(E), 0.0);
+  for (int l = 0; l < L; ++l) {
+    const double* b = buf.data() + static_cast<size_t>(l) * W;
+    if (!m.is_moe_layer(l) || b[1] == 0) continue;
+    const double assignments = b[3] * m.top_k;
+    MoeStepStats::Layer layer;
+    layer.layer = l;
+    layer.balance = b[0] / b[1];
+    layer.z = b[2] / b[3];
+    for (int e = 0; e < E; ++e) layer.load.push_back(b[5 + e] / assignments);
+    out.aux_loss += m.aux_loss * layer.balance;
+    out.z_loss += m.z_loss * layer.z;
+    out.max_load_ratio =
+        std::max(out.max_load_ratio, *std::max_element(layer.load.begin(), layer.load.end()) * E);
+    for (int e = 0; e < E; ++e) out.mean_load[static_cast<size_t>(e)] += layer.load[e];
+    load_sum += 1;
+    dropped += b[4];
+    out.assignments += assignments;
+    out.layers.push_back(std::move(layer));
+  }
+  for (double& x : out.mean_load) x /= std::max(1.0, load_sum);
+  out.dropped_fraction = out.assignments > 0 ? dropped / out.assignments : 0;
+  return out;
 }
 
 std::string RankRun::first_non_finite() {
@@ -345,22 +437,25 @@ void RankRun::restore_or_initialize() {
   if (!plan_.ckpt) {
     std::optional<io::SafetensorsFile> weights;
     if (!cfg_.init_from.empty()) weights.emplace(weights_file(cfg_.init_from));
-    for (auto& c : chunks_) {
-      if (weights)
-        c->engine.load_weights(*weights);
-      else
-        c->engine.initialize(cfg_.seed);
-    }
+    for (auto& c : chunks_)
+      for (parallel::DataParallel* e : c->engines()) {
+        if (weights)
+          e->load_weights(*weights);
+        else
+          e->initialize(cfg_.seed);
+      }
     return;
   }
   const io::LoadedCheckpoint& ck = *plan_.ckpt;
   optim::Optimizer& opt = chunks_.front()->engine.optimizer();
-  for (auto& c : chunks_) c->engine.load_weights(ck.model);
+  for (auto& c : chunks_)
+    for (parallel::DataParallel* e : c->engines()) e->load_weights(ck.model);
   TESSERA_CHECK_AS(ConfigError, ck.state.value("optimizer", opt.name()) == opt.name(),
                    "checkpoint '", ck.dir.string(), "' was written with --optimizer ",
                    ck.state.value("optimizer", std::string("?")), ", not ", opt.name());
   step_ = ck.step;
-  for (auto& c : chunks_) c->engine.load_optimizer_state(ck.optimizer);
+  for (auto& c : chunks_)
+    for (parallel::DataParallel* e : c->engines()) e->load_optimizer_state(ck.optimizer);
   // A state.json written by hand or damaged beyond its checksum must not end in "internal error".
   auto count = [&](const nlohmann::json& parent, const char* key) -> int64_t {
     TESSERA_CHECK_AS(IoError,
@@ -370,7 +465,9 @@ void RankRun::restore_or_initialize() {
                      "': state.json needs a non-negative integer '", key, "'");
     return parent.at(key).get<int64_t>();
   };
-  for (auto& c : chunks_) c->engine.optimizer().set_steps(count(ck.state, "optimizer_steps"));
+  for (auto& c : chunks_)
+    for (parallel::DataParallel* e : c->engines())
+      e->optimizer().set_steps(count(ck.state, "optimizer_steps"));
   TESSERA_CHECK_AS(IoError, ck.state.contains("sampler"), "checkpoint '", ck.dir.string(),
                    "': state.json has no 'sampler' position");
   const nlohmann::json& sp = ck.state.at("sampler");
@@ -395,6 +492,19 @@ void RankRun::print_header() {
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
+  if (m.moe.enabled()) {
+    char moe[320];
+    std::snprintf(moe, sizeof moe,
+                  "mixture of experts: %d experts, top-%d, every %d block(s) (blocks l with l %% "
+                  "%d == %d), capacity factor %g%s, aux loss %g, z loss %g | ep %d (%d experts "
+                  "per rank, expert gradients summed over %d ranks)",
+                  m.moe.experts, m.moe.top_k, m.moe.every, m.moe.every, m.moe.every - 1,
+                  static_cast<double>(m.moe.capacity_factor),
+                  m.moe.capacity_factor > 0 ? "" : " (dropless)",
+                  static_cast<double>(m.moe.aux_loss), static_cast<double>(m.moe.z_loss), cfg_.ep,
+                  m.moe.experts / cfg_.ep, cfg_.dp / cfg_.ep);
+    say(log_, nullptr, moe);
+  }
   if (cfg_.pp > 1)
     say(log_, nullptr,
         "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
@@ -411,8 +521,11 @@ void RankRun::train_step() {
   const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
   for (auto& c : chunks_) {
-    c->engine.reset_volume();
-    c->engine.begin_step();
+    c->model.reset_moe_stats();
+    for (parallel::DataParallel* e : c->engines()) {
+      e->reset_volume();
+      e->begin_step();
+    }
   }
   tp_traffic_ = {};
   const data::SamplerPosition pos = sampler_.position();
@@ -443,10 +556,11 @@ void RankRun::train_step() {
               where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
               ". Try a lower --lr or --grad-clip 1."));
         }
-        for (auto& c : chunks_) {
-          if (cfg_.grad_clip > 0) c->engine.clip(norm, cfg_.grad_clip);
-          c->engine.optimizer_step(lr);
-        }
+        for (auto& c : chunks_)
+          for (parallel::DataParallel* e : c->engines()) {
+            if (cfg_.grad_clip > 0) e->clip(norm, cfg_.grad_clip);
+            e->optimizer_step(lr);
+          }
       },
       boundary_elems_);
   if (step_ > result_.first_step) {  // the first step allocates; it is not timed
@@ -462,7 +576,8 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
   double comm_bytes = tp_traffic_.total();
-  for (auto& c : chunks_) comm_bytes += c->engine.volume().total();
+  for (auto& c : chunks_)
+    for (parallel::DataParallel* e : c->engines()) comm_bytes += e->volume().total();
   result_.comm_bytes_per_step = comm_bytes;
   result_.tp_bytes_per_step = tp_traffic_.total();
   StepStats st;
@@ -478,16 +593,37 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
   const size_t recent = std::min<size_t>(step_times_.size(), 20);
   for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];
   st.eta_seconds = mean / recent * static_cast<double>(cfg_.steps - step_ - 1);
-  metrics_->write({{"step", st.step},
-                   {"loss", loss},
-                   {"lr", lr},
-                   {"grad_norm", norm},
-                   {"tokens_per_s", st.tokens_per_s},
-                   {"flops_per_s", st.flops_per_s},
-                   {"step_ms", secs * 1e3},
-                   {"process_cpu_ms", cpu_secs * 1e3},
-                   {"comm_bytes_per_rank", comm_bytes},
-                   {"tp_bytes_per_rank", tp_traffic_.total()}});
+  nlohmann::json record{{"step", st.step},
+                        {"loss", loss},
+                        {"lr", lr},
+                        {"grad_norm", norm},
+                        {"tokens_per_s", st.tokens_per_s},
+                        {"flops_per_s", st.flops_per_s},
+                        {"step_ms", secs * 1e3},
+                        {"process_cpu_ms", cpu_secs * 1e3},
+                        {"comm_bytes_per_rank", comm_bytes},
+                        {"tp_bytes_per_rank", tp_traffic_.total()}};
+  const MoeStepStats moe = moe_step_stats();
+  if (!moe.layers.empty()) {
+    st.moe = true;
+    st.moe_aux_loss = moe.aux_loss;
+    st.moe_z_loss = moe.z_loss;
+    st.moe_max_load_ratio = moe.max_load_ratio;
+    st.moe_dropped_fraction = moe.dropped_fraction;
+    st.moe_load = moe.mean_load;
+    nlohmann::json load = nlohmann::json::object(), balance = nlohmann::json::object();
+    for (const MoeStepStats::Layer& l : moe.layers) {
+      load["h." + std::to_string(l.layer)] = l.load;
+      balance["h." + std::to_string(l.layer)] = l.balance;
+    }
+    record["moe_aux_loss"] = moe.aux_loss;
+    record["moe_z_loss"] = moe.z_loss;
+    record["moe_balance"] = balance;
+    record["moe_load"] = load;
+    record["moe_max_load_ratio"] = moe.max_load_ratio;
+    record["moe_dropped_fraction"] = moe.dropped_fraction;
+  }
+  metrics_->write(record);
   if (pl_) pl_->update(st);
 }
 
@@ -497,6 +633,15 @@ void RankRun::save(int64_t at_step) {
   for (auto& ch : chunks_) {
     for (auto& t : ch->engine.full_weights()) c.model.push_back(std::move(t));
     for (auto& t : ch->engine.full_optimizer_state()) c.optimizer.push_back(std::move(t));
+    if (!ch->experts) continue;
+    // Each expert-parallel rank holds its own experts: gathered to expert-parallel rank 0.
+    io::NamedTensors w = ch->experts->full_weights(), o = ch->experts->full_optimizer_state();
+    if (cfg_.ep > 1) {
+      w = parallel::gather_named_tensors(mesh_.ep(), std::move(w));
+      o = parallel::gather_named_tensors(mesh_.ep(), std::move(o));
+    }
+    for (auto& t : w) c.model.push_back(std::move(t));
+    for (auto& t : o) c.optimizer.push_back(std::move(t));
   }
   if (cfg_.pp > 1) {  // every stage's tensors to pipeline rank 0 (world rank 0 is one of them)
     c.model = parallel::gather_named_tensors(mesh_.pp(), std::move(c.model));
@@ -507,13 +652,15 @@ void RankRun::save(int64_t at_step) {
     c.config = to_hf_config(plan_.mcfg);
     const data::SamplerPosition pos = sampler_.position();
     const optim::Optimizer& opt = chunks_.front()->engine.optimizer();
-    c.state = {{"seed", cfg_.seed},
-               {"optimizer", opt.name()},
-               {"optimizer_steps", opt.steps()},
-               {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
-               {"config", to_json(cfg_)},
-               {"layout", {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"zero", cfg_.zero}}},
-               {"data", plan_.pd.description}};
+    c.state = {
+        {"seed", cfg_.seed},
+        {"optimizer", opt.name()},
+        {"optimizer_steps", opt.steps()},
+        {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
+        {"config", to_json(cfg_)},
+        {"layout",
+         {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"ep", cfg_.ep}, {"zero", cfg_.zero}}},
+        {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     export_weights(c.model, plan_.mcfg, cfg_.save);
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");

@@ -1,0 +1,128 @@
+#include "tessera/nn/moe_router.h"
+
+#include <cmath>
+#include <vector>
+
+#include "tessera/core/error.h"
+
+namespace tessera::nn {
+
+void router_softmax(float* probs, float* lse, const float* logits, int64_t N, int E) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* l = logits + n * E;
+    float* p = probs + n * E;
+    float m = l[0];
+    for (int e = 1; e < E; ++e) m = std::max(m, l[e]);
+    double s = 0;
+    for (int e = 0; e < E; ++e) s += std::exp(static_cast<double>(l[e] - m));
+    for (int e = 0; e < E; ++e)
+      p[e] = static_cast<float>(std::exp(static_cast<double>(l[e] - m)) / s);
+    lse[n] = static_cast<float>(m + std::log(s));
+  }
+}
+
+void router_top_k(int32_t* expert, float* gate, const float* probs, int64_t N, int E, int k) {
+  TESSERA_ASSERT(k >= 1 && k <= E, "router_top_k: k = ", k, " with ", E, " experts");
+  std::vector<uint8_t> taken(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs + n * E;
+    int32_t* ex = expert + n * k;
+    std::fill(taken.begin(), taken.end(), uint8_t{0});
+    double sum = 0;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e)  // strictly greater: the lower index wins a tie
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      taken[best] = 1;
+      ex[j] = best;
+      sum += p[best];
+    }
+    for (int j = 0; j < k; ++j) gate[n * k + j] = static_cast<float>(p[ex[j]] / sum);
+  }
+}
+
+int64_t expert_capacity(const MoeConfig& m, int T) {
+  if (m.capacity_factor <= 0.0f) return 0;
+  const double c = static_cast<double>(m.capacity_factor) * m.top_k * T / m.experts;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(c - 1e-9)));
+}
+
+int64_t router_capacity(uint8_t* kept, const int32_t* expert, int B, int T, int E, int k,
+                        int64_t capacity) {
+  int64_t dropped = 0;
+  std::vector<int64_t> used(static_cast<size_t>(E));
+  for (int b = 0; b < B; ++b) {
+    std::fill(used.begin(), used.end(), 0);
+    for (int j = 0; j < k; ++j)
+      for (int t = 0; t < T; ++t) {
+        const int64_t a = (static_cast<int64_t>(b) * T + t) * k + j;
+        const int e = expert[a];
+        const bool fits = capacity == 0 || used[e] < capacity;
+        kept[a] = fits ? 1 : 0;
+        if (fits)
+          ++used[e];
+        else
+          ++dropped;
+      }
+  }
+  return dropped;
+}
+
+namespace {
+// f_si * T * k: the router's choices of expert i in sequence b.
+void choice_counts(std::vector<double>& counts, const int32_t* expert, int b, int T, int k) {
+  std::fill(counts.begin(), counts.end(), 0.0);
+  const int32_t* ex = expert + static_cast<int64_t>(b) * T * k;
+  for (int64_t a = 0; a < static_cast<int64_t>(T) * k; ++a) counts[ex[a]] += 1.0;
+}
+}  // namespace
+
+RouterLossSums router_loss_sums(const float* probs, const float* lse, const int32_t* expert, int B,
+                                int T, int E, int k) {
+  RouterLossSums s;
+  std::vector<double> counts(static_cast<size_t>(E)), psum(static_cast<size_t>(E));
+  for (int b = 0; b < B; ++b) {
+    choice_counts(counts, expert, b, T, k);
+    std::fill(psum.begin(), psum.end(), 0.0);
+    for (int t = 0; t < T; ++t) {
+      const int64_t n = static_cast<int64_t>(b) * T + t;
+      for (int e = 0; e < E; ++e) psum[e] += probs[n * E + e];
+      s.z += static_cast<double>(lse[n]) * lse[n];
+    }
+    double bal = 0;
+    for (int e = 0; e < E; ++e) bal += counts[e] / (static_cast<double>(T) * k) * (psum[e] / T);
+    s.balance += E * bal;
+  }
+  return s;
+}
+
+void router_backward(float* dlogits, const float* dgate, const float* probs, const float* lse,
+                     const int32_t* expert, const float* gate, int B, int T, int E, int k,
+                     float balance_weight, float z_weight) {
+  std::vector<double> counts(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
+  for (int b = 0; b < B; ++b) {
+    choice_counts(counts, expert, b, T, k);
+    for (int t = 0; t < T; ++t) {
+      const int64_t n = static_cast<int64_t>(b) * T + t;
+      const float* p = probs + n * E;
+      // Through the renormalised gates g_j = p_{e_j} / S: dL/dp_m = (dg_m - sum_j dg_j g_j) / S.
+      double S = 0, a = 0;
+      for (int j = 0; j < k; ++j) {
+        S += p[expert[n * k + j]];
+        a += static_cast<double>(dgate[n * k + j]) * gate[n * k + j];
+      }
+      // The balance loss: d/dp_ti of balance_weight T E sum_i f_si P_si = balance_weight E f_si.
+      for (int e = 0; e < E; ++e)
+        dp[e] = balance_weight * E * counts[e] / (static_cast<double>(T) * k);
+      for (int j = 0; j < k; ++j) dp[expert[n * k + j]] += (dgate[n * k + j] - a) / S;
+      // Softmax backward, plus the z-loss: d(z_weight lse^2)/dlogit_i = 2 z_weight lse p_i.
+      double dot = 0;
+      for (int e = 0; e < E; ++e) dot += p[e] * dp[e];
+      const double zg = 2.0 * z_weight * lse[n];
+      for (int e = 0; e < E; ++e)
+        dlogits[n * E + e] = static_cast<float>(p[e] * (dp[e] - dot + zg));
+    }
+  }
+}
+
+}  // namespace tessera::nn
