@@ -1,8 +1,8 @@
 #include "tessera/comm/fault.h"
 
+#include <algorithm>
 #include <charconv>
 #include <set>
-#include <vector>
 
 #include "tessera/comm/op.h"
 
@@ -11,7 +11,7 @@ namespace tessera::comm {
 namespace {
 
 constexpr std::string_view kFormat =
-    "rank=R,op=N,kind=delay:MS|throw|exit[:STATUS]|mismatch[,call=OP][,comm=NAME], e.g. "
+    "rank=R,op=N,kind=delay:DURATION|throw|exit[:STATUS]|mismatch[,call=OP][,comm=NAME], e.g. "
     "rank=1,op=37,kind=delay:5000ms";
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
@@ -19,7 +19,7 @@ constexpr std::string_view kFormat =
                                    " (docs/RELIABILITY.md)"));
 }
 
-// A whole-string unsigned integer in [lo, hi], or nullopt.
+// Whether `s` is a whole unsigned integer in [lo, hi] (stored in `out`).
 bool parse_uint(std::string_view s, uint64_t lo, uint64_t hi, uint64_t& out) {
   if (s.empty()) return false;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
