@@ -73,6 +73,13 @@ expect_status "reference (pp=2 dp=2 tp=2 threads)" 0
 
 if [ -z "$mpiexec" ]; then
 echo "== threads (inproc): pp=2 x dp=2 x tp=2"
+# A malformed switch is refused before any work.
+run "bad TESSERA_FAULT" 10 "rank=1,op=0,kind=throw" -- "$bin" train "${common[@]}" "${layout[@]}"
+expect_status "bad TESSERA_FAULT" 1
+expect_text "bad TESSERA_FAULT: says what is wrong and the format" \
+  "^tessera: error: TESSERA_FAULT='rank=1,op=0,kind=throw': op must be a call number counted from 1, got '0'\. The format is rank=R,op=N,kind="
+! grep -qE "^(data|model):" <<<"$out" && ok "bad TESSERA_FAULT: before any work" ||
+  fail "bad TESSERA_FAULT: work was done" "$out"
 # A delay within the deadline only slows the run: the same losses.
 run "delay 300ms" 30 "rank=5,op=40,kind=delay:300ms" -- "$bin" train "${common[@]}" "${layout[@]}" \
   --backend inproc --metrics "$dir/delay.jsonl"
