@@ -17,7 +17,8 @@ set(TESSERA_PUBLIC_HEADERS_kernels
     attention.h blas_setup.h dropout.h embedding.h gelu.h gemm.h layernorm.h residual.h
     softmax_xent.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
-set(TESSERA_PUBLIC_HEADERS_comm bench.h communicator.h errors.h launch.h op.h options.h work.h)
+set(TESSERA_PUBLIC_HEADERS_comm
+    bench.h communicator.h errors.h fault.h launch.h op.h options.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
     activations.h block.h embedding.h gpt.h gpt_config.h head.h moe.h moe_router.h parameters.h
     tensor_parallel.h unit_hooks.h unit_model.h)
@@ -33,7 +34,8 @@ set(TESSERA_PUBLIC_HEADERS_parallel
     schedule_generators.h schedule_replay.h schedule_simulate.h schedule_validate.h
     unit_timeline.h zero.h)
 set(TESSERA_PUBLIC_HEADERS_train
-    generate.h metrics.h model_io.h pipeline_forward.h step_executor.h train_config.h trainer.h)
+    generate.h metrics.h model_io.h pipeline_forward.h step_executor.h stop_request.h
+    train_config.h trainer.h)
 # The planner: `tessera plan`'s model of memory and step time, usable from code.
 set(TESSERA_PUBLIC_HEADERS_plan
     calibrate.h cluster.h collectives.h engine.h from_train.h korthikanti.h layout.h model_spec.h

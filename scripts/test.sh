@@ -28,7 +28,7 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   echo "== ThreadSanitizer on the in-process communicator"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
     -DTESSERA_SANITIZE=thread -DTESSERA_BENCH=OFF >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_comm
+  cmake --build build-tsan -j"$jobs" --target test_comm test_comm_faults
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
     --timeout 900 -L inproc)
 fi

@@ -2,15 +2,19 @@
 // (`grad_clip`). Precedence, lowest first: defaults, the resumed checkpoint's config, --config
 // FILE, flags given on the command line.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "commands.h"
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/io/checkpoint.h"
 #include "tessera/train/metrics.h"
+#include "tessera/train/stop_request.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::app {
@@ -42,6 +46,24 @@ CLI::Option* switch_flag(CLI::App* cmd, TrainFlags& f, const std::string& key, b
   return f.options[key] = cmd->add_flag(name, field, help);
 }
 
+// How the run stopped, and the command that continues it.
+void report_stop(const train::TrainConfig& cfg, const train::TrainResult& r) {
+  std::fflush(stdout);
+  std::string how = detail::concat("tessera: stopped by ", train::signal_name(r.stopped_by),
+                                   " after step ", r.steps, " of ", cfg.steps);
+  if (cfg.save.empty()) {
+    std::fprintf(stderr, "%s; nothing was saved (no --save was given), so it cannot be resumed\n",
+                 how.c_str());
+    return;
+  }
+  std::string launcher;
+  if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && comm::launched_by_mpi())
+    launcher = detail::concat("mpirun -np ", n, " ");
+  std::fprintf(stderr, "%s; saved checkpoint %s. Resume with:\n  %s%s train --resume %s\n",
+               how.c_str(), r.checkpoint.c_str(), launcher.c_str(), program_path(),
+               cfg.save.c_str());
+}
+
 void run(TrainFlags& f, int& exit_code) {
   nlohmann::json merged = train::to_json(train::TrainConfig{});
   auto overlay = [&](const nlohmann::json& j) {
@@ -70,8 +92,20 @@ void run(TrainFlags& f, int& exit_code) {
   if (!cfg.metrics.empty()) {
     train::MetricsWriter probe(cfg.metrics, /*append=*/true);
   }
-  train::TrainResult r = train::run_training(cfg, stdout);
+  train::TrainResult r;
+  {
+    // SIGINT / SIGTERM stop the run cleanly after the current step (docs/RELIABILITY.md).
+    const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    train::StopSignals signals(/*announce=*/world_rank == nullptr ||
+                               std::string(world_rank) == "0");
+    r = train::run_training(cfg, stdout);
+  }
   exit_code = 0;
+  if (r.stopped_by) {
+    exit_code = 128 + r.stopped_by;  // as the shell reports a process ended by the signal
+    if (r.rank == 0) report_stop(cfg, r);
+    return;
+  }
   if (r.rank != 0) return;  // under mpirun, rank 0 reports
   if (r.last_val_loss >= 0)
     std::printf("done: %lld steps, final val_loss %.4f (unigram entropy %.4f), %.0f tokens/s\n",
@@ -166,6 +200,9 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "recompute", v.recompute,
        "Activation recomputation: none, selective (attention scores) or full (whole blocks)")
       ->check(CLI::IsMember({"none", "selective", "full"}));
+  flag(cmd, *f, "comm_timeout", v.comm_timeout,
+       "Seconds a rank waits for its peers in any communication call before the run fails with "
+       "an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)");
   flag(cmd, *f, "backend", v.backend,
        "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
       ->check(CLI::IsMember({"auto", "inproc", "mpi"}));

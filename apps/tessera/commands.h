@@ -6,6 +6,9 @@
 
 namespace tessera::app {
 
+// The command as invoked (argv[0]), for the commands tessera suggests.
+const char* program_path();
+
 void register_train(CLI::App& root, int& exit_code);
 void register_eval(CLI::App& root, int& exit_code);
 void register_sample(CLI::App& root, int& exit_code);

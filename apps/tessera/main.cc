@@ -1,12 +1,36 @@
 // The `tessera` command: train, eval, sample, bench-comm, schedule, plot, plan.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "commands.h"
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/blas_setup.h"
 
+namespace tessera::app {
+namespace {
+const char* program = "tessera";
+}
+const char* program_path() {
+  return program;
+}
+}  // namespace tessera::app
+
+namespace {
+// Under mpirun a failed process leaves without MPI_Finalize, which would wait for peers that
+// may be gone or stuck: mpirun sees the status and ends the job (docs/COMM.md).
+int leave(int status) {
+  if (tessera::comm::launched_by_mpi()) {
+    std::fflush(nullptr);
+    std::_Exit(status);
+  }
+  return status;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 0) tessera::app::program = argv[0];
   tessera::kernels::use_fast_blas_kernels(argv);
   CLI::App root{"tessera: train transformer language models on many devices"};
   root.require_subcommand(1);
@@ -25,10 +49,10 @@ int main(int argc, char** argv) {
     return root.exit(e);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 1;
+    return leave(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
-    return 2;
+    return leave(2);
   }
   return exit_code;
 }

@@ -6,6 +6,7 @@
 #include "tessera/comm/bench.h"
 #include "tessera/comm/communicator.h"
 #include "tessera/comm/errors.h"
+#include "tessera/comm/fault.h"
 #include "tessera/comm/launch.h"
 #include "tessera/comm/options.h"
 #include "tessera/comm/work.h"

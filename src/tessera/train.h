@@ -8,5 +8,6 @@
 #include "tessera/train/model_io.h"
 #include "tessera/train/pipeline_forward.h"
 #include "tessera/train/step_executor.h"
+#include "tessera/train/stop_request.h"
 #include "tessera/train/train_config.h"
 #include "tessera/train/trainer.h"

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "helpers.h"
+#include "tessera/comm/fault.h"
 
 namespace tessera::comm::test {
 namespace {
@@ -159,6 +160,77 @@ TEST_F(Mpi, PeerThatThrowsMakesOthersTimeOut) {
         << e.what();
   }
   EXPECT_LT(since_ms(t0), 2000);
+}
+
+// Fault injection (comm/fault.h) on MPI. Processes cannot be told of a peer's failure: they
+// time out, and the fingerprint exchange names the rank that never came.
+std::unique_ptr<Communicator> faulty_world(const std::string& spec, Timeout timeout, bool debug) {
+  CommOptions o;
+  o.timeout = timeout;
+  o.debug = debug;
+  o.fault = std::make_shared<const FaultSpec>(parse_fault_spec(spec));
+  return mpi_world(o);
+}
+
+TEST_F(Mpi, InjectedThrowFailsTheCallAndThePeersTimeOutNamingTheRank) {
+  auto c = faulty_world("rank=1,op=2,kind=throw", 400ms, true);
+  float x = 1;
+  c->all_reduce(&x, 1, DType::F32).wait();
+  const std::string at = "all_reduce #2 (F32 x 1, sum) on communicator 'world' rank " +
+                         std::to_string(c->rank()) + "/" + std::to_string(c->size()) + ": ";
+  auto t0 = Clock::now();
+  try {
+    c->all_reduce(&x, 1, DType::F32).wait();
+    ADD_FAILURE() << "expected the injected fault or a timeout";
+  } catch (const InjectedFaultError& e) {
+    EXPECT_EQ(c->rank(), 1);
+    EXPECT_NE(
+        std::string(e.what()).find(at + "injected fault (TESSERA_FAULT=rank=1,op=2,kind=throw)"),
+        std::string::npos)
+        << e.what();
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(c->rank(), 1);
+    EXPECT_NE(std::string(e.what()).find(
+                  at + "timed out after 400 ms waiting for rank(s) 1 to reach this collective"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(since_ms(t0), 2000);
+}
+
+TEST_F(Mpi, InjectedMismatchTurnsOnTheFingerprintCheckAndFailsEveryRank) {
+  auto c = faulty_world("rank=0,op=1,kind=mismatch", 5s, false);
+  EXPECT_TRUE(c->options().debug);
+  std::vector<float> x(100, 1.0f);
+  try {
+    c->all_reduce(x.data(), x.size(), DType::F32).wait();
+    ADD_FAILURE() << "expected a MismatchError";
+  } catch (const MismatchError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("collective mismatch on communicator 'world' rank "), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 called barrier #1; "), std::string::npos) << m;
+    EXPECT_NE(m.find(" called all_reduce #1 (F32 x 100, sum)"), std::string::npos) << m;
+  }
+}
+
+TEST_F(Mpi, InjectedDelayPastTheDeadlineTimesOutEveryRank) {
+  auto c = faulty_world("rank=1,op=1,kind=delay:1200ms", 300ms, true);
+  float x = 1;
+  auto t0 = Clock::now();
+  try {
+    c->all_reduce(&x, 1, DType::F32).wait();
+    ADD_FAILURE() << "expected a timeout";
+  } catch (const TimeoutError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("all_reduce #1 (F32 x 1, sum) on communicator 'world' rank "),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("timed out after 300 ms waiting for"), std::string::npos) << m;
+    if (c->rank() != 1) {
+      EXPECT_NE(m.find("waiting for rank(s) 1 to reach this collective"), std::string::npos) << m;
+    }
+  }
+  EXPECT_LT(since_ms(t0), c->rank() == 1 ? 3000 : 1000);
 }
 
 TEST_F(Mpi, RecvTimeoutNamesPeer) {

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
@@ -38,6 +41,25 @@ TEST(Mesh, AxisGroupsFollowMegatronOrder) {
     EXPECT_EQ(seen[r][2], 2 * (dp * 2 + tp) + 4) << r;  // pp partners differ by 4
     EXPECT_EQ(seen[r][3], 2);
   }
+}
+
+// Error messages quote communicator names: each group is named after its axis and world ranks.
+TEST(Mesh, GroupsAreNamedAfterTheirWorldRanks) {
+  std::mutex mu;
+  std::vector<std::array<std::string, 4>> names(16);
+  comm::run_inproc(16, [&](comm::Communicator& world) {
+    Mesh m(world, MeshShape{4, 2, 2});  // dp, pp, tp
+    std::lock_guard<std::mutex> lock(mu);
+    names[world.rank()] = {m.tp().name(), m.dp().name(), m.pp().name(),
+                           m.embedding() ? m.embedding()->name() : ""};
+  });
+  EXPECT_EQ(names[6][0], "tp[6,7]");
+  EXPECT_EQ(names[6][1], "dp[0,2..6]");  // an arithmetic run of more than three is shortened
+  EXPECT_EQ(names[6][2], "pp[6,14]");
+  EXPECT_EQ(names[6][3], "embedding[0,2..14]");
+  EXPECT_EQ(names[13][0], "tp[12,13]");
+  EXPECT_EQ(names[13][1], "dp[9,11..15]");
+  EXPECT_EQ(names[13][3], "embedding[1,3..15]");
 }
 
 TEST(Mesh, InvalidLayoutsAreErrors) {

@@ -1,6 +1,7 @@
 #include "tessera/comm/communicator.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -141,6 +142,8 @@ Work Communicator::submit(OpDesc d, bool async) {
       return Work::failed(std::current_exception());
     }
   }
+  if (opts_.fault)
+    if (std::optional<Work> w = inject(d)) return std::move(*w);
   std::unique_lock lk(mu_);
   if (failure_) {
     return Work::failed(std::make_exception_ptr(PeerFailedError(detail::concat(
@@ -201,6 +204,11 @@ void Communicator::progress_loop() {
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, Timeout timeout) {
+  return split(color, key, detail::concat(name(), ".", color), timeout);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& child_name,
+                                                  Timeout timeout) {
   drain();
   OpDesc d;
   d.type = OpType::Split;
@@ -215,11 +223,73 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, Timeout ti
   }
   ++seq_;
   try {
-    return do_split(color, key, resolve_timeout(timeout));
+    std::unique_ptr<Communicator> child =
+        do_split(color, key, child_name, resolve_timeout(timeout));
+    if (child && fault_injector()) child->faults_ = faults_;  // one count per rank
+    return child;
   } catch (...) {
     record_failure(std::current_exception(), d);
     throw;
   }
+}
+
+// ---- fault injection (fault.h) -----------------------------------------------------------------
+
+detail::FaultInjector* Communicator::fault_injector() {
+  if (!faults_ && opts_.fault && opts_.fault->rank == world_rank())
+    faults_ = std::make_shared<detail::FaultInjector>(*opts_.fault);
+  return faults_.get();
+}
+
+void Communicator::exit_rank(const std::string& why, int status) {
+  (void)status;
+  throw InjectedExit(why);
+}
+
+std::optional<Work> Communicator::inject(OpDesc& d) {
+  detail::FaultInjector* f = fault_injector();
+  if (f == nullptr || !f->fires(d, name())) return std::nullopt;
+  const FaultSpec& spec = f->spec();
+  const std::string at = where(d);
+  auto announce = [&](const std::string& action) {
+    std::fprintf(stderr,
+                 "tessera: TESSERA_FAULT=%s fires on world rank %d at its call %llu, %s: %s\n",
+                 spec.text.c_str(), world_rank(), static_cast<unsigned long long>(spec.op),
+                 at.c_str(), action.c_str());
+    std::fflush(stderr);
+  };
+  switch (spec.kind) {
+    case FaultKind::Delay: {
+      announce(detail::concat("delaying it by ", spec.delay.count(), " ms"));
+      const auto until = std::chrono::steady_clock::now() + spec.delay;
+      while (std::chrono::steady_clock::now() < until && !world_failed())
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            std::chrono::milliseconds(5), until - std::chrono::steady_clock::now()));
+      return std::nullopt;
+    }
+    case FaultKind::Throw: {
+      announce("failing it");
+      return Work::failed(record_failure(std::make_exception_ptr(InjectedFaultError(detail::concat(
+                                             at, ": injected fault (TESSERA_FAULT=", spec.text,
+                                             ") on world rank ", world_rank()))),
+                                         d));
+    }
+    case FaultKind::Exit:
+      announce(backend() == "mpi"
+                   ? detail::concat("the process exits with status ", spec.exit_status)
+                   : std::string("the rank exits"));
+      exit_rank(detail::concat(at, ": world rank ", world_rank(),
+                               " exited here (injected fault TESSERA_FAULT=", spec.text, ")"),
+                spec.exit_status);
+      return std::nullopt;  // not reached: exit_rank does not return
+    case FaultKind::Mismatch: {
+      const std::string was = d.describe();
+      detail::make_mismatched(d);
+      announce(detail::concat("issuing ", d.describe(), " instead of ", was));
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
 }
 
 // ---- argument packing -------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "tessera/comm/errors.h"
+#include "tessera/comm/fault.h"
 #include "tessera/comm/op.h"
 #include "tessera/comm/options.h"
 #include "tessera/comm/work.h"
@@ -48,6 +50,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view backend() const = 0;  // "inproc" or "mpi"
+  // This rank's rank in the world it belongs to (the same on every communicator it holds).
+  virtual int world_rank() const { return rank(); }
   const std::string& name() const { return opts_.name; }
   const CommOptions& options() const { return opts_; }
 
@@ -55,6 +59,10 @@ class Communicator {
   // ranked by (key, rank here). color < 0 joins none and returns nullptr. The new communicator
   // inherits the options; its name is "<name>.<color>".
   std::unique_ptr<Communicator> split(int color, int key, Timeout timeout = kDefaultTimeout);
+  // The same, naming the new communicator `name` (every member must pass the same; error
+  // messages quote it, so a name that says which world ranks it holds, 'dp[0,2]', helps).
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
+                                      Timeout timeout = kDefaultTimeout);
 
   // recv[i] = op over ranks of send[i]; count elements.
   Work all_reduce(const void* send, void* recv, size_t count, DType dtype,
@@ -120,9 +128,17 @@ class Communicator {
   // has a resolved timeout and (for collectives) a sequence number. Never called for size() == 1.
   virtual void execute(const detail::OpDesc& d) = 0;
   // Backend split: collective over this communicator; never called concurrently with execute().
-  virtual std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) = 0;
+  // The new communicator is called `child_name`.
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& child_name,
+                                                 Timeout timeout) = 0;
   // Called once when an operation on this communicator fails (inproc poisons its world).
   virtual void on_failure(const std::exception_ptr&) {}
+  // Whether the world this rank belongs to is known to have failed (inproc: poisoned); an
+  // injected delay ends early when it has.
+  virtual bool world_failed() const { return false; }
+  // An injected exit (fault.h): throws InjectedExit, which ends an inproc rank's thread; the MPI
+  // backend ends the process with `status` instead.
+  [[noreturn]] virtual void exit_rank(const std::string& why, int status);
   // Derived destructors call this first: finishes queued work and joins the progress thread.
   void stop_progress_thread();
   Timeout resolve_timeout(Timeout t) const { return t == kDefaultTimeout ? opts_.timeout : t; }
@@ -141,8 +157,15 @@ class Communicator {
   void progress_loop();
   void drain();  // waits until the async queue is empty
   std::exception_ptr record_failure(std::exception_ptr e, const detail::OpDesc& d);
+  // Fault injection: null unless CommOptions::fault names this rank; shared with every
+  // communicator split from this one, so that the rank's calls are counted together.
+  detail::FaultInjector* fault_injector();
+  // Applies the fault when `d` is the call it names: sleeps, returns a failed Work, exits, or
+  // alters `d` (mismatch). Nothing (nullopt) for every other call.
+  std::optional<Work> inject(detail::OpDesc& d);
 
   CommOptions opts_;
+  std::shared_ptr<detail::FaultInjector> faults_;
   uint64_t seq_ = 0;
   std::exception_ptr failure_;  // first failure; guarded by mu_
 

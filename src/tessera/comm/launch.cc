@@ -28,6 +28,8 @@ std::vector<std::exception_ptr> run_inproc_each(int world_size,
       try {
         fn(*comms[r]);
         comms[r].reset();  // finishes queued asynchronous work first
+      } catch (const InjectedExit&) {
+        errors[r] = std::current_exception();  // the rank left: marked exited, not failed
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
         world->fail(r, e.what());
@@ -58,9 +60,25 @@ void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
         }
       },
       opts);
+  // A PeerFailedError is usually the consequence of another rank's failure: the first error of
+  // any other type is the cause, if there is one.
+  auto is_consequence = [](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerFailedError&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  };
   int first = -1;
-  for (int r = 0; r < world_size; ++r)
-    if (errors[r] && (first < 0 || when[r] < when[first])) first = r;
+  for (int r = 0; r < world_size; ++r) {
+    if (!errors[r]) continue;
+    const bool better =
+        first < 0 || (is_consequence(errors[first]) && !is_consequence(errors[r])) ||
+        (is_consequence(errors[first]) == is_consequence(errors[r]) && when[r] < when[first]);
+    if (better) first = r;
+  }
   if (first >= 0) std::rethrow_exception(errors[first]);
 }
 

@@ -23,7 +23,10 @@ namespace tessera::comm {
 std::vector<std::exception_ptr> run_inproc_each(int world_size,
                                                 const std::function<void(Communicator&)>& fn,
                                                 const CommOptions& opts = {});
-// As run_inproc_each, then rethrows the first exception (in time) after all threads end.
+// As run_inproc_each, then rethrows the first exception (in time) after all threads end,
+// preferring one that is not a PeerFailedError (those report another rank's failure). A rank
+// that throws InjectedExit (an injected fault, fault.h) is marked exited without poisoning the
+// world, as if its function had returned.
 void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
                 const CommOptions& opts = {});
 

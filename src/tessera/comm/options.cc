@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessera/comm/errors.h"
+#include "tessera/comm/fault.h"
 
 namespace tessera::comm {
 
@@ -33,6 +34,9 @@ CommOptions resolve_options(CommOptions opts) {
           detail::concat("TESSERA_COMM_STREAM_MIN_BYTES='", s, "' is not a number of bytes"));
     opts.stream_min_bytes = static_cast<size_t>(v);
   }
+  if (const char* s = std::getenv("TESSERA_FAULT"); s && *s && !opts.fault)
+    opts.fault = std::make_shared<const FaultSpec>(parse_fault_spec(s));
+  if (opts.fault && opts.fault->kind == FaultKind::Mismatch) opts.debug = true;
   if (opts.timeout < Timeout::zero())
     throw ConfigError("CommOptions::timeout must be kDefaultTimeout or non-negative");
   return opts;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,8 @@ namespace tessera::comm {
 using Timeout = std::chrono::milliseconds;
 // "Use the communicator's default timeout" (CommOptions::timeout).
 inline constexpr Timeout kDefaultTimeout{-1};
+
+struct FaultSpec;  // fault.h
 
 enum class ReduceOp : uint8_t { Sum, Mean, Max, Min };
 std::string_view reduce_op_name(ReduceOp op);
@@ -89,10 +92,15 @@ struct CommOptions {
   // Ring pipelining: each of the n chunks is cut into segments of at most this many bytes.
   size_t ring_segment_bytes = 256 * 1024;
   std::string name = "world";  // appears in error messages
+  // Fault injection (fault.h, docs/RELIABILITY.md): one world rank misbehaves at one call. Left
+  // null, the environment variable TESSERA_FAULT sets it. A mismatch fault turns on `debug`, so
+  // that the MPI backend checks fingerprints and catches it.
+  std::shared_ptr<const FaultSpec> fault;
 };
 
 // Resolves kDefaultTimeout against TESSERA_COMM_TIMEOUT_S and the 300 s default, debug against
-// TESSERA_COMM_DEBUG, and kDefaultStreamMinBytes against TESSERA_COMM_STREAM_MIN_BYTES.
+// TESSERA_COMM_DEBUG, kDefaultStreamMinBytes against TESSERA_COMM_STREAM_MIN_BYTES, and a null
+// fault against TESSERA_FAULT. Malformed values are ConfigErrors.
 CommOptions resolve_options(CommOptions opts);
 
 }  // namespace tessera::comm

@@ -59,6 +59,8 @@ struct TrainConfig {
   std::string backend = "auto";   // auto | inproc | mpi
   std::string trace;              // Chrome trace-event JSON of the run's timeline
   std::string recompute = "none";  // activation recomputation: none | selective | full
+  // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
+  double comm_timeout = 0;
 
   // Run.
   int threads = 0;           // BLAS threads per rank; 0 = cores / ranks

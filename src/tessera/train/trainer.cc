@@ -39,6 +39,7 @@
 #include "tessera/train/pipeline_forward.h"
 #include "tessera/train/progress.h"
 #include "tessera/train/step_executor.h"
+#include "tessera/train/stop_request.h"
 
 namespace tessera::train {
 
@@ -210,6 +211,8 @@ class RankRun {
   void train_step();
   void after_step(double loss, double norm, float lr, double secs, double cpu_secs);
   void save(int64_t at_step);
+  int agreed_stop();
+  TrainResult stop(int64_t at_step, bool saved, int signo);
   void validate(int64_t at_step);
   void sample();
   void report_memory();
@@ -662,6 +665,7 @@ void RankRun::save(int64_t at_step) {
          {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"ep", cfg_.ep}, {"zero", cfg_.zero}}},
         {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
+    result_.checkpoint = dir.string();
     export_weights(c.model, plan_.mcfg, cfg_.save);
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
     say(log_, pl_, "saved checkpoint " + dir.string());
@@ -669,12 +673,38 @@ void RankRun::save(int64_t at_step) {
   world_.barrier().wait();  // no rank runs ahead of a checkpoint that may fail
 }
 
+// A stop request (stop_request.h) counts once every rank has seen it: one small all-reduce per
+// step, so that all ranks stop after the same step.
+int RankRun::agreed_stop() {
+  int32_t signo = stop_requested();
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::Max;
+  world_.all_reduce(&signo, 1, DType::I32, o).wait();
+  return signo;
+}
+
+TrainResult RankRun::stop(int64_t at_step, bool saved, int signo) {
+  result_.steps = at_step;
+  result_.stopped_by = signo;
+  if (pl_) pl_->finish();
+  if (!saved) save(at_step);
+  return std::move(result_);
+}
+
 void RankRun::validate(int64_t at_step) {
   if (!val_) return;
   TraceSpan span("validation", "eval");
   const double v = evaluate(*forward_, *val_, micro_, cfg_.eval_batches, in_, tgt_);
   result_.last_val_loss = v;
-  metrics_->write({{"step", at_step}, {"val_loss", v}});
+  // With this rank's memory, so that a long run shows whether use and peaks stay flat
+  // (scripts/soak.sh).
+  nlohmann::json record = {{"step", at_step}, {"val_loss", v}, {"mem_in_use", alloc_.in_use()}};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    std::string key = "mem_peak_" + std::string(mem_category_name(static_cast<MemCategory>(c)));
+    std::replace(key.begin(), key.end(), ' ', '_');
+    record[key] = alloc_.peak(static_cast<MemCategory>(c));
+  }
+  metrics_->write(record);
   char buf[128];
   std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(at_step), v);
   say(log_, pl_, buf);
@@ -771,7 +801,10 @@ TrainResult RankRun::run() {
     train_step();
     const int64_t done = step_ + 1;
     if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) validate(done);
-    if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(done);
+    const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
+    if (saved) save(done);
+    if (done != cfg_.steps)
+      if (const int signo = agreed_stop()) return stop(done, saved, signo);
   }
   result_.steps = step_;
   if (pl_) pl_->finish();
@@ -796,11 +829,20 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 }
 }  // namespace
 
+// The communicators' options: --comm-timeout, and TESSERA_FAULT etc. checked before any work.
+comm::CommOptions comm_options(const TrainConfig& cfg) {
+  comm::CommOptions o;
+  if (cfg.comm_timeout > 0)
+    o.timeout = comm::Timeout(static_cast<int64_t>(std::ceil(cfg.comm_timeout * 1000)));
+  return comm::resolve_options(o);
+}
+
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   cfg.validate();
+  const comm::CommOptions copts = comm_options(cfg);
   const comm::Backend backend = comm::resolve_backend(comm::parse_backend(cfg.backend));
   if (backend == comm::Backend::Mpi) {
-    std::unique_ptr<comm::Communicator> world = comm::mpi_world();
+    std::unique_ptr<comm::Communicator> world = comm::mpi_world(copts);
     TESSERA_CHECK_AS(ConfigError, world->size() == cfg.world(), "mpirun started ", world->size(),
                      " processes but --pp ", cfg.pp, " x --dp ", cfg.dp, " x --tp ", cfg.tp, " = ",
                      cfg.world(), "; start ", cfg.world(), " processes (mpirun -np ", cfg.world(),
@@ -822,14 +864,23 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     // One rank: no threads to start; a size-1 communicator short-circuits every collective.
     TrainResult result;
     comm::run_inproc(
-        1, [&](comm::Communicator& world) { result = train_rank(cfg, plan, world, log); });
+        1, [&](comm::Communicator& world) { result = train_rank(cfg, plan, world, log); }, copts);
     return result;
   }
   TrainResult result;
-  comm::run_inproc(cfg.world(), [&](comm::Communicator& world) {
-    TrainResult r = train_rank(cfg, plan, world, log);
-    if (world.rank() == 0) result = std::move(r);
-  });
+  comm::run_inproc(
+      cfg.world(),
+      [&](comm::Communicator& world) {
+        try {
+          TrainResult r = train_rank(cfg, plan, world, log);
+          if (world.rank() == 0) result = std::move(r);
+        } catch (const std::exception& e) {  // every rank's error; the first is rethrown
+          if (log)
+            std::fprintf(log, "rank %d stopped: %s\n", world.rank(), e.what()), std::fflush(log);
+          throw;
+        }
+      },
+      copts);
   return result;
 }
 

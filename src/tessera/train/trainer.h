@@ -30,13 +30,18 @@ struct TrainResult {
   // to the end of the rank's last forward or backward, over the steps after the first).
   std::vector<int> peak_micro_batches_in_flight;
   std::vector<double> measured_bubble;
+  // A clean stop (stop_request.h): the signal that stopped the run after `steps` steps, or 0 when
+  // it ran to the end. Rank 0: the checkpoint saved last ("" when none).
+  int stopped_by = 0;
+  std::string checkpoint;
 };
 
-// Runs the whole job: cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc backend),
-// or this process's rank of an mpirun job of dp x tp processes (MPI backend, chosen automatically
-// under mpirun; another process count is a ConfigError that says what the flags need). Rank 0's
-// `log` receives the progress line and messages (nullptr: silent); rank 0's result is returned
-// (other MPI ranks return theirs).
+// Runs the whole job (it stops early, saving a checkpoint, once stop_requested() is set: see
+// TrainResult::stopped_by): cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc
+// backend), or this process's rank of an mpirun job of dp x tp processes (MPI backend, chosen
+// automatically under mpirun; another process count is a ConfigError that says what the flags
+// need). Rank 0's `log` receives the progress line and messages (nullptr: silent); rank 0's result
+// is returned (other MPI ranks return theirs).
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
 
 // Sets the BLAS thread count (0: the cores divided among `ranks_in_process` ranks) and returns

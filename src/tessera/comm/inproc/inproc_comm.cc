@@ -44,11 +44,14 @@ class InprocCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return g_->n; }
   std::string_view backend() const override { return "inproc"; }
+  int world_rank() const override { return g_->world_ranks[rank_]; }
 
  protected:
   void execute(const OpDesc& d) override;
-  std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& child_name,
+                                         Timeout timeout) override;
   void on_failure(const std::exception_ptr& e) override;
+  bool world_failed() const override { return g_->world->poisoned.load(std::memory_order_acquire); }
 
  private:
   void collective(const OpDesc& d);
@@ -524,7 +527,9 @@ void InprocCommunicator::withdraw(const OpDesc& d, std::atomic<bool>& consumed) 
                  [&] { return consumed.load(std::memory_order_acquire); });
 }
 
-std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key, Timeout timeout) {
+std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key,
+                                                           const std::string& child_name,
+                                                           Timeout timeout) {
   Group& g = *g_;
   const uint64_t s = seq_issued();
   OpDesc d;
@@ -555,8 +560,7 @@ std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key, T
       if (leader == rank_) {
         std::vector<int> world_ranks;
         for (auto& m : members) world_ranks.push_back(g.world_ranks[m.second]);
-        me.split_result = std::make_shared<Group>(g.world, std::move(world_ranks),
-                                                  detail::concat(g.opts.name, ".", color));
+        me.split_result = std::make_shared<Group>(g.world, std::move(world_ranks), child_name);
         g.publish(g.step[rank_], step_base(s) + 1);
         result = me.split_result;
       } else {

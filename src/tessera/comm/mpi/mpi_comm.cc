@@ -3,6 +3,8 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <span>
@@ -135,12 +137,15 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     check_mpi(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
     check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
   }
   ~MpiCommunicator() override {
     stop_progress_thread();
-    // Unreceived eager sends: give the receivers the communicator's timeout, then cancel.
+    // Unreceived eager sends: give the receivers the communicator's timeout, then abandon them
+    // (Open MPI cannot cancel a send, and waiting for a cancelled one blocks forever when the
+    // receiver is gone). An abandoned send keeps its buffer: it is leaked with the communicator.
     const auto until = Clock::now() + options().timeout;
     for (auto& p : pending_) {
       int done = 0;
@@ -149,8 +154,8 @@ class MpiCommunicator final : public Communicator {
         if (!done) std::this_thread::yield();
       }
       if (!done) {
-        MPI_Cancel(&p.req);
-        MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+        abandoned_ = true;
+        (void)new PendingSend(std::move(p));  // NOLINT: owned by MPI from now on
       }
     }
     // Requests abandoned after a timeout may still be in flight: leak rather than free.
@@ -162,10 +167,19 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
+  int world_rank() const override { return world_rank_; }
 
  protected:
   void execute(const OpDesc& d) override;
-  std::unique_ptr<Communicator> do_split(int color, int key, Timeout timeout) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& child_name,
+                                         Timeout timeout) override;
+  // An injected exit ends the process as a crash would: no destructors, no MPI_Finalize.
+  [[noreturn]] void exit_rank(const std::string& why, int status) override {
+    std::fprintf(stderr, "tessera: %s\n", why.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(status);
+  }
 
  private:
   // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
@@ -197,7 +211,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   MPI_Comm control_;  // fingerprints (debug mode)
   MPI_Comm ring_;     // the messages of ring_all_reduce (never mixed with user send/recv)
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, world_rank_ = 0;
   bool abandoned_ = false;
 };
 
@@ -584,7 +598,9 @@ void MpiCommunicator::execute(const OpDesc& d) {
   throw CommUsageError(w.str() + ": unexpected op");
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, Timeout timeout) {
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
+                                                        const std::string& child_name,
+                                                        Timeout timeout) {
   OpDesc d;
   d.type = OpType::Split;
   d.seq = seq_issued();
@@ -601,7 +617,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, Time
   check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), where(d));
   if (out == MPI_COMM_NULL) return nullptr;
   CommOptions o = options();
-  o.name = detail::concat(name(), ".", color);
+  o.name = child_name;
   return std::make_unique<MpiCommunicator>(out, std::move(o));
 }
 
