@@ -11,6 +11,9 @@
 #ifndef TESSERA_CLUSTER_DIR
 #define TESSERA_CLUSTER_DIR ""
 #endif
+#ifndef TESSERA_INSTALLED_CLUSTER_DIR
+#define TESSERA_INSTALLED_CLUSTER_DIR ""
+#endif
 
 namespace tessera::plan {
 
@@ -129,7 +132,8 @@ std::vector<fs::path> cluster_dirs() {
     while (std::getline(ss, d, ':'))
       if (!d.empty()) dirs.emplace_back(d);
   }
-  if (std::string(TESSERA_CLUSTER_DIR).size() > 0) dirs.emplace_back(TESSERA_CLUSTER_DIR);
+  for (const char* d : {TESSERA_CLUSTER_DIR, TESSERA_INSTALLED_CLUSTER_DIR})
+    if (*d && fs::is_directory(d)) dirs.emplace_back(d);
   return dirs;
 }
 
