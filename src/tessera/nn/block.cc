@@ -350,8 +350,8 @@ void Block::backward_weight(Record& r) const {
   if (!moe_) {  // an MoE block computed its MLP's gradients in backward already
     k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
                        nullptr, BT, F, C);
-    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr,
-                       BT, C, F);
+    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
+                       C, F);
   }
   k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
                      nullptr, BT, Cl, C);
@@ -416,8 +416,8 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     const float* ln2 = tp_input(r.ln2);
     keep(&Record::DeferredWeightGrads::ln2, ln2, C);
     k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
-    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln),
-                          r.x_attn.f32(), p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), r.x_attn.f32(),
+                          p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
   }
 
   // Attention branch.

@@ -108,9 +108,13 @@ int GPT::tied_unit(int u) const {
   return u == cfg_.n_layer + 1 && head_ && !head_->owns_wte() ? 0 : -1;
 }
 
-void GPT::hook(void (UnitHooks::*f)(int), int unit) { hooks_.call(f, unit); }
+void GPT::hook(void (UnitHooks::*f)(int), int unit) {
+  hooks_.call(f, unit);
+}
 
-void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) { hooks_.call_reverse(f, unit); }
+void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) {
+  hooks_.call_reverse(f, unit);
+}
 
 std::unique_ptr<GPT::Record> GPT::make_record() {
   auto rec = std::make_unique<Record>();
@@ -330,16 +334,26 @@ std::string GPT::first_non_finite(const Record* rec) const {
 
 namespace tessera::nn {
 
-ParameterSet& ExpertUnits::params() { return model_.expert_params(); }
+ParameterSet& ExpertUnits::params() {
+  return model_.expert_params();
+}
 const ParameterSet& ExpertUnits::params() const {
   return model_.params(ParamGroup::Experts);
 }
-int ExpertUnits::first_unit() const { return model_.first_unit(); }
-int ExpertUnits::last_unit() const { return model_.last_unit(); }
+int ExpertUnits::first_unit() const {
+  return model_.first_unit();
+}
+int ExpertUnits::last_unit() const {
+  return model_.last_unit();
+}
 int64_t ExpertUnits::unit_begin(int u) const {
   return model_.unit_begin(u, ParamGroup::Experts);
 }
-void ExpertUnits::add_hooks(UnitHooks* hooks) { model_.add_hooks(hooks); }
-void ExpertUnits::remove_hooks(UnitHooks* hooks) { model_.remove_hooks(hooks); }
+void ExpertUnits::add_hooks(UnitHooks* hooks) {
+  model_.add_hooks(hooks);
+}
+void ExpertUnits::remove_hooks(UnitHooks* hooks) {
+  model_.remove_hooks(hooks);
+}
 
 }  // namespace tessera::nn

@@ -158,10 +158,9 @@ Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& per_rank)
     return per_rank[per_rank.size() == 1 ? 0 : static_cast<size_t>(rank)];
   };
   return summarize(
-      s,
-      replay_schedule(
-          s, [&](int rank, const Action& a) { return action_cost(s, costs_of(rank), a); },
-          per_rank.front().p2p));
+      s, replay_schedule(
+             s, [&](int rank, const Action& a) { return action_cost(s, costs_of(rank), a); },
+             per_rank.front().p2p));
 }
 
 Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& stage_costs, double p2p) {

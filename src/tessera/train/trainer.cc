@@ -229,8 +229,7 @@ class RankRun {
         : model(m, micro, alloc, layout),
           timeline(model.num_units(), model.num_units() - 1),
           engine((model.add_hooks(&timeline), model), dp, o, alloc, groups) {
-      if (model.has_experts())
-        experts.emplace(model.expert_units(), edp, o, alloc, groups);
+      if (model.has_experts()) experts.emplace(model.expert_units(), edp, o, alloc, groups);
     }
     std::vector<parallel::DataParallel*> engines() {
       std::vector<parallel::DataParallel*> e{&engine};
