@@ -257,6 +257,14 @@ TEST(MoeConfig, BadLayoutsAreConfigErrorsBeforeAnyWork) {
   c.moe_experts = 0;
   c.ep = 2;
   EXPECT_NE(message(c).find("needs a mixture of experts"), std::string::npos) << message(c);
+  c.ep = 1;
+  c.moe_experts = 4;
+  c.tp = 2;
+  c.sp = true;  // the MoE runs on every token; sequence parallelism gives a rank only its rows
+  EXPECT_NE(
+      message(c).find("--sp (sequence parallelism) does not combine with a mixture of experts"),
+      std::string::npos)
+      << message(c);
 }
 
 }  // namespace
