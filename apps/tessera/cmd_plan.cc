@@ -230,7 +230,9 @@ void register_plan(CLI::App& root, int& exit_code) {
   opt("pp", f->pp, "Pipeline stages");
   opt("ep", f->ep, "Expert-parallel ranks (a divisor of --dp)");
   opt("zero", f->zero, "ZeRO stage 0-3");
-  opt("sp", f->sp, "Sequence parallelism (true/false)");
+  // A bare switch, as in `tessera train`: --sp (or --sp=false).
+  f->given["sp"] =
+      cmd->add_flag("--sp", f->sp, "Sequence parallelism inside the tensor-parallel group");
   opt("schedule", f->schedule, "gpipe, 1f1b, interleaved or zb-h1");
   opt("virtual_stages", f->virtual_stages, "Model chunks per pipeline rank");
   opt("micro_batch", f->micro_batch, "Sequences per micro-batch (0: batch / dp)");

@@ -240,8 +240,7 @@ int main(int argc, char** argv) {
         "ran with `--cluster "
      << r.value("cluster", "?")
      << " --oversubscribe`. Measured figures are medians over the steps after the first. "
-        "**Provisional while the machine is shared:** the lead regenerates this file on a quiet "
-        "machine. The raw results are in `docs/methods/results.json`.\n\n";
+        "The raw results are in `docs/methods/results.json`.\n\n";
   // A load average above the core count means ranks did not have a core each.
   const std::string load = r.value("load", "");
   const size_t at = load.find("load average:");

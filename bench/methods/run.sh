@@ -26,7 +26,7 @@ methods=(
   "dp=2 ZeRO-3|data parallel|--dp 2 --zero 3"
   "dp=4 ZeRO-3|data parallel|--dp 4 --zero 3"
   "tp=2|tensor parallel|--tp 2"
-  "tp=2 + sp|tensor parallel|--tp 2 --sp true"
+  "tp=2 + sp|tensor parallel|--tp 2 --sp"
   "pp=2 gpipe|pipeline|--pp 2 --schedule gpipe --micro-batch 1"
   "pp=2 1f1b|pipeline|--pp 2 --schedule 1f1b --micro-batch 1"
   "pp=2 interleaved v=2|pipeline|--pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 1"
