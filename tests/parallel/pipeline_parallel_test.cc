@@ -234,14 +234,7 @@ TEST(PipelineSplit, BalancesModelledCostAndParsesUserLists) {
 
 TEST(PipelineConfig, BadLayoutsAreConfigErrorsBeforeAnyWork) {
   auto dir = temp_dir("pp_bad");
-  auto message = [&](TrainConfig c) -> std::string {
-    try {
-      run_training(c, nullptr);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  auto message = [](const TrainConfig& c) { return testing::config_error_of(c); };
   TrainConfig c = pp_config(dir, 4);
   c.pp = 9;  // 8 units
   EXPECT_NE(message(c).find("only 8 units"), std::string::npos) << message(c);

@@ -539,25 +539,8 @@ TEST(SequenceParallelCheckpoint, ResumesWithoutItAndAtAnotherTp) {
   }
 }
 
-// Validation and sampling run the sequence-parallel forward too; sampling grows the context one
-// token at a time, so the rows split unevenly and some ranks' slices are empty.
-TEST(SequenceParallelTraining, ValidatesAndSamplesLikeOneRank) {
-  auto dir = temp_dir("sp_sample");
-  TrainConfig c = tp_config(dir);
-  c.steps = 4;
-  c.val_fraction = 0.1;
-  c.eval_every = 2;
-  c.sample_tokens = 24;
-  const TrainResult one = run_training(c, nullptr);
-  c.tp = 4;
-  c.sp = true;
-  const TrainResult four = run_training(c, nullptr);
-  EXPECT_FALSE(one.sample.empty());
-  EXPECT_EQ(four.sample, one.sample);
-  EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
-}
-
-// The same through pipeline stages: evaluation and sampling pass each rank's rows between them.
+// Validation and sampling under --sp through pipeline stages (tp alone: tensor_parallel_test.cc):
+// evaluation and sampling pass each rank's rows between them.
 TEST(SequenceParallelTraining, PipelineValidatesAndSamplesLikeOneRank) {
   auto dir = temp_dir("sp_pp_sample");
   TrainConfig c = tp_config(dir);

@@ -7,7 +7,9 @@
 #include <fstream>
 #include <string>
 
+#include "tessera/core/error.h"
 #include "tessera/train/train_config.h"
+#include "tessera/train/trainer.h"
 
 namespace tessera::train::testing {
 
@@ -49,6 +51,16 @@ inline TrainConfig tiny_config(const std::filesystem::path& dir) {
   c.threads = 1;
   c.dropout = 0.1f;
   return c;
+}
+
+// The message of the ConfigError that running `c` throws, or "no error".
+inline std::string config_error_of(const TrainConfig& c) {
+  try {
+    run_training(c, nullptr);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 }  // namespace tessera::train::testing
