@@ -59,7 +59,7 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
     // rows of sequence parallelism do not hold.
     TESSERA_CHECK_AS(ConfigError, !sequence_,
                      "--sp (sequence parallelism) does not combine with a mixture of experts yet: "
-                     "run the MoE model with --sp false, or a dense model with --sp");
+                     "run the MoE model with --sp=false, or a dense model with --sp");
     moe_.emplace(ps, experts ? *experts : ps, cfg, layer, expert_split);
     q_.fc_w = q_.fc_b = q_.mproj_w = q_.mproj_b = -1;
   } else {

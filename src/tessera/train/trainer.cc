@@ -159,10 +159,6 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   TESSERA_CHECK_AS(ConfigError, mcfg.moe.experts % cfg.ep == 0, "the model's ", mcfg.moe.experts,
                    " experts do not split over --ep ", cfg.ep,
                    " ranks; choose ep dividing the expert count");
-  TESSERA_CHECK_AS(ConfigError, !cfg.sp || mcfg.moe.experts == 0,
-                   "--sp (sequence parallelism) does not combine with a mixture of experts yet "
-                   "(the model has ",
-                   mcfg.moe.experts, " experts): run it with --sp=false");
   plan.split = data::split_train_val(plan.pd.tokens->size(), cfg.val_fraction, cfg.seq + 1);
   plan.unigram_entropy =
       data::unigram_entropy(*plan.pd.tokens, plan.split.train.begin, plan.split.train.end);
