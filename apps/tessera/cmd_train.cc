@@ -185,8 +185,9 @@ void register_train(CLI::App& root, int& exit_code) {
        "Expert-parallel ranks: each MoE block's experts split over ep ranks carved from --dp "
        "(ep must divide dp and the expert count)");
   flag(cmd, *f, "pp_split", v.pp_split,
-       "Units per model stage, e.g. 4,4 for 6 blocks (the embedding and the head count as units); "
-       "empty = balanced by modelled cost");
+       "Units per model stage, e.g. 4,4 for 6 blocks (the embedding and the head count as units; "
+       "a block's attention and MLP halves 0.5 each, so 4.5,3.5 cuts inside block 3); "
+       "empty = balanced by modelled cost at half-block grain");
   flag(cmd, *f, "schedule", v.schedule, "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
   flag(cmd, *f, "virtual_stages", v.virtual_stages,

@@ -21,10 +21,11 @@ constexpr float kInitStd = 0.02f;
 }  // namespace
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
-             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split)
+             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split, BlockPart half)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
+      part_(half),
       split_(split),
       sequence_(split.sequence_parallel()),
       recompute_(recompute) {
@@ -43,25 +44,31 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
     return t == 1 ? ShardSpec{} : ShardSpec{dim, blocks, r * len, len};
   };
   const std::string h = "h." + std::to_string(layer) + ".";
-  q_.ln1_w = ps.add(h + "ln_1.weight", {C}, Init::Ones, 0.0f, false);
-  q_.ln1_b = ps.add(h + "ln_1.bias", {C}, Init::Zeros, 0.0f, false);
-  q_.attn_w = ps.add(h + "attn.c_attn.weight", {C, 3 * C}, Init::Normal, kInitStd, true,
-                     part(1, 3, c_local_));
-  q_.attn_b =
-      ps.add(h + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.0f, false, part(0, 3, c_local_));
-  q_.aproj_w =
-      ps.add(h + "attn.c_proj.weight", {C, C}, Init::Normal, proj_std, true, part(0, 1, c_local_));
-  q_.aproj_b = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
-  q_.ln2_w = ps.add(h + "ln_2.weight", {C}, Init::Ones, 0.0f, false);
-  q_.ln2_b = ps.add(h + "ln_2.bias", {C}, Init::Zeros, 0.0f, false);
-  if (cfg.moe.is_moe_layer(layer)) {  // the MLP is a mixture of experts
+  q_ = Params{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  if (has_attention()) {
+    q_.ln1_w = ps.add(h + "ln_1.weight", {C}, Init::Ones, 0.0f, false);
+    q_.ln1_b = ps.add(h + "ln_1.bias", {C}, Init::Zeros, 0.0f, false);
+    q_.attn_w = ps.add(h + "attn.c_attn.weight", {C, 3 * C}, Init::Normal, kInitStd, true,
+                       part(1, 3, c_local_));
+    q_.attn_b =
+        ps.add(h + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.0f, false, part(0, 3, c_local_));
+    q_.aproj_w = ps.add(h + "attn.c_proj.weight", {C, C}, Init::Normal, proj_std, true,
+                        part(0, 1, c_local_));
+    q_.aproj_b = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  }
+  if (has_mlp()) {
+    q_.ln2_w = ps.add(h + "ln_2.weight", {C}, Init::Ones, 0.0f, false);
+    q_.ln2_b = ps.add(h + "ln_2.bias", {C}, Init::Zeros, 0.0f, false);
+  }
+  if (!has_mlp()) {
+    // the attention half has no MLP
+  } else if (cfg.moe.is_moe_layer(layer)) {  // the MLP is a mixture of experts
     // The MoE runs on every token of the micro-batch (its capacity is per sequence), which the
     // rows of sequence parallelism do not hold.
     TESSERA_CHECK_AS(ConfigError, !sequence_,
                      "--sp (sequence parallelism) does not combine with a mixture of experts yet: "
                      "run the MoE model with --sp=false, or a dense model with --sp");
     moe_.emplace(ps, experts ? *experts : ps, cfg, layer, expert_split);
-    q_.fc_w = q_.fc_b = q_.mproj_w = q_.mproj_b = -1;
   } else {
     q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
                      part(1, 1, mlp_local_));
@@ -71,28 +78,33 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
                         part(0, 1, mlp_local_));
     q_.mproj_b = ps.add(h + "mlp.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
   }
-  for (int i : {q_.ln1_w, q_.ln1_b, q_.ln2_w, q_.ln2_b}) mark_sequence_partial(ps, i, split);
+  for (int i : {q_.ln1_w, q_.ln1_b, q_.ln2_w, q_.ln2_b})
+    if (i >= 0) mark_sequence_partial(ps, i, split);
   site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
   site_mlp_drop_ = stable_hash(h + "mlp.dropout");
 }
 
 void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
-                     bool keep_attention, bool keep_rest) const {
+                     bool keep_attention, bool keep_rest, BlockPart part) const {
+  const bool attn = part != BlockPart::Mlp, mlp = part != BlockPart::Attention;
   const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
   // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
   ActivationAllocator a(alloc, BT, BT * heads_local_ * T, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, sequence_);
   const std::string h = "h." + std::to_string(layer_) + ".";
   const bool drop = cfg_.dropout > 0.0f;
-  if (keep_rest) {
-    const int64_t C = cfg_.n_embd;
+  const int64_t C = cfg_.n_embd;
+  if (keep_rest && attn) {
     r.ln1 = rows(h + "ln_1", C);
     r.ln1_mean = rows(h + "ln_1.mean", 1);
     r.ln1_rstd = rows(h + "ln_1.rstd", 1);
     r.qkv = a(h + "qkv", 3 * c_local_);
     r.atty = a(h + "atty", c_local_);
-    r.x_attn = rows(h + "x_attn", C);
+    if (mlp) r.x_attn = rows(h + "x_attn", C);  // (a half's x_attn is its input or output)
+    if (drop) r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
+  }
+  if (keep_rest && mlp) {
     r.ln2 = rows(h + "ln_2", C);
     r.ln2_mean = rows(h + "ln_2.mean", 1);
     r.ln2_rstd = rows(h + "ln_2.rstd", 1);
@@ -107,12 +119,9 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
       r.fc = a(h + "fc", mlp_local_);
       r.fch = a(h + "fc.gelu", mlp_local_);
     }
-    if (drop) {
-      r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
-      r.mask_mlp = rows(h + "mlp.dropout.mask", C, DType::U8);
-    }
+    if (drop) r.mask_mlp = rows(h + "mlp.dropout.mask", C, DType::U8);
   }
-  if (keep_attention) {
+  if (keep_attention && attn) {
     r.att = a(h + "att", 0);
     if (drop) r.att_drop = a(h + "att.dropped", 0);
   }
@@ -121,7 +130,8 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
 Block::Record Block::make_record(int max_batch, Allocator& alloc,
                                  std::vector<NamedActivation>* list) const {
   Record r;
-  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full);
+  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
+           part_);
   return r;
 }
 
@@ -143,10 +153,22 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   if (recompute_ != Recompute::None) {
     ws.recomputed = std::make_unique<Record>();
     const bool selective = recompute_ == Recompute::Selective;
-    allocate(*ws.recomputed, max_batch, alloc, nullptr, true, !selective);
+    allocate(*ws.recomputed, max_batch, alloc, nullptr, true, !selective, BlockPart::Whole);
     if (selective) ws.atty = a("block.recomputed_atty", c_local_);
   }
   return ws;
+}
+
+void Block::complete_workspace(Workspace& ws, int max_batch, Allocator& alloc) const {
+  if (recompute_ != Recompute::Full || !has_mlp()) return;  // (Selective keeps no MLP tensor)
+  Record& r = *ws.recomputed;
+  if (moe_ && !r.moe) r.moe = std::make_shared<MoeMlp::Record>(moe_->make_record(max_batch, alloc));
+  if (!moe_ && !r.fc.defined()) {
+    const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+    ActivationAllocator a(alloc, BT, 0, nullptr);
+    r.fc = a("block.recomputed_fc", mlp_local_);
+    r.fch = a("block.recomputed_fc.gelu", mlp_local_);
+  }
 }
 
 void Block::attention(float* atty, float* att, float* att_drop, const Record& r) const {
@@ -201,20 +223,34 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     k::residual_forward(out, residual, proj, rn);
   };
 
+  // The residual stream between the halves: the record's (whole block), the attention half's
+  // output y, or the MLP half's input x.
+  float* x_attn = part_ == BlockPart::Whole ? r.x_attn.f32() : y;
+  if (part_ == BlockPart::Mlp) x_attn = const_cast<float*>(x);  // read only below
+
   // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
-  k::layernorm_forward(r.ln1.f32(), r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
-                       R, C, cfg_.ln_eps);
-  const float* ln1 = to_tp(r.ln1);
-  k::matmul_forward(r.qkv.f32(), ln1, p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
-  attention(r.atty.f32(), r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
-  k::matmul_forward(ws.proj.f32(), r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
-  float* attn_out = from_tp(ws.proj.f32());  // reduce point
-  residual_branch(r.x_attn.f32(), attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
+  if (has_attention()) {
+    k::layernorm_forward(r.ln1.f32(), r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w),
+                         p(q_.ln1_b), R, C, cfg_.ln_eps);
+    const float* ln1 = to_tp(r.ln1);
+    k::matmul_forward(r.qkv.f32(), ln1, p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
+    attention(r.atty.f32(), r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
+    if (!write_output && !has_mlp()) {  // recomputing an attention half: the mask is what is left
+      if (drop)
+        k::dropout_mask_rows(r.mask_attn.data<uint8_t>(), R, C, r.p, r.seed,
+                             mix_stream(r.step, site_resid_drop_), first_row);
+      return;
+    }
+    k::matmul_forward(ws.proj.f32(), r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
+    float* attn_out = from_tp(ws.proj.f32());  // reduce point
+    residual_branch(x_attn, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
+  }
+  if (!has_mlp()) return;
 
   // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj), or with
   // the mixture of experts, y = x_attn + dropout(moe(ln_2(x_attn))) (complete on every tp rank;
   // its backward needs the experts' outputs, so a recomputation runs all of it).
-  k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), r.x_attn.f32(), p(q_.ln2_w),
+  k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), x_attn, p(q_.ln2_w),
                        p(q_.ln2_b), R, C, cfg_.ln_eps);
   if (moe_) {  // every token on every tp rank (no --sp): complete, no reduce point
     moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
@@ -231,12 +267,12 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     return;
   }
   if (moe_) {  // the experts' biases are inside their outputs
-    residual_branch(y, ws.proj.f32(), nullptr, r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
+    residual_branch(y, ws.proj.f32(), nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
     return;
   }
   k::matmul_forward(ws.proj.f32(), r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
   float* mlp_out = from_tp(ws.proj.f32());  // reduce point
-  residual_branch(y, mlp_out, p(q_.mproj_b), r.x_attn.f32(), r.mask_mlp, site_mlp_drop_);
+  residual_branch(y, mlp_out, p(q_.mproj_b), x_attn, r.mask_mlp, site_mlp_drop_);
 }
 
 void Block::forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
@@ -284,8 +320,9 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
       Record full = r;
       full.att = ws.recomputed->att;
       full.att_drop = ws.recomputed->att_drop;
-      attention(ws.atty.f32(), full.att.f32(),
-                full.att_drop.defined() ? full.att_drop.f32() : nullptr, full);
+      if (has_attention())
+        attention(ws.atty.f32(), full.att.f32(),
+                  full.att_drop.defined() ? full.att_drop.f32() : nullptr, full);
       run_backward(full, dres, ws, defer);
       return;
     }
@@ -302,8 +339,8 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
         auto keep = [&](Tensor& dst, const Tensor& src, int64_t width) {
           std::memcpy(dst.f32(), src.f32(), sizeof(float) * static_cast<size_t>(BT * width));
         };
-        keep(defer->atty, full.atty, c_local_);  // (ln_1, ln_2: kept by run_backward)
-        if (!moe_) keep(defer->fch, full.fch, mlp_local_);
+        if (has_attention()) keep(defer->atty, full.atty, c_local_);  // (ln_1, ln_2: run_backward)
+        if (has_mlp() && !moe_) keep(defer->fch, full.fch, mlp_local_);
       }
       return;
     }
@@ -312,24 +349,28 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
 
 Block::Record::DeferredWeightGrads& Block::deferred_for(Record& r) const {
   const int64_t BT = static_cast<int64_t>(r.B) * r.T, C = cfg_.n_embd;
-  if (!r.deferred || r.deferred->d_aproj.numel() != BT * C) {
+  if (!r.deferred || r.deferred->tokens != BT) {
     auto d = std::make_shared<Record::DeferredWeightGrads>();
+    d->tokens = BT;
     auto make = [&](int64_t width, const char* name) {
       return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
     };
-    if (!moe_) {
+    const bool attn = has_attention(), mlp = has_mlp() && !moe_;  // (the MoE's are not deferred)
+    if (mlp) {
       d->d_mproj = make(C, "block.deferred.d_mlp_proj");
       d->d_fc = make(mlp_local_, "block.deferred.d_fc");
     }
-    d->d_aproj = make(C, "block.deferred.d_attn_proj");
-    d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
+    if (attn) {
+      d->d_aproj = make(C, "block.deferred.d_attn_proj");
+      d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
+    }
     if (recompute_ == Recompute::Full || sequence_) {  // the record has no whole ln_1, ln_2
-      d->ln1 = make(C, "block.deferred.ln_1");
-      if (!moe_) d->ln2 = make(C, "block.deferred.ln_2");
+      if (attn) d->ln1 = make(C, "block.deferred.ln_1");
+      if (mlp) d->ln2 = make(C, "block.deferred.ln_2");
     }
     if (recompute_ == Recompute::Full) {
-      d->atty = make(c_local_, "block.deferred.atty");
-      if (!moe_) d->fch = make(mlp_local_, "block.deferred.fch");
+      if (attn) d->atty = make(c_local_, "block.deferred.atty");
+      if (mlp) d->fch = make(mlp_local_, "block.deferred.fch");
     }
     r.deferred = std::move(d);
   }
@@ -347,12 +388,13 @@ void Block::backward_weight(Record& r) const {
   auto in = [](const Tensor& kept, const Tensor& rec) {
     return (kept.defined() ? kept : rec).f32();
   };
-  if (!moe_) {  // an MoE block computed its MLP's gradients in backward already
+  if (has_mlp() && !moe_) {  // an MoE block computed its MLP's gradients in backward already
     k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
                        nullptr, BT, F, C);
     k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
                        C, F);
   }
+  if (!has_attention()) return;
   k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
                      nullptr, BT, Cl, C);
   k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1), nullptr,
@@ -394,31 +436,37 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     return sequence_ ? gather_to_tp(split_, ln.f32(), ws.gathered.f32(), rows, C) : ln.f32();
   };
 
+  // The residual stream between the halves (the MLP half's input).
+  const float* x_attn = has_attention() ? r.x_attn.f32() : r.x;
+
   // MLP branch.
   const float* dy = dres;
-  if (drop) {
-    k::dropout_backward(dy_rows, dres, r.mask_mlp.data<uint8_t>(), static_cast<int64_t>(R) * C,
-                        r.p);
-    dy = dy_rows;
+  if (has_mlp()) {
+    if (drop) {
+      k::dropout_backward(dy_rows, dres, r.mask_mlp.data<uint8_t>(), static_cast<int64_t>(R) * C,
+                          r.p);
+      dy = dy_rows;
+    }
+    dy = grad_to_tp(dy);
+    if (moe_) {
+      moe_->backward(*r.moe, dy, dln, *ws.moe);  // complete on every tp rank: no reduction
+      k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, x_attn, p(q_.ln2_w),
+                            r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+    } else {
+      float* dfch = ws.dfch.f32();
+      keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
+      k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F,
+                         C);
+      k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+      keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
+      const float* ln2 = tp_input(r.ln2);
+      keep(&Record::DeferredWeightGrads::ln2, ln2, C);
+      k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
+      k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), x_attn,
+                            p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+    }
   }
-  dy = grad_to_tp(dy);
-  if (moe_) {
-    moe_->backward(*r.moe, dy, dln, *ws.moe);  // complete on every tp rank: no reduction
-    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, r.x_attn.f32(), p(q_.ln2_w),
-                          r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
-  } else {
-    float* dfch = ws.dfch.f32();
-    keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
-    k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F,
-                       C);
-    k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
-    keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-    const float* ln2 = tp_input(r.ln2);
-    keep(&Record::DeferredWeightGrads::ln2, ln2, C);
-    k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
-    k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), r.x_attn.f32(),
-                          p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
-  }
+  if (!has_attention()) return;
 
   // Attention branch.
   dy = dres;

@@ -23,6 +23,11 @@
 // always keeps the block's input alive until its backward. Recomputed values go to the shared
 // Workspace, so recomputation costs one block's activations per stage, not one per block.
 //
+// Halves (BlockPart): a pipeline stage may end after a block's attention half (x -> x_attn) and
+// the next begin with its MLP half (x_attn -> y), so that stages balance at a finer grain than
+// whole blocks. A half registers only its own parameters and keeps only its own activations; the
+// two halves' forward and backward are the whole block's, operation for operation.
+//
 // Mixture of experts (cfg.moe.is_moe_layer(layer)): the MLP is an MoeMlp (nn/moe.h) instead of
 // c_fc / c_proj; everything else is the same. Its router and experts compute all their gradients
 // in backward (also under the zero-bubble split).
@@ -52,7 +57,7 @@ class Block {
     Tensor qkv;                      // 3 * C_local (this rank's q, k and v columns)
     Tensor att, att_drop;            // [B, heads_local, T, T] probabilities, dropped copy
     Tensor atty;                     // C_local (attention output, heads concatenated)
-    Tensor x_attn;                   // rows x C (residual stream after the attention branch)
+    Tensor x_attn;  // rows x C (residual stream after the attention branch); Whole blocks only
     Tensor ln2, ln2_mean, ln2_rstd;  // rows x C, 1, 1
     Tensor fc, fch;                  // F_local = 4C / t (before and after GELU); dense MLP only
     std::shared_ptr<MoeMlp::Record> moe;  // MoE blocks: the router's and experts' activations
@@ -63,10 +68,11 @@ class Block {
     struct DeferredWeightGrads {
       Tensor d_mproj, d_fc, d_aproj, d_attn;
       Tensor ln1, atty, ln2, fch;  // undefined where the record has them
+      int64_t tokens = 0;          // B * T they are sized for
     };
     std::shared_ptr<DeferredWeightGrads> deferred;
     // What the forward ran with (a recomputation reruns exactly this).
-    const float* x = nullptr;  // the block's input, owned and kept alive by the caller
+    const float* x = nullptr;  // the block's (half's) input, owned and kept alive by the caller
     int B = 0, T = 0;
     int64_t first_sample = 0;
     float p = 0.0f;
@@ -92,15 +98,20 @@ class Block {
 
   // An MoE block registers its router in `ps` and this rank's experts in `experts` (null: in ps).
   Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute,
-        ParameterSet* experts = nullptr, ExpertSplit expert_split = {});
+        ParameterSet* experts = nullptr, ExpertSplit expert_split = {},
+        BlockPart part = BlockPart::Whole);
 
   // Allocates the activations this block's recompute mode keeps for one micro-batch of up to
   // max_batch sequences. `list` (optional) collects the F32 ones by name.
   Record make_record(int max_batch, Allocator& alloc,
                      std::vector<NamedActivation>* list = nullptr) const;
   Workspace make_workspace(int max_batch, Allocator& alloc) const;
+  // Adds to a workspace made by another block of the stage what this block's recomputation needs
+  // and it lacks (an MoE block's record after a dense one's workspace, or the reverse).
+  void complete_workspace(Workspace& ws, int max_batch, Allocator& alloc) const;
 
-  // ASSIGNS y[B, T, C] = block(x). x must stay unchanged until backward(r, ...).
+  // ASSIGNS y[B, T, C] = block(x) (of a half: x_attn = attention half(x), y = MLP half(x_attn)).
+  // x must stay unchanged until backward(r, ...).
   void forward(const StepContext& ctx, const Batch& b, const float* x, float* y, Record& r,
                Workspace& ws) const;
   // Given dres[B, T, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the parameter
@@ -111,6 +122,9 @@ class Block {
   void backward_weight(Record& r) const;
 
   int layer() const { return layer_; }
+  BlockPart part() const { return part_; }
+  bool has_attention() const { return part_ != BlockPart::Mlp; }
+  bool has_mlp() const { return part_ != BlockPart::Attention; }
   int heads_local() const { return heads_local_; }
   Recompute recompute() const { return recompute_; }
   int64_t c_local() const { return c_local_; }
@@ -123,7 +137,7 @@ class Block {
     int ln1_w, ln1_b, attn_w, attn_b, aproj_w, aproj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
   };
   // The forward into `r` (every tensor of r must be allocated). write_output = false skips the
-  // MLP projection and final residual (a recomputation only needs the saved activations).
+  // last projection and residual add (a recomputation only needs the saved activations).
   void run_forward(const float* x, float* y, Record& r, Workspace& ws, bool write_output) const;
   // The attention core: atty, att and att_drop from r.qkv.
   void attention(float* atty, float* att, float* att_drop, const Record& r) const;
@@ -132,12 +146,14 @@ class Block {
   void run_backward(const Record& r, float* dres, Workspace& ws,
                     Record::DeferredWeightGrads* defer = nullptr) const;
   Record::DeferredWeightGrads& deferred_for(Record& r) const;
+  // The activations of `part` (the workspace's recomputation record: always the whole block).
   void allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
-                bool keep_attention, bool keep_rest) const;
+                bool keep_attention, bool keep_rest, BlockPart part) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
   int layer_;
+  BlockPart part_;
   TensorSplit split_;
   bool sequence_;
   Recompute recompute_;

@@ -21,6 +21,15 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
       ConfigError, 0 <= first_unit_ && first_unit_ <= last_unit_ && last_unit_ <= L + 1,
       "a stage holds units [", first_unit_, ", ", last_unit_,
       "] but the model has units 0 (embedding), 1..", L, " (blocks) and ", L + 1, " (head)");
+  TESSERA_CHECK_AS(
+      ConfigError,
+      (!layout.starts_mid_block || (1 <= first_unit_ && first_unit_ <= L)) &&
+          (!layout.ends_mid_block || (1 <= last_unit_ && last_unit_ <= L)) &&
+          !(layout.starts_mid_block && layout.ends_mid_block && first_unit_ == last_unit_),
+      "a stage can begin or end mid-block only at a block (units 1..", L,
+      "), and not both in one block; got units [", first_unit_,
+      layout.starts_mid_block ? " (MLP half)" : "", ", ", last_unit_,
+      layout.ends_mid_block ? " (attention half)" : "", "]");
   first_block_ = std::max(first_unit_, 1) - 1;
   const int last_block = std::min(last_unit_, L) - 1;  // inclusive, 0-based layer index
   const TensorSplit& tp = layout.tensor;
@@ -44,7 +53,11 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   }
   blocks_.reserve(static_cast<size_t>(std::max(0, last_block - first_block_ + 1)));
   for (int l = first_block_; l <= last_block; ++l) {
-    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts);
+    BlockPart part = BlockPart::Whole;
+    if (l == first_block_ && layout.starts_mid_block) part = BlockPart::Mlp;
+    if (l == last_block && layout.ends_mid_block) part = BlockPart::Attention;
+    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts,
+                         part);
     end_unit();
   }
   if (last_unit_ == L + 1) {
@@ -79,9 +92,10 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   expert_params_.materialize(alloc_, layout.full_params, layout.full_grads);
 
   const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
-  if (!blocks_.empty())
+  if (!blocks_.empty()) {
     ws_ = blocks_.front().make_workspace(max_batch_, alloc_);
-  else  // the head's backward scratch, the sequence-parallel embedding's
+    for (const Block& b : blocks_) b.complete_workspace(ws_, max_batch_, alloc_);
+  } else  // the head's backward scratch, the sequence-parallel embedding's
     ws_.dln = Tensor::zeros({rows.padded() * cfg_.n_embd}, DType::F32, MemCategory::Activations,
                             "block.d_ln", &alloc_);
   dres_ = Tensor::zeros({rows.per * cfg_.n_embd}, DType::F32, MemCategory::Activations,
@@ -125,7 +139,9 @@ std::unique_ptr<GPT::Record> GPT::make_record() {
   rec->hidden.push_back(a(has_embedding() ? "x0" : "stage_input", cfg_.n_embd));
   for (const Block& b : blocks_) {
     rec->blocks.push_back(b.make_record(max_batch_, alloc_, &rec->named));
-    rec->hidden.push_back(a("h." + std::to_string(b.layer()) + ".x_out", cfg_.n_embd));
+    const bool attention_half = b.part() == BlockPart::Attention;
+    rec->hidden.push_back(
+        a("h." + std::to_string(b.layer()) + (attention_half ? ".x_attn" : ".x_out"), cfg_.n_embd));
   }
   if (head_) rec->head = head_->make_record(max_batch_, alloc_, &rec->named);
   return rec;

@@ -54,6 +54,11 @@ struct GPTLayout {
   // last_unit -1 means through the head.
   int first_unit = 0;
   int last_unit = -1;
+  // A stage may begin with the MLP half of block first_unit (its input is then the residual
+  // stream after that block's attention) and end after the attention half of block last_unit
+  // (Block's BlockPart), so that pipeline stages balance at half-block grain.
+  bool starts_mid_block = false;
+  bool ends_mid_block = false;
   Recompute recompute = Recompute::None;
   TensorSplit tensor;  // the tensor-parallel group (none: the whole width)
   // The expert-parallel group the MoE blocks' experts are split over (none: all on this rank), and

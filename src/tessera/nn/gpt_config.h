@@ -50,6 +50,10 @@ enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "full", else ConfigError
 const char* to_string(Recompute r);
 
+// Which part of a block a module (and a pipeline stage) holds: all of it, the attention half
+// (ln_1, attn, the first residual add) or the MLP half (ln_2, mlp, the second residual add).
+enum class BlockPart { Whole, Attention, Mlp };
+
 // Throws ConfigError naming the offending field: non-positive sizes, heads not dividing the
 // width, eps <= 0, dropout outside [0, 1), MoE settings out of range (top_k above the expert
 // count, every above the layer count, negative capacity or loss coefficients).

@@ -78,9 +78,15 @@ void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, 
   }
 }
 
+nn::BlockPart part_of(const parallel::UnitRange& units, int u) {
+  if (u == units.first && units.starts_mid_block) return nn::BlockPart::Mlp;
+  if (u == units.last && units.ends_mid_block) return nn::BlockPart::Attention;
+  return nn::BlockPart::Whole;
+}
+
 void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r) {
   UnitWork w;
-  for (int u = s.units.first; u <= s.units.last; ++u) w += unit_work(m, l, u, r);
+  for (int u = s.units.first; u <= s.units.last; ++u) w += unit_work(m, l, u, r, part_of(s.units, u));
   s.fwd_flops = w.fwd_flops;
   s.bwd_flops = w.bwd_flops;
   s.wgrad_flops = w.wgrad_flops;

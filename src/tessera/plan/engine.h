@@ -105,6 +105,8 @@ struct WorkRules;
 // Fills the work fields of `s` (FLOPs, elementwise bytes, collectives) with the sum of
 // unit_work over its units (plan/work.h).
 void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r);
+// Which part of unit u a stage holds (a half where the stage boundary cuts the block).
+nn::BlockPart part_of(const parallel::UnitRange& units, int u);
 
 // "tessera" or "megatron"; ConfigError otherwise.
 std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o = {});

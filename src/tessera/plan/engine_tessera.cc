@@ -79,14 +79,18 @@ class TesseraEngine final : public Engine {
         n = align16(V0 * C) + align16(Tb * C);
       } else if (u <= L) {
         ++s.blocks;
-        n = 2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) + align16(C) +
-            2 * align16(C);
-        if (m.moe.is_moe_layer(u - 1)) {
-          n += align16(C * m.moe.experts);
+        const nn::BlockPart part = part_of(units, u);
+        if (part != nn::BlockPart::Mlp)  // ln_1, c_attn, attn.c_proj
+          n += 2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) +
+               align16(C);
+        if (part == nn::BlockPart::Attention) {
+          // no MLP
+        } else if (m.moe.is_moe_layer(u - 1)) {  // ln_2, the router; the experts
+          n += 2 * align16(C) + align16(C * m.moe.experts);
           experts = (m.moe.experts / l.ep) *
                     (align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C));
-        } else {
-          n += align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C);
+        } else {  // ln_2, c_fc, mlp.c_proj
+          n += 2 * align16(C) + align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C);
         }
       } else {
         if (!s.has_embedding) n += align16(V0 * C);  // the last stage's own wte copy
@@ -106,17 +110,23 @@ class TesseraEngine final : public Engine {
     const double rep = l.sp ? 1.0 / t : 1.0;
     double rec = 4 * BT * C * rep;  // hidden[0]: x0 or the stage input
     if (s.has_embedding) rec += 4 * BT + (drop ? BT * C * rep : 0);  // tokens, drop.mask
-    // ln_1 (+ mean, rstd), x_attn, ln_2 (+ mean, rstd); qkv, atty; fc, gelu(fc); the two masks.
-    const double rest =
-        4 * BT * ((3 * C + 4) * rep + 4 * Cl + 2 * Fl) + (drop ? 2 * BT * C * rep : 0);
+    // The attention half: ln_1 (+ mean, rstd), qkv, atty, its mask; the MLP half: ln_2 (+ mean,
+    // rstd), fc, gelu(fc), its mask; a whole block also x_attn (a half's input or output).
+    const double rest_attn = 4 * BT * ((C + 2) * rep + 4 * Cl) + (drop ? BT * C * rep : 0);
+    const double rest_mlp = 4 * BT * ((C + 2) * rep + 2 * Fl) + (drop ? BT * C * rep : 0);
+    const double rest = rest_attn + rest_mlp + 4 * BT * C * rep;
     const double att = 4 * B * hl * Tb * Tb * (drop ? 2 : 1);  // probabilities (+ dropped)
     const double Bs = B * m.seq;  // the deferred tensors are sized for the actual micro-batch
-    for (int b = 0; b < s.blocks; ++b) {
-      rec += 4 * BT * C * rep;  // the block's output
-      if (l.recompute != nn::Recompute::Full) rec += rest;
-      if (l.recompute == nn::Recompute::None) rec += att;
-      s.deferred_bytes += 4 * Bs * (C + Fl + C + 3 * Cl);
-      if (l.recompute == nn::Recompute::Full) s.deferred_bytes += 4 * Bs * (C + Cl + C + Fl);
+    for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) {
+      const nn::BlockPart part = part_of(units, u);
+      const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
+      rec += 4 * BT * C * rep;  // the block's (half's) output
+      if (l.recompute != nn::Recompute::Full)
+        rec += part == nn::BlockPart::Whole ? rest : attn ? rest_attn : rest_mlp;
+      if (l.recompute == nn::Recompute::None && attn) rec += att;
+      s.deferred_bytes += 4 * Bs * ((mlp ? C + Fl : 0) + (attn ? C + 3 * Cl : 0));
+      if (l.recompute == nn::Recompute::Full)
+        s.deferred_bytes += 4 * Bs * ((attn ? C + Cl : 0) + (mlp ? C + Fl : 0));
     }
     if (s.has_head)
       rec += 4 * BT * ((C + 2) * rep + V0 + 2) + 4 * BT;  // ln_f (+ stats), logits, lse, ...

@@ -39,7 +39,10 @@ int64_t vocab_local(int64_t vocab, int tp) {
 
 namespace {
 
-UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRules& r) {
+// One block's work, or one half's (the attention half: ln_1, c_attn, the core, c_proj and its
+// residual branch; the MLP half: ln_2, the MLP or the experts, their residual branch).
+UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRules& r,
+                    nn::BlockPart part) {
   const double t = l.tp, C = m.hidden, s = m.seq, b = l.micro_batch, BT = b * s;
   const double heads_local = m.heads / t;
   const double f = r.causal_blocks ? causal_block_fraction(m.seq) : 1.0;
@@ -49,24 +52,27 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const bool drop = m.dropout > 0;
   const double e = r.act_bytes;
   const double repl = l.sp ? 1.0 / t : 1.0;  // sequence parallelism splits the replicated parts
+  const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
 
   UnitWork w;
-  const double attn_linear = 2 * BT * (3 * C * C + C * C) / t;
-  const double mlp_linear = k * 2 * BT * (8 * C * C) / t;
-  const double router = moe ? 2 * BT * C * m.moe.experts : 0;
-  const double core = 4 * b * s * s * C * f / t;  // Q K^T and P V
+  const double attn_proj = 2 * BT * C * C / t;
+  const double attn_linear = attn ? 2 * BT * (3 * C * C) / t + attn_proj : 0;
+  const double mlp_linear = mlp ? k * 2 * BT * (8 * C * C) / t : 0;
+  const double router = moe && mlp ? 2 * BT * C * m.moe.experts : 0;
+  const double core = attn ? 4 * b * s * s * C * f / t : 0;  // Q K^T and P V
   const double linear = attn_linear + mlp_linear + router;
   w.fwd_flops = linear + core;
   w.bwd_flops = 2 * w.fwd_flops;
   w.wgrad_flops = linear;
 
-  // Elementwise traffic per token: LayerNorms, residual branches (bias, dropout, add), GELU,
-  // the causal softmax (and the probabilities' dropout); MoE dispatch and combine copies.
+  // Elementwise traffic per token: a LayerNorm and a residual branch (bias, dropout, add) per
+  // half, the causal softmax (and the probabilities' dropout), GELU; MoE dispatch and combine.
+  const double halves = (attn ? 1 : 0) + (mlp ? 1 : 0);
   const double branch = drop ? 7 * C * e + C : 3 * C * e;
   const double scores = heads_local * s * (r.causal_blocks ? f : 1.0) * r.score_bytes;
-  const double softmax = 2 * scores * (drop ? 2 : 1);
-  double per_token = (4 * C * e + 2 * branch) * repl + k * 8 * C / t * e + softmax;
-  if (moe) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;
+  const double softmax = attn ? 2 * scores * (drop ? 2 : 1) : 0;
+  double per_token = halves * (2 * C * e + branch) * repl + (mlp ? k * 8 * C / t * e : 0) + softmax;
+  if (moe && mlp) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;
   w.fwd_bytes = BT * per_token;
   w.bwd_bytes = 2 * w.fwd_bytes;
 
@@ -74,15 +80,21 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
     w.recompute_flops = core;
     w.recompute_bytes = BT * softmax;
   } else if (l.recompute == nn::Recompute::Full) {
-    w.recompute_flops = w.fwd_flops - (r.recompute_skips_last_projection ? mlp_linear / 2 : 0);
+    // The recomputation skips the last projection of what the unit holds: the MLP's, or the
+    // attention's for an attention half.
+    const double last = mlp ? mlp_linear / 2 : attn_proj;
+    w.recompute_flops = w.fwd_flops - (r.recompute_skips_last_projection ? last : 0);
     w.recompute_bytes = w.fwd_bytes;
   }
   if (l.tp > 1) {
-    w.tp_fwd = 2;
-    w.tp_bwd = 2;
-    w.tp_recompute = l.recompute == nn::Recompute::Full ? r.recompute_tp_collectives : 0;
+    w.tp_fwd = static_cast<int>(halves);
+    w.tp_bwd = static_cast<int>(halves);
+    // A whole block's count; the halves split it, the skipped projection's collective dropped.
+    if (l.recompute == nn::Recompute::Full)
+      w.tp_recompute = part == nn::BlockPart::Whole ? r.recompute_tp_collectives
+                                                    : r.recompute_tp_collectives / 2;
   }
-  if (moe && l.ep > 1) {
+  if (moe && mlp && l.ep > 1) {
     w.a2a_fwd = 2;  // dispatch, combine
     w.a2a_bwd = 2 + (l.recompute == nn::Recompute::Full ? 2 : 0);
     w.a2a_bytes = m.moe.top_k * cap * BT * C * e;
@@ -92,7 +104,8 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
 
 }  // namespace
 
-UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r) {
+UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r,
+                   nn::BlockPart part) {
   const double C = m.hidden, BT = static_cast<double>(l.micro_batch) * m.seq, e = r.act_bytes;
   UnitWork w;
   if (unit == 0) {  // a gather forward, a scatter-add backward
@@ -101,7 +114,7 @@ UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRule
     w.tp_fwd = l.tp > 1 ? 1 : 0;
     return w;
   }
-  if (unit <= m.layers) return block_work(m, l, unit - 1, r);
+  if (unit <= m.layers) return block_work(m, l, unit - 1, r, part);
   const double V = static_cast<double>(vocab_local(m.vocab, l.tp));
   w.fwd_flops = 2 * BT * C * V;
   w.bwd_flops = 2 * w.fwd_flops;

@@ -14,6 +14,7 @@
 // 96 B s l h^2 (1 + s / 6h + V / 16 l h) exactly (tested).
 #pragma once
 
+#include "tessera/nn/gpt_config.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
 
@@ -42,8 +43,10 @@ struct UnitWork {
 // kernels::kAttentionBlock query rows against the keys up to the block's end).
 double causal_block_fraction(int T);
 
-// Work of unit `unit` (0 embedding, 1..L blocks, L + 1 head) per micro-batch.
-UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r);
+// Work of unit `unit` (0 embedding, 1..L blocks, L + 1 head) per micro-batch; of one half of a
+// block where a pipeline stage boundary cuts it.
+UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r,
+                   nn::BlockPart part = nn::BlockPart::Whole);
 
 // Local vocabulary rows of tensor-parallel rank 0 (the largest shard): ceil(V / t).
 int64_t vocab_local(int64_t vocab, int tp);

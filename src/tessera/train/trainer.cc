@@ -285,6 +285,8 @@ nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelO
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
   base.first_unit = units.first;
   base.last_unit = units.last;
+  base.starts_mid_block = units.starts_mid_block;
+  base.ends_mid_block = units.ends_mid_block;
   if (cfg.ep > 1) base.experts = nn::ExpertSplit{&mesh.ep()};
   return parallel::gpt_layout_for(dpo, cfg.dp, base, cfg.dp / cfg.ep);
 }
@@ -508,7 +510,7 @@ void RankRun::print_header() {
         "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
             std::to_string(cfg_.virtual_stages) + " chunk(s), units per stage " +
             parallel::to_string(split_) + " (0 = embedding, " + std::to_string(m.n_layer + 1) +
-            " = head)");
+            " = head; (attn) / (mlp): a block's half)");
   if (plan_.ckpt)
     say(log_, nullptr,
         "resumed from " + plan_.ckpt->dir.string() + " at step " + std::to_string(step_));
