@@ -230,10 +230,22 @@ TEST(ComposedModel, RecomputeModesAreBitwiseIdentical) {
   expect_bitwise(none, full, shape.params());
 }
 
-// The model cut into two stages (embedding + block 0 | block 1 + head), the hidden state and its
-// gradient handed between them: the same loss bitwise, the same gradients bitwise except the
-// tied wte, whose two stage copies sum to the one-device gradient.
-TEST(ComposedModel, TwoStagesEqualTheWholeModel) {
+// The model cut into two stages, the hidden state and its gradient handed between them: the same
+// loss bitwise, the same gradients bitwise except the tied wte, whose two stage copies sum to the
+// one-device gradient. Cuts between blocks and inside one (after its attention half), with each
+// recompute mode and with the zero-bubble split of backward.
+struct StageCut {
+  const char* name;
+  int last_of_first;    // the first stage's last unit
+  bool mid_block;       // ... of which it holds only the attention half
+  Recompute recompute;  // on both stages
+  bool split_backward;  // backward_input, then backward_weight
+};
+
+class TwoStages : public ::testing::TestWithParam<StageCut> {};
+
+TEST_P(TwoStages, EqualTheWholeModel) {
+  const StageCut cut = GetParam();
   const GPTConfig cfg = tiny(0.1f);
   Allocator alloc("test");
   const RefBatch rb = make_batch(cfg, 2, 6, 40, cfg.dropout, 0);
@@ -243,11 +255,16 @@ TEST(ComposedModel, TwoStagesEqualTheWholeModel) {
   whole.backward();
 
   GPTLayout first, second;
-  first.last_unit = 1;
-  second.first_unit = 2;
+  first.last_unit = cut.last_of_first;
+  first.ends_mid_block = cut.mid_block;
+  second.first_unit = cut.last_of_first + (cut.mid_block ? 0 : 1);
+  second.starts_mid_block = cut.mid_block;
+  first.recompute = second.recompute = cut.recompute;
   GPT s0(cfg, 2, alloc, first), s1(cfg, 2, alloc, second);
   EXPECT_TRUE(s0.has_embedding() && !s0.has_head());
   EXPECT_TRUE(!s1.has_embedding() && s1.has_head());
+  // Every parameter of the whole model on exactly one stage (wte on both).
+  EXPECT_EQ(s0.params().size() + s1.params().size(), whole.params().size() + 1);
   for (GPT* s : {&s0, &s1})
     for (int i = 0; i < s->params().size(); ++i) {
       const std::string& name = s->params().infos()[i].name;
@@ -263,8 +280,15 @@ TEST(ComposedModel, TwoStagesEqualTheWholeModel) {
   Batch b1 = b;
   b1.tokens = nullptr;  // a later stage needs no tokens
   EXPECT_EQ(s1.forward(ctx_of(rb, 0.05f), b1, *r1), loss);
-  s1.backward(*r1);
-  s0.backward(*r0, s1.input_grad());  // "send backward"
+  if (cut.split_backward) {
+    s1.backward_input(*r1);
+    s0.backward_input(*r0, s1.input_grad());  // "send backward"
+    s1.backward_weight(*r1);
+    s0.backward_weight(*r0);
+  } else {
+    s1.backward(*r1);
+    s0.backward(*r0, s1.input_grad());  // "send backward"
+  }
 
   EXPECT_TRUE(s0.params().infos()[s0.params().index("wte.weight")].reduction.over_embedding_group);
   const ParamInfo& copy = s1.params().infos()[s1.params().index("wte.weight")];
@@ -283,6 +307,36 @@ TEST(ComposedModel, TwoStagesEqualTheWholeModel) {
   const auto want = whole.params().grad("wte.weight").to_vector();
   for (size_t j = 0; j < want.size(); ++j)
     ASSERT_NEAR(g0[j] + g1[j], want[j], 1e-6 * (1 + std::abs(want[j]))) << j;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuts, TwoStages,
+    ::testing::Values(StageCut{"between_blocks", 1, false, Recompute::None, false},
+                      StageCut{"in_block_0", 1, true, Recompute::None, false},
+                      StageCut{"in_block_1", 2, true, Recompute::None, false},
+                      StageCut{"in_block_1_selective", 2, true, Recompute::Selective, false},
+                      StageCut{"in_block_1_full", 2, true, Recompute::Full, false},
+                      StageCut{"in_block_0_zero_bubble", 1, true, Recompute::None, true},
+                      StageCut{"in_block_1_full_zero_bubble", 2, true, Recompute::Full, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A stage boundary inside the embedding, the head, or both ends in one block is a ConfigError.
+TEST(TwoStages, MidBlockCutsOnlyInsideABlock) {
+  const GPTConfig cfg = tiny(0.0f);
+  Allocator alloc("test");
+  auto make = [&](int first, bool starts_mid, int last, bool ends_mid) {
+    GPTLayout l;
+    l.first_unit = first;
+    l.starts_mid_block = starts_mid;
+    l.last_unit = last;
+    l.ends_mid_block = ends_mid;
+    GPT g(cfg, 2, alloc, l);
+  };
+  EXPECT_THROW(make(0, true, 1, false), ConfigError);  // the embedding has no halves
+  EXPECT_THROW(make(1, false, 3, true), ConfigError);  // nor the head
+  EXPECT_THROW(make(2, true, 2, true), ConfigError);   // neither half of block 1
+  EXPECT_NO_THROW(make(2, true, 2, false));            // block 1's MLP half alone
+  EXPECT_NO_THROW(make(1, true, 2, true));             // MLP of block 0, attention of block 1
 }
 
 // Activation bytes per block (fp32, docs/PERFORMANCE.md): with b sequences of s tokens, h
