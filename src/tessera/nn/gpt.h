@@ -20,7 +20,7 @@
 // Mixture of experts (cfg.moe, nn/moe.h): the experts of the MoE blocks live in a second
 // parameter set, params(ParamGroup::Experts), with its own flat buffers and unit offsets, so that
 // a data-parallel engine over the expert-data-parallel group can reduce and shard them apart from
-// the rest of the model (docs/ARCHITECTURE.md, decision 21). The routers stay in params().
+// the rest of the model (docs/ARCHITECTURE.md, decision 30). The routers stay in params().
 #pragma once
 
 #include <cstdint>

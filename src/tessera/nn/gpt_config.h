@@ -8,7 +8,7 @@ namespace tessera::nn {
 
 // Mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer, Fedus
 // et al. 2021): the MLP of some blocks becomes `experts` GPT-2 MLPs and a linear router (nn/moe.h,
-// docs/ARCHITECTURE.md decision 21). Block l (0-based) is an MoE block when
+// docs/ARCHITECTURE.md decision 30). Block l (0-based) is an MoE block when
 // l % every == every - 1: every = 1 makes every block MoE, every = 2 blocks 1, 3, 5, ... (GShard's
 // and Switch's "every other layer").
 struct MoeConfig {

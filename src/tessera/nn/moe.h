@@ -1,4 +1,4 @@
-// The mixture-of-experts MLP of a block (docs/ARCHITECTURE.md, decision 21): a linear fp32 router
+// The mixture-of-experts MLP of a block (docs/ARCHITECTURE.md, decision 30): a linear fp32 router
 // (moe_router.h) sends each token to its top-k of E experts, each a GPT-2 MLP
 // (c_fc, gelu, c_proj); the output is sum_j kept_j gate_j expert_{e_j}(x). Parameters:
 //   "h.<l>.mlp.router.weight"             [C, E]   (registered in the model's parameter set)

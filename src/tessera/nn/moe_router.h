@@ -6,7 +6,7 @@
 //   the k largest p of each token, descending; ties go to the lower expert index
 //   gate_j = p_{e_j} / sum_{j'} p_{e_j'}         renormalised over the k chosen experts
 //
-// Capacity (docs/ARCHITECTURE.md, decision 21). Switch Transformer (Fedus et al. 2021) gives each
+// Capacity (docs/ARCHITECTURE.md, decision 30). Switch Transformer (Fedus et al. 2021) gives each
 // expert capacity = capacity_factor x tokens_per_batch / E, where the batch is what one device
 // holds, so which tokens are dropped depends on the device batch, i.e. on the layout. GShard
 // (Lepikhin et al. 2020) computes it per group of S tokens (2S/E for top-2) and fills it by
