@@ -14,8 +14,8 @@ include(CMakePackageConfigHelpers)
 
 set(TESSERA_PUBLIC_HEADERS_core allocator.h dtype.h error.h mapped_file.h philox.h tensor.h trace.h)
 set(TESSERA_PUBLIC_HEADERS_kernels
-    attention.h blas_setup.h dropout.h embedding.h gelu.h gemm.h layernorm.h residual.h
-    softmax_xent.h)
+    attention.h bf16.h blas_setup.h cpu_features.h dropout.h embedding.h gelu.h gemm.h layernorm.h
+    precision.h residual.h softmax_xent.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h work.h)

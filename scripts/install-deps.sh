@@ -7,6 +7,7 @@ packages=(
   libopenmpi-dev openmpi-bin # MPI backend and mpirun
   nlohmann-json3-dev         # JSON: configs, safetensors headers, metrics
   libcli11-dev               # command-line parsing
+  libdnnl-dev                # oneDNN 2.6: bf16 GEMMs on CPUs with avx512_bf16/AMX (optional: without it, emulated)
   zlib1g-dev                 # crc32 for checkpoint checksums
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   fortunes fortunes-min      # the default training corpus

@@ -17,12 +17,14 @@ namespace {
 struct EvalFlags {
   std::string weights, data, tokenizer;
   int seq = 0, batch = 8, heads = 0, threads = 0;
+  std::string precision = "fp32", bf16_gemm = "auto";
   int64_t max_windows = 0;
 };
 
 void run(const EvalFlags& f, int& exit_code) {
   train::set_compute_threads(f.threads);
-  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, f.batch);
+  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, f.batch,
+                             gemm_mode_from_flags(f.precision, f.bf16_gemm));
   const nn::GPTConfig& mc = m.model->config();
   int seq = f.seq > 0 ? f.seq : mc.block_size;
   TESSERA_CHECK_AS(ConfigError, seq <= mc.block_size, "--seq ", seq,
@@ -77,6 +79,11 @@ void register_eval(CLI::App& root, int& exit_code) {
   cmd->add_option("--heads", f->heads, "Attention heads when no config.json is beside the weights");
   cmd->add_option("--max-windows", f->max_windows, "Evaluate at most this many windows (0: all)");
   cmd->add_option("--threads", f->threads, "Compute threads (0: one per core)");
+  cmd->add_option("--precision", f->precision,
+                  "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation)")
+      ->capture_default_str();
+  cmd->add_option("--bf16-gemm", f->bf16_gemm, "bf16 GEMM path: auto, onednn or emulated")
+      ->capture_default_str();
   cmd->callback([f, &exit_code]() { run(*f, exit_code); });
 }
 

@@ -14,13 +14,15 @@ namespace {
 struct SampleFlags {
   std::string weights, tokenizer, prompt = "\n";
   int tokens = 200, top_k = 40, heads = 0, threads = 0;
+  std::string precision = "fp32", bf16_gemm = "auto";
   float temperature = 0.8f;
   uint64_t seed = 0;
 };
 
 void run(const SampleFlags& f, int& exit_code) {
   train::set_compute_threads(f.threads);
-  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, 1);
+  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, 1,
+                             gemm_mode_from_flags(f.precision, f.bf16_gemm));
   TESSERA_CHECK_AS(ConfigError, m.tokenizer.has_value(),
                    "sampling text needs a tokenizer: none is beside the weights; pass --tokenizer");
   std::vector<uint32_t> p = m.tokenizer->encode(f.prompt);
@@ -60,6 +62,11 @@ void register_sample(CLI::App& root, int& exit_code) {
   cmd->add_option("--seed", f->seed, "Random seed")->capture_default_str();
   cmd->add_option("--heads", f->heads, "Attention heads when no config.json is beside the weights");
   cmd->add_option("--threads", f->threads, "Compute threads (0: one per core)");
+  cmd->add_option("--precision", f->precision,
+                  "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation)")
+      ->capture_default_str();
+  cmd->add_option("--bf16-gemm", f->bf16_gemm, "bf16 GEMM path: auto, onednn or emulated")
+      ->capture_default_str();
   cmd->callback([f, &exit_code]() { run(*f, exit_code); });
 }
 

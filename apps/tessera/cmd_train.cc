@@ -201,6 +201,16 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "recompute", v.recompute,
        "Activation recomputation: none, selective (attention scores) or full (whole blocks)")
       ->check(CLI::IsMember({"none", "selective", "full"}));
+  flag(cmd, *f, "precision", v.precision,
+       "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; fp32 master weights, "
+       "gradients, optimizer state, LayerNorm, softmax, loss and router)");
+  flag(cmd, *f, "bf16_gemm", v.bf16_gemm,
+       "bf16 GEMM path: auto (oneDNN on a CPU with avx512_bf16 or amx_bf16, else emulated), "
+       "onednn, emulated (bf16-rounded inputs through OpenBLAS)");
+  flag(cmd, *f, "grad_reduce_dtype", v.grad_reduce_dtype,
+       "Data-parallel gradient reduction in fp32 or bf16 (half the bytes; fp32 accumulation)");
+  flag(cmd, *f, "export_dtype", v.export_dtype,
+       "model.safetensors in fp32 or bf16 (checkpoints always hold the fp32 masters)");
   flag(cmd, *f, "comm_timeout", v.comm_timeout,
        "Seconds a rank waits for its peers in any communication call before the run fails with "
        "an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)");

@@ -1,18 +1,31 @@
 #include "model_loading.h"
 
+#include <cstdio>
+
 #include "tessera/core/error.h"
 #include "tessera/train/model_io.h"
 
 namespace tessera::app {
 
+kernels::GemmMode gemm_mode_from_flags(const std::string& precision, const std::string& bf16_gemm) {
+  kernels::GemmMode m{kernels::parse_precision(precision), kernels::parse_bf16_gemm(bf16_gemm)};
+  if (m.precision == kernels::Precision::BF16) {
+    m.bf16 = kernels::resolve_bf16_gemm(m.bf16);
+    std::fprintf(stderr, "precision: bf16, %s\n", kernels::describe(m).c_str());
+  }
+  return m;
+}
+
 LoadedModel load_model(const std::string& weights, int heads, const std::string& tokenizer,
-                       int max_batch) {
+                       int max_batch, const kernels::GemmMode& gemm) {
   LoadedModel m;
   std::filesystem::path file = train::weights_file(weights);
   io::HfGptConfig hc =
       train::config_of_weights(weights, heads > 0 ? std::optional<int>(heads) : std::nullopt);
   m.alloc = std::make_unique<Allocator>("rank 0");
-  m.model = std::make_unique<nn::GPT>(train::from_hf_config(hc, 0.0f), max_batch, *m.alloc);
+  nn::GPTLayout layout;
+  layout.gemm = gemm;
+  m.model = std::make_unique<nn::GPT>(train::from_hf_config(hc, 0.0f), max_batch, *m.alloc, layout);
   train::load_weights(*m.model, io::SafetensorsFile(file));
   std::filesystem::path tok =
       tokenizer.empty() ? file.parent_path() / "tokenizer.json" : std::filesystem::path(tokenizer);

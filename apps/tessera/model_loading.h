@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/data/bpe_tokenizer.h"
+#include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt.h"
 
 namespace tessera::app {
@@ -19,7 +20,12 @@ struct LoadedModel {
 };
 
 // heads: 0 = from config.json beside the weights. tokenizer: "" = beside the weights, if any.
+// gemm: the model's GEMM precision (the weights are fp32 in memory either way).
 LoadedModel load_model(const std::string& weights, int heads, const std::string& tokenizer,
-                       int max_batch);
+                       int max_batch, const kernels::GemmMode& gemm = {});
+
+// --precision and --bf16-gemm of eval and sample, parsed (ConfigError naming the accepted values).
+// Under bf16 says on stderr which GEMM path the model uses.
+kernels::GemmMode gemm_mode_from_flags(const std::string& precision, const std::string& bf16_gemm);
 
 }  // namespace tessera::app

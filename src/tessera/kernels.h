@@ -4,11 +4,14 @@
 #pragma once
 
 #include "tessera/kernels/attention.h"
+#include "tessera/kernels/bf16.h"
 #include "tessera/kernels/blas_setup.h"
+#include "tessera/kernels/cpu_features.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/embedding.h"
 #include "tessera/kernels/gelu.h"
 #include "tessera/kernels/gemm.h"
 #include "tessera/kernels/layernorm.h"
+#include "tessera/kernels/precision.h"
 #include "tessera/kernels/residual.h"
 #include "tessera/kernels/softmax_xent.h"

@@ -83,5 +83,33 @@ TEST(TrainConfig, ValidateNamesTheProblem) {
   TrainConfig{}.validate();
 }
 
+TEST(TrainConfig, PrecisionNamesTheAcceptedValues) {
+  TrainConfig c;
+  c.precision = "fp16";
+  try {
+    c.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision must be fp32 or bf16, got 'fp16'"),
+              std::string::npos)
+        << e.what();
+  }
+  c = TrainConfig{};
+  c.bf16_gemm = "amx";
+  try {
+    c.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--bf16-gemm must be auto, onednn or emulated"),
+              std::string::npos)
+        << e.what();
+  }
+  c = train_config_from_json(nlohmann::json{{"precision", "bf16"}, {"bf16_gemm", "emulated"}});
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.bf16_gemm, "emulated");
+  c.validate();
+  EXPECT_EQ(TrainConfig{}.precision, "fp32");  // fp32 stays the default
+}
+
 }  // namespace
 }  // namespace tessera::train

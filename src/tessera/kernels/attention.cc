@@ -57,8 +57,8 @@ void attention_forward(float* out, float* att, float* att_drop, const float* qkv
         const int r1 = std::min(T, r0 + kAttentionBlock);
         const int rb = r1 - r0;
         // S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
-        sgemm(false, true, rb, r1, hs, scale, q + static_cast<int64_t>(r0) * C3, C3, k, C3, 0.0f,
-              a + static_cast<int64_t>(r0) * T, T);
+        gemm(false, true, rb, r1, hs, scale, q + static_cast<int64_t>(r0) * C3, C3, k, C3, 0.0f,
+             a + static_cast<int64_t>(r0) * T, T);
         for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<int64_t>(t) * T, t, r1);
         if (dropping) {
           const uint64_t g = static_cast<uint64_t>(drop->first_sample + b) * nh_global +
@@ -75,8 +75,8 @@ void attention_forward(float* out, float* att, float* att_drop, const float* qkv
           }
         }
         // O[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
-        sgemm(false, false, rb, hs, r1, 1.0f, ad + static_cast<int64_t>(r0) * T, T, v, C3, 0.0f,
-              o + static_cast<int64_t>(r0) * C, C);
+        gemm(false, false, rb, hs, r1, 1.0f, ad + static_cast<int64_t>(r0) * T, T, v, C3, 0.0f,
+             o + static_cast<int64_t>(r0) * C, C);
       }
     }
   }
@@ -115,9 +115,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         const float beta = r1 == T ? 0.0f : 1.0f;
         const int64_t ro = static_cast<int64_t>(r0);
         // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T
-        sgemm(false, true, rb, r1, hs, 1.0f, go + ro * C, C, v, C3, 0.0f, dp + ro * T, T);
+        gemm(false, true, rb, r1, hs, 1.0f, go + ro * C, C, v, C3, 0.0f, dp + ro * T, T);
         // dV[0:r1] (+)= P'[r0:r1, 0:r1]^T dO[r0:r1]   (P' = dropped probabilities)
-        sgemm(true, false, r1, hs, rb, 1.0f, ad + ro * T, T, go + ro * C, C, beta, dv, C3);
+        gemm(true, false, r1, hs, rb, 1.0f, ad + ro * T, T, go + ro * C, C, beta, dv, C3);
         // Softmax backward row by row: dS = P * (dP - sum(P * dP)), zero above the diagonal.
         for (int t = r0; t < r1; ++t) {
           float* d = dp + static_cast<int64_t>(t) * T;
@@ -135,9 +135,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           for (int j = t + 1; j < r1; ++j) d[j] = 0.0f;
         }
         // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1]
-        sgemm(false, false, rb, hs, r1, scale, dp + ro * T, T, k, C3, 0.0f, dq + ro * C3, C3);
+        gemm(false, false, rb, hs, r1, scale, dp + ro * T, T, k, C3, 0.0f, dq + ro * C3, C3);
         // dK[0:r1] (+)= scale * dS[r0:r1, 0:r1]^T Q[r0:r1]
-        sgemm(true, false, r1, hs, rb, scale, dp + ro * T, T, q + ro * C3, C3, beta, dk, C3);
+        gemm(true, false, r1, hs, rb, scale, dp + ro * T, T, q + ro * C3, C3, beta, dk, C3);
       }
     }
   }

@@ -18,6 +18,15 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  const GemmMode& mode = current_gemm_mode();
+  if (mode.precision == Precision::BF16)
+    gemm_bf16(mode.bf16, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void matmul_forward(float* out, const float* in, const float* weight, const float* bias,
                     const float* residual, int M, int K, int N) {
   // Seed the output with residual + bias and let the GEMM accumulate (beta = 1): one memory pass,
@@ -37,14 +46,14 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
       }
     }
   }
-  sgemm(false, false, M, N, K, 1.0f, in, K, weight, N, beta, out, N);
+  gemm(false, false, M, N, K, 1.0f, in, K, weight, N, beta, out, N);
 }
 
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                      const float* weight, int M, int K, int N, bool accumulate_din) {
   if (din != nullptr)
-    sgemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
-  if (dweight != nullptr) sgemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
+    gemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
+  if (dweight != nullptr) gemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
   if (dbias != nullptr) {
     for (int64_t i = 0; i < M; ++i) {
       const float* d = dout + i * N;
@@ -54,13 +63,13 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
 }
 
 void matmul_nt_forward(float* out, const float* in, const float* weight, int M, int K, int N) {
-  sgemm(false, true, M, N, K, 1.0f, in, K, weight, K, 0.0f, out, N);
+  gemm(false, true, M, N, K, 1.0f, in, K, weight, K, 0.0f, out, N);
 }
 
 void matmul_nt_backward(float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, int M, int K, int N) {
-  if (din != nullptr) sgemm(false, false, M, K, N, 1.0f, dout, N, weight, K, 0.0f, din, K);
-  if (dweight != nullptr) sgemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
+  if (din != nullptr) gemm(false, false, M, K, N, 1.0f, dout, N, weight, K, 0.0f, din, K);
+  if (dweight != nullptr) gemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
 }
 
 }  // namespace tessera::kernels

@@ -1,15 +1,30 @@
 // Dense layers through CBLAS (OpenBLAS). Weights are in Hugging Face Conv1D layout [in, out], so a
 // layer is out = in . W (+ bias); the tied LM head uses the embedding [V, C] transposed.
 // Row-major throughout; M = rows (tokens), K = input features, N = output features.
+// Every GEMM below except sgemm runs in the calling thread's GEMM mode (kernels/precision.h): fp32,
+// or bf16 inputs with fp32 accumulation; outputs and accumulated gradients are fp32 either way.
 #pragma once
 
 #include <cstdint>
+
+#include "tessera/kernels/precision.h"
 
 namespace tessera::kernels {
 
 // Row-major C[M,N] = alpha * op(A) . op(B) + beta * C, with leading dimensions (thin CBLAS wrap).
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
+
+// The same in the calling thread's GEMM mode: sgemm under fp32, gemm_bf16 under bf16.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+
+// C[M,N] (fp32) = alpha * bf16(op(A)) . bf16(op(B)) + beta * C, products accumulated in fp32, where
+// bf16() rounds to nearest even; A, B are not modified. path Auto resolves as resolve_bf16_gemm.
+// Scratch: bf16 (or bf16-rounded fp32) copies of A and B, kept per thread and outside the
+// allocator's accounting.
+void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+               const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
 // ASSIGNS out[M,N] = residual[M,N] + in[M,K] . weight[K,N] + bias[N].
 // bias and residual may be null. residual may alias out (then it is an in-place +=).

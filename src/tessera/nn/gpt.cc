@@ -15,6 +15,8 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   TESSERA_CHECK_AS(ConfigError, layout.unit_alignment > 0 && layout.unit_alignment % 16 == 0,
                    "unit alignment must be a positive multiple of 16, got ", layout.unit_alignment);
   const int L = cfg_.n_layer;
+  if (layout_.gemm.precision == kernels::Precision::BF16)
+    layout_.gemm.bf16 = kernels::resolve_bf16_gemm(layout_.gemm.bf16);  // ConfigError if refused
   first_unit_ = layout.first_unit;
   last_unit_ = layout.last_unit < 0 ? L + 1 : layout.last_unit;
   TESSERA_CHECK_AS(
@@ -172,6 +174,7 @@ void GPT::check_batch(const Batch& b) const {
 
 double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
   check_batch(b);
+  kernels::GemmModeScope precision(layout_.gemm);
   rec.B = b.B;
   rec.T = b.T;
   if (embedding_) {
@@ -202,6 +205,7 @@ void GPT::backward_input(Record& rec, const float* dout) {
 
 void GPT::backward_pass(Record& rec, const float* dout, bool split) {
   TESSERA_CHECK(rec.B > 0, "backward() without a preceding forward()");
+  kernels::GemmModeScope precision(layout_.gemm);
   const int64_t n = hidden_elems(rec.B, rec.T);
   float* dres = dres_.f32();
   auto after = split ? &UnitHooks::after_backward_input : &UnitHooks::after_backward;
@@ -227,6 +231,7 @@ void GPT::backward_pass(Record& rec, const float* dout, bool split) {
 }
 
 void GPT::backward_weight(Record& rec) {
+  kernels::GemmModeScope precision(layout_.gemm);
   if (head_) {
     hook(&UnitHooks::before_backward_weight, cfg_.n_layer + 1);
     head_->backward_weight(*rec.head);

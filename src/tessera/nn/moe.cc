@@ -162,8 +162,12 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
   auto p = [&](int i) { return ps_.param_data(i); };
   auto ep = [&](int i) { return eps_.param_data(i); };
 
-  // Route (fp32): logits, softmax, top-k with renormalised gates, per-sequence capacity.
-  k::matmul_forward(r.logits.f32(), x, p(router_), nullptr, nullptr, static_cast<int>(N), C, E);
+  // Route (fp32 in every precision): logits, softmax, top-k with renormalised gates,
+  // per-sequence capacity.
+  {
+    k::GemmModeScope fp32(k::GemmMode{});
+    k::matmul_forward(r.logits.f32(), x, p(router_), nullptr, nullptr, static_cast<int>(N), C, E);
+  }
   router_softmax(r.probs.f32(), r.lse.f32(), r.logits.f32(), N, E);
   r.expert.resize(static_cast<size_t>(N * kk));
   r.gate.resize(r.expert.size());
@@ -299,8 +303,11 @@ void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& 
   router_backward(dlogits, ws.dgate.data(), r.probs.f32(), r.lse.f32(), r.expert.data(),
                   r.gate.data(), r.B, r.T, E, kk, m_.aux_loss * r.loss_scale,
                   m_.z_loss * r.loss_scale);
-  k::matmul_backward(dx, ps_.grad_data(router_), nullptr, dlogits, r.x, p(router_),
-                     static_cast<int>(N), C, E);
+  {
+    k::GemmModeScope fp32(k::GemmMode{});  // the router is fp32 in every precision
+    k::matmul_backward(dx, ps_.grad_data(router_), nullptr, dlogits, r.x, p(router_),
+                       static_cast<int>(N), C, E);
+  }
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < kk; ++j) {
       const int64_t rw = r.row_of[t * kk + j];

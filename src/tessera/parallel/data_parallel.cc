@@ -74,7 +74,11 @@ DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
   check_model_layout(model, flat_layout_for(o, dp.size()), o.zero);
   buckets_ = make_buckets(model, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
-  zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_});
+  TESSERA_CHECK_AS(ConfigError,
+                   o.grad_reduce_dtype == DType::F32 || o.grad_reduce_dtype == DType::BF16,
+                   "--grad-reduce-dtype must be fp32 or bf16");
+  zero_ = make_zero_strategy(o.zero,
+                             ZeroContext{ps_, dp_, alloc, buckets_, volume_, o.grad_reduce_dtype});
   zero_->set_pipeline_stage(!model.holds_whole_model());
   model_.add_hooks(this);
 }

@@ -28,6 +28,8 @@ struct DataParallelOptions {
   int zero = 0;           // ZeRO stage: 0 (plain data parallelism), 1, 2, 3
   double bucket_mb = 25;  // target gradient bucket size in MiB (whole units per bucket)
   bool overlap = true;    // launch bucket communication during backward (false: after it)
+  // The dtype of the gradient reduction: F32, or BF16 (half the bytes; see ZeroContext).
+  DType grad_reduce_dtype = DType::F32;
 };
 
 // How a model's flat buffers must be laid out for this engine: units padded to multiples of

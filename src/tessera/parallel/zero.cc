@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/core/error.h"
+#include "tessera/kernels/bf16.h"
 
 namespace tessera::parallel {
 
@@ -74,6 +75,13 @@ io::NamedTensors ZeroStrategy::gather_shards(const float* packed, const std::str
   return out;
 }
 
+Tensor ZeroStrategy::to_wire(const float* grads, int64_t n) {
+  Tensor wire =
+      Tensor::empty({n}, DType::BF16, MemCategory::Buffers, "zero.bf16_gradients", &c_.alloc);
+  kernels::f32_to_bf16(wire.data<uint16_t>(), grads, n);
+  return wire;
+}
+
 namespace {
 
 // Points bucket b's parameters' values or gradients (`set`) into the bucket-sized buffer `base`
@@ -99,10 +107,29 @@ class Replicated : public ZeroStrategy {
     Bucket& b = c_.buckets[bi];
     comm::AllReduceOptions o;
     o.async = true;
-    Reduction r{bi, c_.dp.all_reduce(c_.ps.flat_grads().f32() + b.begin, b.size(), DType::F32, o),
-                Tensor(), "all_reduce gradients", TraceClock::now()};
-    c_.volume.all_reduce += 8.0 * b.size() * (size_ - 1) / size_;
-    return r;
+    float* grads = c_.ps.flat_grads().f32() + b.begin;
+    c_.volume.all_reduce += 2.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
+    if (c_.grad_dtype == DType::BF16) {
+      Tensor wire = to_wire(grads, b.size());
+      comm::Work w = c_.dp.all_reduce(wire.raw(), b.size(), DType::BF16, o);
+      return Reduction{bi,
+                       std::move(w),
+                       Tensor(),
+                       std::move(wire),
+                       "all_reduce gradients (bf16)",
+                       TraceClock::now()};
+    }
+    return Reduction{bi,
+                     c_.dp.all_reduce(grads, b.size(), DType::F32, o),
+                     Tensor(),
+                     Tensor(),
+                     "all_reduce gradients",
+                     TraceClock::now()};
+  }
+  void finish(Reduction& r) override {
+    if (!r.wire.defined()) return;
+    const Bucket& b = c_.buckets[r.bucket];
+    kernels::bf16_to_f32(c_.ps.flat_grads().f32() + b.begin, r.wire.data<uint16_t>(), b.size());
   }
 };
 
@@ -135,10 +162,13 @@ class ShardedOptimizerState : public ZeroStrategy {
   int64_t state_elems() const override { return shard_elems_; }
   Reduction launch(int bi) override {
     Bucket& b = c_.buckets[bi];
-    float* base = c_.ps.flat_grads().f32() + b.begin;
-    Reduction r{bi, reduce_scatter(base, b), Tensor(), "reduce_scatter gradients",
-                TraceClock::now()};
-    return r;
+    return reduce_scatter(bi, c_.ps.flat_grads().f32() + b.begin, Tensor());
+  }
+  void finish(Reduction& r) override {  // bf16: widen this rank's reduced shard in place
+    if (!r.wire.defined()) return;
+    const Bucket& b = c_.buckets[r.bucket];
+    kernels::bf16_to_f32(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard,
+                         r.wire.data<uint16_t>() + rank_ * b.shard, b.shard);
   }
   void after_optimizer_step() override {
     // Every rank updated its shard: gather the full parameters again (in place).
@@ -157,12 +187,32 @@ class ShardedOptimizerState : public ZeroStrategy {
   // position is `packed`.
   virtual float* value_at(int64_t flat, int64_t) const { return c_.ps.flat_params().f32() + flat; }
   virtual float* grad_at(int64_t flat, int64_t) const { return c_.ps.flat_grads().f32() + flat; }
-  // Reduce-scatters a bucket-sized gradient buffer into its rank's shard, which lies inside it.
-  comm::Work reduce_scatter(float* base, const Bucket& b) {
+  // Reduce-scatters a bucket-sized gradient buffer into its rank's shard, which lies inside it
+  // (fp32), or, under bf16, a bf16 copy of it into the copy's shard (Reduction::wire), which
+  // finish() widens. `keep` stays alive until the reduction is done.
+  Reduction reduce_scatter(int bi, float* base, Tensor keep) {
+    const Bucket& b = c_.buckets[bi];
     comm::ReduceScatterOptions o;
     o.async = true;
-    c_.volume.reduce_scatter += 4.0 * b.size() * (size_ - 1) / size_;
-    return c_.dp.reduce_scatter(base, base + rank_ * b.shard, b.shard, DType::F32, o);
+    c_.volume.reduce_scatter += 1.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
+    if (c_.grad_dtype == DType::BF16) {
+      Tensor wire = to_wire(base, b.size());
+      uint16_t* w = wire.data<uint16_t>();
+      comm::Work work = c_.dp.reduce_scatter(w, w + rank_ * b.shard, b.shard, DType::BF16, o);
+      return Reduction{bi,
+                       std::move(work),
+                       Tensor(),
+                       std::move(wire),
+                       "reduce_scatter gradients (bf16)",
+                       TraceClock::now()};
+    }
+    comm::Work work = c_.dp.reduce_scatter(base, base + rank_ * b.shard, b.shard, DType::F32, o);
+    return Reduction{bi,
+                     std::move(work),
+                     std::move(keep),
+                     Tensor(),
+                     "reduce_scatter gradients",
+                     TraceClock::now()};
   }
 };
 
@@ -188,17 +238,21 @@ class ShardedGradients : public ShardedOptimizerState {
   }
   Reduction launch(int bi) override {
     Bucket& b = c_.buckets[bi];
-    Reduction r{bi, reduce_scatter(b.grads.f32(), b), std::move(b.grads),
-                "reduce_scatter gradients", TraceClock::now()};
-    b.grads = Tensor();
+    Reduction r = reduce_scatter(bi, b.grads.f32(), b.grads);
+    b.grads = Tensor();  // under bf16 the fp32 bucket is free once copied onto the wire
     point_grads(b, nullptr);
     return r;
   }
-  void finish(Reduction& r) override {
+  void finish(Reduction& r) override {  // ACCUMULATES the reduced shard into this rank's own
     const Bucket& b = c_.buckets[r.bucket];
-    const float* src = r.buffer.f32() + rank_ * b.shard;
     float* dst = grad_shard_.f32() + b.shard_offset;
-    for (int64_t i = 0; i < b.shard; ++i) dst[i] += src[i];
+    if (r.wire.defined()) {
+      const uint16_t* src = r.wire.data<uint16_t>() + rank_ * b.shard;
+      for (int64_t i = 0; i < b.shard; ++i) dst[i] += from_bf16(bf16{src[i]});
+    } else {
+      const float* src = r.buffer.f32() + rank_ * b.shard;
+      for (int64_t i = 0; i < b.shard; ++i) dst[i] += src[i];
+    }
   }
 
  protected:

@@ -51,6 +51,10 @@ struct ZeroContext {
   Allocator& alloc;
   std::vector<Bucket>& buckets;
   CommVolume& volume;
+  // The dtype gradients are reduced in: F32, or BF16 (each bucket rounded to bf16 before the
+  // collective, which sums in fp32 per combining step, and widened back to fp32 after: half the
+  // bytes; accumulation over micro-batches stays fp32).
+  DType grad_dtype = DType::F32;
 };
 
 // A bucket's gradient reduction in flight.
@@ -58,6 +62,7 @@ struct Reduction {
   int bucket = 0;
   comm::Work work;
   Tensor buffer;          // kept alive until done (ZeRO-2/3 gradient bucket)
+  Tensor wire;            // --grad-reduce-dtype bf16: the bucket's gradients as reduced, bf16
   const char* name = "";  // timeline label
   TraceClock::time_point launched;
 };
@@ -99,6 +104,8 @@ class ZeroStrategy {
 
  protected:
   io::NamedTensors parameter_views() const;  // the flat parameters by name
+  // A bf16 copy of n gradients (round to nearest even) for a bf16 reduction, in Buffers.
+  Tensor to_wire(const float* grads, int64_t n);
   // The shard ranges of every bucket in flat order: f(bucket, flat lo, flat hi, packed offset).
   template <typename F>
   void for_each_shard(F f) const {

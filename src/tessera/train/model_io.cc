@@ -2,6 +2,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/io/tensor_set.h"
+#include "tessera/kernels/bf16.h"
 
 namespace tessera::train {
 
@@ -91,9 +92,21 @@ void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
 }
 
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
-                    const std::filesystem::path& dir) {
-  io::save_safetensors(dir / "model.safetensors", weights,
-                       {{"format", "pt"}, {"producer", "tessera"}});
+                    const std::filesystem::path& dir, DType dtype) {
+  TESSERA_CHECK_AS(ConfigError, dtype == DType::F32 || dtype == DType::BF16,
+                   "weights export as F32 or BF16, not ", dtype_name(dtype));
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "tessera"}};
+  if (dtype == DType::F32) {
+    io::save_safetensors(dir / "model.safetensors", weights, meta);
+  } else {
+    io::NamedTensors rounded;
+    for (const auto& [name, t] : weights) {
+      Tensor b = Tensor::empty(t.shape(), DType::BF16, MemCategory::Buffers, "export.bf16");
+      kernels::f32_to_bf16(b.data<uint16_t>(), t.f32(), t.numel());
+      rounded.emplace_back(name, std::move(b));
+    }
+    io::save_safetensors(dir / "model.safetensors", rounded, meta);
+  }
   io::write_hf_config(dir / "config.json", to_hf_config(config));
 }
 

@@ -26,8 +26,9 @@ std::filesystem::path weights_file(const std::filesystem::path& weights);
 void load_weights(nn::GPT& model, const io::SafetensorsFile& file);
 // The model's parameters under their Hugging Face names (views, no copy).
 io::NamedTensors named_weights(nn::GPT& model);
-// Writes DIR/model.safetensors (the full `weights`) and DIR/config.json, each atomically.
+// Writes DIR/model.safetensors (the full `weights`, fp32, or rounded to bf16 with dtype BF16:
+// round to nearest even) and DIR/config.json, each atomically.
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
-                    const std::filesystem::path& dir);
+                    const std::filesystem::path& dir, DType dtype = DType::F32);
 
 }  // namespace tessera::train

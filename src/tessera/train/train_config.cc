@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/io/json_parse.h"
+#include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt_config.h"
 
 namespace tessera::train {
@@ -19,7 +20,7 @@ namespace tessera::train {
   X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(comm_timeout)     \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(comm_timeout) \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -113,6 +114,10 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
+DType float_dtype(const std::string& s, const char* flag) {
+  return kernels::parse_precision(s, flag) == kernels::Precision::BF16 ? DType::BF16 : DType::F32;
+}
+
 void check_tensor_parallel(int heads, int dim, int tp) {
   TESSERA_CHECK_AS(ConfigError, heads % tp == 0, "--tp ", tp, " does not divide the ", heads,
                    " attention heads; choose --tp among the divisors of the head count");
@@ -191,7 +196,11 @@ void TrainConfig::validate() const {
                    "--moe-capacity-factor must be >= 0 (0 = dropless), got ", moe_capacity_factor);
   TESSERA_CHECK_AS(ConfigError, moe_aux_loss >= 0 && moe_z_loss >= 0,
                    "--moe-aux-loss and --moe-z-loss must be >= 0");
-  nn::parse_recompute(recompute);  // throws a ConfigError naming the accepted values
+  nn::parse_recompute(recompute);       // throws a ConfigError naming the accepted values
+  kernels::parse_precision(precision);  // likewise
+  kernels::parse_bf16_gemm(bf16_gemm);
+  float_dtype(grad_reduce_dtype, "--grad-reduce-dtype");
+  float_dtype(export_dtype, "--export-dtype");
   TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   TESSERA_CHECK_AS(ConfigError, comm_timeout >= 0 && comm_timeout <= 86400 * 365,
                    "--comm-timeout must be a number of seconds in [0, 1 year] (0: "

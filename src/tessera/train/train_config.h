@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tessera/core/dtype.h"
+
 namespace tessera::train {
 
 struct TrainConfig {
@@ -59,6 +61,17 @@ struct TrainConfig {
   std::string backend = "auto";   // auto | inproc | mpi
   std::string trace;              // Chrome trace-event JSON of the run's timeline
   std::string recompute = "none";  // activation recomputation: none | selective | full
+  // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 31): "bf16" = GEMM inputs
+  // in bf16 with fp32 accumulation; master weights, gradients, optimizer state, LayerNorm, softmax,
+  // the loss and the router stay fp32. bf16_gemm: auto (oneDNN where the CPU has bf16 units, else
+  // emulated) | onednn | emulated.
+  std::string precision = "fp32";  // fp32 | bf16
+  std::string bf16_gemm = "auto";
+  // The dtype of the data-parallel gradient reduction (fp32 | bf16: half the bytes; gradients are
+  // accumulated in fp32 before and after) and of the exported model.safetensors (fp32 | bf16;
+  // checkpoints always hold the fp32 masters).
+  std::string grad_reduce_dtype = "fp32";
+  std::string export_dtype = "fp32";
   // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
   double comm_timeout = 0;
 
@@ -82,6 +95,9 @@ struct TrainConfig {
   int new_model_heads() const { return heads > 0 ? heads : 4; }
   int world() const { return dp * pp * tp; }  // ranks of the job
 };
+
+// "fp32" -> F32, "bf16" -> BF16; otherwise a ConfigError naming `flag` and the accepted values.
+DType float_dtype(const std::string& s, const char* flag);
 
 // ConfigError unless --tp divides the head count and the MLP width 4 * dim (Megatron's split).
 void check_tensor_parallel(int heads, int dim, int tp);

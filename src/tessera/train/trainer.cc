@@ -282,6 +282,7 @@ nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelO
                            nn::TensorParallelTraffic* traffic) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
+  base.gemm = {kernels::parse_precision(cfg.precision), kernels::parse_bf16_gemm(cfg.bf16_gemm)};
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
   base.first_unit = units.first;
   base.last_unit = units.last;
@@ -317,7 +318,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       micro_(cfg.micro_batch > 0 ? cfg.micro_batch : per_rank_),
       n_micro_(per_rank_ / micro_),
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
-      dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap},
+      dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap,
+           float_dtype(cfg.grad_reduce_dtype, "--grad-reduce-dtype")},
       schedule_(make_step_schedule(cfg, n_micro_)),
       boundary_elems_(0),  // set once the model exists (hidden_elems)
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
@@ -492,6 +494,11 @@ void RankRun::print_header() {
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
+  say(log_, nullptr,
+      std::string("precision: ") + kernels::to_string(first_model().layout().gemm.precision) +
+          ", " + kernels::describe(first_model().layout().gemm) +
+          "; fp32 master weights, gradients and optimizer state; gradients reduced in " +
+          cfg_.grad_reduce_dtype);
   if (m.moe.enabled()) {
     char moe[320];
     std::snprintf(moe, sizeof moe,
@@ -663,7 +670,8 @@ void RankRun::save(int64_t at_step) {
         {"data", plan_.pd.description}};
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     result_.checkpoint = dir.string();
-    export_weights(c.model, plan_.mcfg, cfg_.save);
+    export_weights(c.model, plan_.mcfg, cfg_.save,
+                   float_dtype(cfg_.export_dtype, "--export-dtype"));
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
     say(log_, pl_, "saved checkpoint " + dir.string());
   }
