@@ -1,4 +1,4 @@
-// The precision of the GEMMs (docs/ARCHITECTURE.md, decision 31). Under Precision::BF16 a GEMM
+// The precision of the GEMMs (docs/ARCHITECTURE.md, decision 33). Under Precision::BF16 a GEMM
 // rounds both inputs to bf16 (round to nearest even) and accumulates the products in fp32 into an
 // fp32 output; everything else (LayerNorm statistics, softmax, the loss, the MoE router, the
 // optimizer) stays fp32. Two paths compute it:

@@ -66,7 +66,7 @@ struct GPTLayout {
   // the unit alignment of the expert parameter set (16 x the expert-data-parallel size under ZeRO).
   ExpertSplit experts;
   int64_t expert_unit_alignment = 16;
-  // The precision of the model's GEMMs (kernels/precision.h; decision 31): the model installs it
+  // The precision of the model's GEMMs (kernels/precision.h; decision 33): the model installs it
   // on the calling thread for each forward and backward. Parameters, gradients and activations
   // stay fp32; the MoE router's GEMMs are fp32 in any mode. A bf16 path of Auto is resolved when
   // the model is built (layout().gemm holds the path in use).

@@ -61,7 +61,7 @@ struct TrainConfig {
   std::string backend = "auto";   // auto | inproc | mpi
   std::string trace;              // Chrome trace-event JSON of the run's timeline
   std::string recompute = "none";  // activation recomputation: none | selective | full
-  // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 31): "bf16" = GEMM inputs
+  // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 33): "bf16" = GEMM inputs
   // in bf16 with fp32 accumulation; master weights, gradients, optimizer state, LayerNorm, softmax,
   // the loss and the router stay fp32. bf16_gemm: auto (oneDNN where the CPU has bf16 units, else
   // emulated) | onednn | emulated.
