@@ -211,6 +211,9 @@ void register_train(CLI::App& root, int& exit_code) {
        "Data-parallel gradient reduction in fp32 or bf16 (half the bytes; fp32 accumulation)");
   flag(cmd, *f, "export_dtype", v.export_dtype,
        "model.safetensors in fp32 or bf16 (checkpoints always hold the fp32 masters)");
+  flag(cmd, *f, "peak_gflops", v.peak_gflops,
+       "One rank's GEMM peak in GFLOP/s for the precision in use, for the progress line's MFU; "
+       "0 = measured at start (a 1024^3 GEMM on the rank's threads)");
   flag(cmd, *f, "comm_timeout", v.comm_timeout,
        "Seconds a rank waits for its peers in any communication call before the run fails with "
        "an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)");

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
@@ -40,6 +41,47 @@ TEST(Trainer, LossFallsAndValidationBeatsUnigramEntropy) {
   EXPECT_LT(r.losses.back(), r.losses.front() - 1.0);
   ASSERT_GE(r.last_val_loss, 0);
   EXPECT_LT(r.last_val_loss, r.unigram_entropy);
+}
+
+// MFU = model FLOP/s / (peak per rank x ranks): on the progress line and in the metrics, against
+// --peak-gflops when given, else against a GEMM measured at start.
+TEST(Trainer, ReportsModelFlopUtilisation) {
+  auto dir = temp_dir("mfu");
+  TrainConfig c = tiny_config(dir);
+  c.dp = 2;
+  c.peak_gflops = 0.5;
+  c.metrics = (dir / "metrics.jsonl").string();
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* log = open_memstream(&buf, &len);
+  run_training(c, log);
+  std::fclose(log);
+  const std::string text(buf, len);
+  std::free(buf);
+  EXPECT_NE(text.find("MFU against 500.00MFLOP/s per rank (--peak-gflops) x 2 ranks"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("| MFU "), std::string::npos) << text;
+  std::ifstream in(c.metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("mfu")) continue;
+    ++steps;
+    EXPECT_NEAR(j["mfu"].get<double>(), j["flops_per_s"].get<double>() / (0.5e9 * 2), 1e-12);
+  }
+  EXPECT_EQ(steps, c.steps);
+  c.peak_gflops = 0;  // measured: some positive rate
+  c.dp = 1;
+  c.metrics = (dir / "measured.jsonl").string();
+  run_training(c, nullptr);
+  std::ifstream m(c.metrics);
+  ASSERT_TRUE(std::getline(m, line));
+  while (!nlohmann::json::parse(line).contains("mfu")) ASSERT_TRUE(std::getline(m, line));
+  EXPECT_GT(nlohmann::json::parse(line)["mfu"].get<double>(), 0.0);
+  c.peak_gflops = -1;
+  EXPECT_NE(testing::config_error_of(c).find("--peak-gflops must be a rate"), std::string::npos);
 }
 
 TEST(Trainer, ResumeContinuesBitwiseIdentically) {

@@ -19,6 +19,9 @@ void ProgressLine::update(const StepStats& s) {
                     static_cast<double>(s.lr), s.grad_norm, format_rate(s.tokens_per_s).c_str(),
                     format_rate(s.flops_per_s).c_str(), s.step_seconds * 1e3,
                     format_duration(s.eta_seconds).c_str());
+  if (s.mfu >= 0)
+    len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " | MFU %.1f%%",
+                         100 * s.mfu);
   if (s.moe) {  // " | moe aux 0.0101 z 0.0021 | load % 13 12 ... max/mean 1.05 | drop 0.0%"
     len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len),
                          " | moe aux %.4f z %.4f | load %%", s.moe_aux_loss, s.moe_z_loss);

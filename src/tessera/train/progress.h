@@ -18,6 +18,7 @@ struct StepStats {
   double step_seconds = 0;
   double tokens_per_s = 0;
   double flops_per_s = 0;
+  double mfu = -1;  // model FLOP/s over the job's peak; < 0: not known (not printed)
   double eta_seconds = 0;
   // Mixture of experts (moe = true): the auxiliary losses added to the objective, the busiest
   // expert's share over the mean, the dropped fraction, and each expert's share (mean of layers).

@@ -20,7 +20,7 @@ namespace tessera::train {
   X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(comm_timeout) \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(peak_gflops) X(comm_timeout) \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -201,6 +201,10 @@ void TrainConfig::validate() const {
   kernels::parse_bf16_gemm(bf16_gemm);
   float_dtype(grad_reduce_dtype, "--grad-reduce-dtype");
   float_dtype(export_dtype, "--export-dtype");
+  TESSERA_CHECK_AS(
+      ConfigError, peak_gflops >= 0 && std::isfinite(peak_gflops),
+      "--peak-gflops must be a rate in GFLOP/s per rank (0: measure it at start), got ",
+      peak_gflops);
   TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   TESSERA_CHECK_AS(ConfigError, comm_timeout >= 0 && comm_timeout <= 86400 * 365,
                    "--comm-timeout must be a number of seconds in [0, 1 year] (0: "

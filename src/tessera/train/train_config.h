@@ -72,6 +72,9 @@ struct TrainConfig {
   // checkpoints always hold the fp32 masters).
   std::string grad_reduce_dtype = "fp32";
   std::string export_dtype = "fp32";
+  // One rank's GEMM peak in GFLOP/s for the precision in use, the denominator of the progress
+  // line's MFU (model FLOPs / (peak x ranks)); 0 = measured at start (kernels/gemm_peak.h).
+  double peak_gflops = 0;
   // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
   double comm_timeout = 0;
 

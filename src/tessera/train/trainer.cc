@@ -21,6 +21,8 @@
 #include "tessera/io/atomic_file.h"
 #include "tessera/io/checkpoint.h"
 #include "tessera/io/hf_config.h"
+#include "tessera/kernels/gemm_peak.h"
+#include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/grad_clip.h"
@@ -274,6 +276,7 @@ class RankRun {
   const optim::LrSchedule sched_;
   std::vector<int32_t> in_, tgt_;
   std::vector<double> step_times_;
+  double peak_flops_ = 0;  // the lead rank's GEMM peak (MFU's denominator, per rank)
   int64_t step_ = 0;
 };
 
@@ -345,6 +348,10 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       });
   }
   boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
+  if (lead_) {  // the progress line's MFU: against the given peak, or one measured now (~10 ms)
+    const kernels::GemmModeScope mode(first_model().layout().gemm);
+    peak_flops_ = cfg.peak_gflops > 0 ? cfg.peak_gflops * 1e9 : kernels::measure_gemm_peak(512, 2);
+  }
   comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
   executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding()});
   forward_.emplace(models(), pp);
@@ -498,7 +505,10 @@ void RankRun::print_header() {
       std::string("precision: ") + kernels::to_string(first_model().layout().gemm.precision) +
           ", " + kernels::describe(first_model().layout().gemm) +
           "; fp32 master weights, gradients and optimizer state; gradients reduced in " +
-          cfg_.grad_reduce_dtype);
+          cfg_.grad_reduce_dtype + "; MFU against " + format_rate(peak_flops_) +
+          "FLOP/s per rank (" +
+          (cfg_.peak_gflops > 0 ? "--peak-gflops" : "measured: a 512^3 GEMM") + ") x " +
+          std::to_string(world_.size()) + " ranks");
   if (m.moe.enabled()) {
     char moe[320];
     std::snprintf(moe, sizeof moe,
@@ -596,6 +606,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
   st.step_seconds = secs;
   st.tokens_per_s = tokens_per_step_ / secs;
   st.flops_per_s = first_model().flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
+  if (peak_flops_ > 0) st.mfu = st.flops_per_s / (peak_flops_ * world_.size());
   double mean = 0;
   const size_t recent = std::min<size_t>(step_times_.size(), 20);
   for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];
@@ -606,6 +617,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
                         {"grad_norm", norm},
                         {"tokens_per_s", st.tokens_per_s},
                         {"flops_per_s", st.flops_per_s},
+                        {"mfu", st.mfu},
                         {"step_ms", secs * 1e3},
                         {"process_cpu_ms", cpu_secs * 1e3},
                         {"comm_bytes_per_rank", comm_bytes},
