@@ -212,6 +212,20 @@ TEST(MoeTraining, MetricsConfigAndTimelineShowTheExperts) {
   EXPECT_NE(trace.str().find("\"combine h.1 (backward)\""), std::string::npos);
 }
 
+// MoE every other block under full recomputation: the stage's shared recomputation workspace,
+// made by its first (dense) block, gets the MoE record from the MoE blocks (it crashed without
+// one). Full recomputation changes no loss: bitwise equal to keeping everything.
+TEST(MoeTraining, EveryOtherBlockRecomputesLikeItKeeps) {
+  auto dir = temp_dir("moe_every2_full");
+  TrainConfig c = moe_config(dir, 0.75f);
+  c.moe_every = 2;
+  c.steps = 3;
+  const Reference keep = run_reference("none", c, dir);
+  c.recompute = "full";
+  const Reference full = run_reference("full", c, dir);
+  EXPECT_EQ(keep.losses, full.losses);
+}
+
 // The pipeline cost model (which balances --pp stages) counts an MoE block's top_k experts and
 // its router; dense blocks cost what they did.
 TEST(MoeConfig, PipelineCostModelCountsTheExperts) {
