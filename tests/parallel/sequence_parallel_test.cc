@@ -425,8 +425,8 @@ std::string layout_name(const Layout& l) {
          std::to_string(l.zero) + (l.recompute == "none" ? "" : "_" + l.recompute);
 }
 
-// Weights within testing::kTensorParallelWeightRel, as for tensor parallelism alone (run_compare.h);
-// losses and gradient norms within 1e-5 at every step.
+// Weights within testing::kTensorParallelWeightRel, as for tensor parallelism alone
+// (run_compare.h); losses and gradient norms within 1e-5 at every step.
 
 class SequenceParallelTraining : public ::testing::TestWithParam<Layout> {};
 

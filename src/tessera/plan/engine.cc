@@ -86,7 +86,8 @@ nn::BlockPart part_of(const parallel::UnitRange& units, int u) {
 
 void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r) {
   UnitWork w;
-  for (int u = s.units.first; u <= s.units.last; ++u) w += unit_work(m, l, u, r, part_of(s.units, u));
+  for (int u = s.units.first; u <= s.units.last; ++u)
+    w += unit_work(m, l, u, r, part_of(s.units, u));
   s.fwd_flops = w.fwd_flops;
   s.bwd_flops = w.bwd_flops;
   s.wgrad_flops = w.wgrad_flops;

@@ -81,8 +81,8 @@ class TesseraEngine final : public Engine {
         ++s.blocks;
         const nn::BlockPart part = part_of(units, u);
         if (part != nn::BlockPart::Mlp)  // ln_1, c_attn, attn.c_proj
-          n += 2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) +
-               align16(C);
+          n +=
+              2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) + align16(C);
         if (part == nn::BlockPart::Attention) {
           // no MLP
         } else if (m.moe.is_moe_layer(u - 1)) {  // ln_2, the router; the experts
