@@ -225,8 +225,8 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
 
   // The residual stream between the halves: the record's (whole block), the attention half's
   // output y, or the MLP half's input x.
-  float* x_attn = part_ == BlockPart::Whole ? r.x_attn.f32() : y;
-  if (part_ == BlockPart::Mlp) x_attn = const_cast<float*>(x);  // read only below
+  float* x_attn_out = part_ == BlockPart::Whole ? r.x_attn.f32() : y;  // the attention writes it
+  const float* x_attn = has_attention() ? x_attn_out : x;              // the MLP reads it
 
   // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
   if (has_attention()) {
@@ -243,7 +243,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     }
     k::matmul_forward(ws.proj.f32(), r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
     float* attn_out = from_tp(ws.proj.f32());  // reduce point
-    residual_branch(x_attn, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
+    residual_branch(x_attn_out, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
   }
   if (!has_mlp()) return;
 
@@ -437,7 +437,7 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   };
 
   // The residual stream between the halves (the MLP half's input).
-  const float* x_attn = has_attention() ? r.x_attn.f32() : r.x;
+  const float* x_attn = part_ == BlockPart::Whole ? r.x_attn.f32() : r.x;  // (unused: attention)
 
   // MLP branch.
   const float* dy = dres;
