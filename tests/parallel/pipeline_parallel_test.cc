@@ -207,13 +207,19 @@ TEST(PipelineTraining, MicroBatchesInFlightAreTheSimulators) {
   }
 }
 
-TEST(PipelineSplit, BalancesModelledCostAndParsesUserLists) {
+// The model of bench/parallel/pp.sh: GPT L=6 C=512 heads 8 T=256 V=4096.
+nn::GPTConfig benchmark_model() {
   nn::GPTConfig m;
   m.n_layer = 6;
   m.n_embd = 512;
   m.n_head = 8;
   m.vocab_size = 4096;
   m.block_size = 256;
+  return m;
+}
+
+TEST(PipelineSplit, BalancesModelledCostAndParsesUserLists) {
+  const nn::GPTConfig m = benchmark_model();
   const std::vector<double> cost = parallel::unit_costs(m, 256);
   const auto two = parallel::balanced_split(cost, 2);
   ASSERT_EQ(two.size(), 2u);
@@ -236,12 +242,7 @@ TEST(PipelineSplit, BalancesModelledCostAndParsesUserLists) {
 // attention (1.05x between the stages by the model, against 1.20x with whole blocks), and no cut
 // does better.
 TEST(PipelineSplit, CutsInsideABlockWhereThatBalances) {
-  nn::GPTConfig m;
-  m.n_layer = 6;
-  m.n_embd = 512;
-  m.n_head = 8;
-  m.vocab_size = 4096;
-  m.block_size = 256;
+  const nn::GPTConfig m = benchmark_model();
   const std::vector<double> half = parallel::half_unit_costs(m, 256);
   ASSERT_EQ(half.size(), 14u);
   const std::vector<double> whole = parallel::unit_costs(m, 256);
