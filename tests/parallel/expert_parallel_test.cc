@@ -5,11 +5,13 @@
 // the experts of one rank (the others receive nothing), and with uneven routing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/comm/launch.h"
@@ -67,9 +69,11 @@ std::vector<float> tokens_of(int rank, int rows, int C, bool skew) {
   return x;
 }
 
-// One rank's layer: B sequences (its own tokens x, output gradient dout) through the MoE MLP.
+// One rank's layer: B sequences (its own tokens x, output gradient dout) through the MoE MLP,
+// after sleeping `late` before the forward and before the backward.
 LayerRun run_layer(const GPTConfig& cfg, ExpertSplit split, const std::vector<float>& x,
-                   const std::vector<float>& dout, int B, bool skew) {
+                   const std::vector<float>& dout, int B, bool skew,
+                   std::chrono::milliseconds late = {}) {
   Allocator alloc("test");
   ParameterSet ps, eps;
   MoeMlp moe(ps, eps, cfg, 1, split);
@@ -82,7 +86,9 @@ LayerRun run_layer(const GPTConfig& cfg, ExpertSplit split, const std::vector<fl
   LayerRun r;
   r.out.resize(x.size());
   r.dx.resize(x.size());
+  std::this_thread::sleep_for(late);
   moe.forward(x.data(), r.out.data(), B, cfg.block_size, 0.25f, rec, ws, true);
+  std::this_thread::sleep_for(late);
   moe.backward(rec, dout.data(), r.dx.data(), ws);
   for (const ParameterSet* s : {&ps, &eps})
     for (int i = 0; i < s->size(); ++i) r.grad[s->infos()[i].name] = s->grad(i).to_vector();
@@ -175,6 +181,43 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallelLayer,
                                   (info.param.capacity > 0 ? "_capacity" : "_dropless") +
                                   (info.param.skew ? "_all_to_one_rank" : "");
                          });
+
+// Each rank runs its own rows while the others' travel and the others' as soon as they arrive,
+// so the order of the work depends on which rank is late; the numbers must not. Every rank's
+// outputs, input gradients and weight gradients are bitwise those of the run where no rank is
+// late, whichever rank is late (a larger model than above, so that the local work comes in
+// several pieces).
+TEST(ExpertParallelLayer, ResultsDoNotDependOnWhichRankIsLate) {
+  GPTConfig cfg = config(0.0f);
+  cfg.n_embd = 64;
+  cfg.block_size = 64;
+  cfg.moe.experts = 8;
+  const int B = 4, n = 4, C = cfg.n_embd;
+  const size_t rows = static_cast<size_t>(B) * cfg.block_size * C;
+  auto run = [&](int late_rank) {
+    std::vector<LayerRun> got(static_cast<size_t>(n));
+    comm::run_inproc(n, [&](comm::Communicator& world) {
+      const int r = world.rank();
+      const auto x = tokens_of(r, B * cfg.block_size, C, false);
+      const auto d = tokens_of(50 + r, B * cfg.block_size, C, false);
+      ASSERT_EQ(x.size(), rows);
+      got[static_cast<size_t>(r)] = run_layer(cfg, ExpertSplit{&world}, x, d, B, false,
+                                              std::chrono::milliseconds(r == late_rank ? 30 : 0));
+    });
+    return got;
+  };
+  const std::vector<LayerRun> ref = run(-1);
+  for (int late : {0, 1, 3}) {
+    const std::vector<LayerRun> got = run(late);
+    for (int r = 0; r < n; ++r) {
+      const LayerRun& a = ref[static_cast<size_t>(r)];
+      const LayerRun& b = got[static_cast<size_t>(r)];
+      EXPECT_EQ(a.out, b.out) << "rank " << r << ", rank " << late << " late";
+      EXPECT_EQ(a.dx, b.dx) << "rank " << r << ", rank " << late << " late";
+      EXPECT_EQ(a.grad, b.grad) << "rank " << r << ", rank " << late << " late";
+    }
+  }
+}
 
 TEST(ExpertParallelLayer, ExpertsMustSplitEvenly) {
   EXPECT_THROW(comm::run_inproc(3,

@@ -13,7 +13,6 @@
 namespace tessera::nn {
 
 namespace k = tessera::kernels;
-
 namespace {
 constexpr float kInitStd = 0.02f;
 
@@ -82,76 +81,125 @@ MoeMlp::Workspace MoeMlp::make_workspace(Allocator& alloc) {
   return ws;
 }
 
-void MoeMlp::exchange(const float* send, const std::vector<size_t>& send_rows, float* recv,
-                      const std::vector<size_t>& recv_rows) const {
-  const int C = cfg_.n_embd;
-  if (split_.size() == 1) {
-    copy_rows(recv, send, static_cast<int64_t>(send_rows[0]), C);
-    return;
-  }
-  std::vector<size_t> sc(send_rows), rc(recv_rows);
-  for (size_t& c : sc) c *= static_cast<size_t>(C);
-  for (size_t& c : rc) c *= static_cast<size_t>(C);
-  split_.group->all_to_allv(send, sc, recv, rc, DType::F32).wait();
-}
-
-// Receive order: for each source s, its rows for local expert 0, 1, ...; experts' order: for each
-// local expert el, its rows from source 0, 1, ...
-void MoeMlp::permute_rows(const float* src, float* dst, const Record& r, bool to_experts) const {
-  const int n = split_.size(), C = cfg_.n_embd;
-  int64_t expert_row = 0;
-  for (int el = 0; el < local_; ++el)
-    for (int s = 0; s < n; ++s) {
-      int64_t source_row = 0;
-      for (int s2 = 0; s2 < s; ++s2) source_row += static_cast<int64_t>(r.recv_rows[s2]);
-      for (int e2 = 0; e2 < el; ++e2) source_row += r.recv_counts[s * local_ + e2];
-      const int64_t rows = r.recv_counts[s * local_ + el];
-      if (to_experts)
-        copy_rows(dst + expert_row * C, src + source_row * C, rows, C);
-      else
-        copy_rows(dst + source_row * C, src + expert_row * C, rows, C);
-      expert_row += rows;
-    }
-}
-
-// Sorts the kept assignments by expert (then token, then choice: a stable order), counts the rows
-// for each rank, and exchanges the per-expert counts so every rank knows what it will receive.
-void MoeMlp::plan_dispatch(Record& r) const {
-  const int n = split_.size(), E = m_.experts, kk = m_.top_k;
+PendingExchange MoeMlp::plan_rows(Record& r) const {
+  const int n = split_.size(), E = m_.experts, kk = m_.top_k, self = split_.rank();
   const int64_t A = static_cast<int64_t>(r.B) * r.T * kk;
-  std::vector<int64_t> per_expert(static_cast<size_t>(E) + 1, 0);
+  r.send_counts.assign(static_cast<size_t>(E), 0);
   for (int64_t a = 0; a < A; ++a)
-    if (r.kept[a]) ++per_expert[r.expert[a] + 1];
-  std::vector<int64_t> send_counts(per_expert.begin() + 1, per_expert.end());  // [E]
-  for (int e = 0; e < E; ++e) per_expert[e + 1] += per_expert[e];  // start of each expert's rows
-  r.K = per_expert[E];
+    if (r.kept[a]) ++r.send_counts[r.expert[a]];
+  // The first row of each expert: the other ranks' experts in rank order, then this rank's own.
+  std::vector<int64_t> next_row(static_cast<size_t>(E), 0);
+  int64_t row = 0;
+  for (const bool own : {false, true})
+    for (int e = 0; e < E; ++e)
+      if ((e / local_ == self) == own) {
+        next_row[e] = row;
+        row += r.send_counts[e];
+      }
+  r.K = row;
+  r.send_rows.assign(static_cast<size_t>(n), 0);
+  for (int e = 0; e < E; ++e)
+    if (e / local_ != self) r.send_rows[e / local_] += static_cast<size_t>(r.send_counts[e]);
+  r.K_remote = r.K;
+  for (int e = first_expert_; e < first_expert_ + local_; ++e) r.K_remote -= r.send_counts[e];
   r.row_of.assign(static_cast<size_t>(A), -1);
   r.token_of.assign(static_cast<size_t>(r.K), 0);
   for (int64_t a = 0; a < A; ++a) {
     if (!r.kept[a]) continue;
-    const int64_t row = per_expert[r.expert[a]]++;
-    r.row_of[a] = row;
-    r.token_of[row] = a / kk;
+    const int64_t rw = next_row[r.expert[a]]++;
+    r.row_of[a] = rw;
+    r.token_of[rw] = a / kk;
   }
-  r.send_rows.assign(static_cast<size_t>(n), 0);
-  for (int e = 0; e < E; ++e) r.send_rows[e / local_] += static_cast<size_t>(send_counts[e]);
-  r.recv_counts.assign(static_cast<size_t>(n) * local_, 0);
+  r.counts.assign(static_cast<size_t>(n) * local_, 0);
   if (n == 1) {
-    std::copy(send_counts.begin(), send_counts.end(), r.recv_counts.begin());
-  } else {
-    // Block s of send_counts (experts [s El, (s+1) El)) goes to rank s.
-    split_.group
-        ->all_to_all(send_counts.data(), r.recv_counts.data(), static_cast<size_t>(local_),
-                     DType::I64)
-        .wait();
+    std::copy(r.send_counts.begin(), r.send_counts.end(), r.counts.begin());
+    return {};
   }
+  // Block s of send_counts (experts [s El, (s+1) El)) goes to rank s.
+  return post_counts(*split_.group, r.send_counts.data(), r.counts.data(), local_,
+                     dispatch_label_ + " (counts)");
+}
+
+void MoeMlp::plan_receive(Record& r) const {
+  const int n = split_.size(), self = split_.rank();
   r.recv_rows.assign(static_cast<size_t>(n), 0);
   r.R = 0;
-  for (int s = 0; s < n; ++s)
+  for (int s = 0; s < n; ++s) {
+    if (s == self) continue;
+    for (int el = 0; el < local_; ++el)
+      r.recv_rows[s] += static_cast<size_t>(r.counts[s * local_ + el]);
+    r.R += static_cast<int64_t>(r.recv_rows[s]);
+  }
+}
+
+std::vector<MoeMlp::RowBlock> MoeMlp::local_blocks(const Record& r) const {
+  std::vector<RowBlock> blocks;
+  int64_t begin = 0;
+  for (int el = 0; el < local_; ++el) {
+    const int64_t rows = r.send_counts[first_expert_ + el];
+    if (rows > 0) blocks.push_back({el, begin, rows});
+    begin += rows;
+  }
+  return blocks;
+}
+
+std::vector<MoeMlp::RowBlock> MoeMlp::remote_blocks(const Record& r) const {
+  std::vector<RowBlock> blocks;
+  int64_t begin = 0;
+  for (int s = 0; s < split_.size(); ++s) {
+    if (s == split_.rank()) continue;
     for (int el = 0; el < local_; ++el) {
-      r.recv_rows[s] += static_cast<size_t>(r.recv_counts[s * local_ + el]);
-      r.R += r.recv_counts[s * local_ + el];
+      const int64_t rows = r.counts[s * local_ + el];
+      if (rows > 0) blocks.push_back({el, begin, rows});
+      begin += rows;
     }
+  }
+  return blocks;
+}
+
+std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks) const {
+  if (split_.size() == 1) return blocks;  // nothing to overlap: whole blocks, the largest GEMMs
+  // About 2^27 flops of expert forward (16 C^2 per row) per piece, between 64 and 1024 rows.
+  const int64_t C = cfg_.n_embd;
+  const int64_t max_rows = std::clamp<int64_t>((int64_t{1} << 27) / (16 * C * C), 64, 1024);
+  std::vector<RowBlock> out;
+  for (const RowBlock& b : blocks)
+    for (int64_t at = 0; at < b.rows; at += max_rows)
+      out.push_back({b.el, b.begin + at, std::min(max_rows, b.rows - at)});
+  return out;
+}
+
+void MoeMlp::block_forward(const RowBlock& b, ExpertRows& side, float* out) const {
+  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
+  auto ep = [&](int i) { return eps_.param_data(i); };
+  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
+  float* fc = side.fc.f32() + b.begin * F;
+  float* fch = side.fch.f32() + b.begin * F;
+  k::matmul_forward(fc, side.in.f32() + b.begin * C, ep(q.fc_w), ep(q.fc_b), nullptr, M, C, F);
+  k::gelu_forward(fch, fc, b.rows * F);
+  k::matmul_forward(out + b.begin * C, fch, ep(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
+}
+
+void MoeMlp::block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy,
+                                 float* dfc, float* dx) const {
+  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
+  auto ep = [&](int i) { return eps_.param_data(i); };
+  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
+  float* df = dfc + b.begin * F;
+  k::matmul_backward(df, nullptr, nullptr, dy + b.begin * C, nullptr, ep(q.proj_w), M, F, C);
+  k::gelu_backward(df, df, side.fc.f32() + b.begin * F, b.rows * F);
+  k::matmul_backward(dx + b.begin * C, nullptr, nullptr, df, nullptr, ep(q.fc_w), M, C, F);
+}
+
+void MoeMlp::block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
+                                    const float* dfc) const {
+  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
+  auto eg = [&](int i) { return eps_.grad_data(i); };
+  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
+  k::matmul_backward(nullptr, eg(q.proj_w), eg(q.proj_b), dy + b.begin * C,
+                     side.fch.f32() + b.begin * F, nullptr, M, F, C);
+  k::matmul_backward(nullptr, eg(q.fc_w), eg(q.fc_b), dfc + b.begin * F,
+                     side.in.f32() + b.begin * C, nullptr, M, C, F);
 }
 
 void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale, Record& r,
@@ -160,7 +208,6 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
   const int64_t N = static_cast<int64_t>(B) * T;
   r.B = B, r.T = T, r.loss_scale = loss_scale, r.x = x;
   auto p = [&](int i) { return ps_.param_data(i); };
-  auto ep = [&](int i) { return eps_.param_data(i); };
 
   // Route (fp32 in every precision): logits, softmax, top-k with renormalised gates,
   // per-sequence capacity.
@@ -187,44 +234,58 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
     stats_.dropped += dropped;
   }
 
-  // Dispatch: each kept assignment's token row to the rank holding its expert.
-  float* recv;
-  {
-    TraceSpan span(dispatch_label_, "moe", 1);
-    plan_dispatch(r);
-    float* send = ensure(ws.send, r.K * C, "moe.send", ws.alloc);
-    for (int64_t row = 0; row < r.K; ++row)
-      copy_rows(send + row * C, x + r.token_of[row] * C, 1, C);
-    recv = ensure(ws.recv, r.R * C, "moe.recv", ws.alloc);
-    exchange(send, r.send_rows, recv, r.recv_rows);
+  // The rows: those for the other ranks into the send buffer, this rank's own into local.in.
+  PendingExchange counts = plan_rows(r);
+  const int64_t K_local = r.K - r.K_remote;
+  float* send = ensure(ws.send, r.K_remote * C, "moe.send", ws.alloc);
+  float* local_in = ensure(r.local.in, K_local * C, "moe.expert_input", r.alloc);
+  ensure(r.local.fc, K_local * F, "moe.fc", r.alloc);
+  ensure(r.local.fch, K_local * F, "moe.fc.gelu", r.alloc);
+  for (int64_t row = 0; row < r.K; ++row) {
+    float* dst = row < r.K_remote ? send + row * C : local_in + (row - r.K_remote) * C;
+    copy_rows(dst, x + r.token_of[row] * C, 1, C);
   }
-
-  // The experts, each on all the rows it received.
-  float* xe = ensure(r.xe, r.R * C, "moe.expert_input", r.alloc);
-  float* fc = ensure(r.fc, r.R * F, "moe.fc", r.alloc);
-  float* fch = ensure(r.fch, r.R * F, "moe.fc.gelu", r.alloc);
-  float* ye = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
-  permute_rows(recv, xe, r, true);
-  int64_t row = 0;
-  for (int el = 0; el < local_; ++el) {
-    int64_t rows = 0;
-    for (int s = 0; s < split_.size(); ++s) rows += r.recv_counts[s * local_ + el];
-    if (rows == 0) continue;
-    const ExpertParams& q = experts_[static_cast<size_t>(el)];
-    const int M = static_cast<int>(rows);
-    k::matmul_forward(fc + row * F, xe + row * C, ep(q.fc_w), ep(q.fc_b), nullptr, M, C, F);
-    k::gelu_forward(fch + row * F, fc + row * F, rows * F);
-    k::matmul_forward(ye + row * C, fch + row * F, ep(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
-    row += rows;
-  }
-
-  // Combine: the outputs back to their tokens' ranks, then out_t = sum_j kept gate_j y_j.
   float* o = ensure(r.out, r.K * C, "moe.output", r.alloc);
-  {
-    TraceSpan span(combine_label_, "moe", 1);
-    permute_rows(ye, recv, r, false);
-    exchange(recv, r.recv_rows, o, r.send_rows);
+
+  // The experts. The other ranks' rows as soon as they are here (those ranks wait for their
+  // outputs), this rank's own rows meanwhile; then the combine brings this rank's rows back.
+  PendingExchange dispatch, combine;
+  const std::vector<RowBlock> local = pieces(local_blocks(r));
+  size_t next = 0;
+  bool remote_done = split_.size() == 1;
+  for (;;) {
+    if (!remote_done) {
+      if (!dispatch.posted() && counts.done()) {
+        counts.wait();
+        plan_receive(r);
+        float* recv = ensure(r.remote.in, r.R * C, "moe.expert_input", r.alloc);
+        ensure(r.remote.fc, r.R * F, "moe.fc", r.alloc);
+        ensure(r.remote.fch, r.R * F, "moe.fc.gelu", r.alloc);
+        dispatch =
+            post_rows(*split_.group, send, r.send_rows, recv, r.recv_rows, C, dispatch_label_);
+      }
+      if (dispatch.done()) {
+        dispatch.wait();
+        float* ye = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
+        for (const RowBlock& b : remote_blocks(r)) block_forward(b, r.remote, ye);
+        combine = post_rows(*split_.group, ye, r.recv_rows, o, r.send_rows, C, combine_label_);
+        remote_done = true;
+        continue;
+      }
+    }
+    if (next < local.size()) {
+      block_forward(local[next++], r.local, o + r.K_remote * C);
+      continue;
+    }
+    if (remote_done) break;
+    if (dispatch.posted())  // nothing left to do meanwhile
+      dispatch.wait();
+    else
+      counts.wait();
   }
+  combine.wait();
+
+  // out_t = sum_j kept gate_j y_j.
   for (int64_t t = 0; t < N; ++t) {
     float* y = out + t * C;
     std::fill(y, y + C, 0.0f);
@@ -241,14 +302,12 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
 void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& ws) const {
   TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "MoeMlp::backward of h.", layer_, " without a forward");
   const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd, F = 4 * C;
-  const int64_t N = static_cast<int64_t>(r.B) * r.T;
+  const int64_t N = static_cast<int64_t>(r.B) * r.T, K_local = r.K - r.K_remote;
   auto p = [&](int i) { return ps_.param_data(i); };
-  auto ep = [&](int i) { return eps_.param_data(i); };
-  auto eg = [&](int i) { return eps_.grad_data(i); };
 
-  // Gates: dgate_tj = dout_t . y_tj; the experts' output gradients gate_tj dout_t, in send order.
+  // Gates: dgate_tj = dout_t . y_tj; each row's output gradient gate_tj dout_t, in the row order.
   ws.dgate.assign(static_cast<size_t>(N * kk), 0.0f);
-  float* dsend = ensure(ws.send, r.K * C, "moe.send", ws.alloc);
+  float* dy = ensure(ws.send, r.K * C, "moe.send", ws.alloc);
   const float* o = r.out.f32();
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < kk; ++j) {
@@ -260,42 +319,52 @@ void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& 
       for (int c = 0; c < C; ++c) dot += static_cast<double>(d[c]) * v[c];
       ws.dgate[t * kk + j] = static_cast<float>(dot);
       const float g = r.gate[t * kk + j];
-      float* ds = dsend + rw * C;
+      float* ds = dy + rw * C;
       for (int c = 0; c < C; ++c) ds[c] = g * d[c];
     }
-  float* drecv = ensure(ws.recv, r.R * C, "moe.recv", ws.alloc);
-  float* dye = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
-  {
-    TraceSpan span(dispatch_label_ + " (backward)", "moe", 1);
-    exchange(dsend, r.send_rows, drecv, r.recv_rows);
-  }
-  permute_rows(drecv, dye, r, true);
+  float* dx_rows = ensure(ws.dx_rows, r.K * C, "moe.d_rows", ws.alloc);
+  float* dy_remote = ensure(ws.dy_remote, r.R * C, "moe.d_expert_output", ws.alloc);
+  float* dx_remote = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
+  float* dfc_local = ensure(ws.dfc_local, K_local * F, "moe.d_fc", ws.alloc);
+  float* dfc_remote = ensure(ws.dfc_remote, r.R * F, "moe.d_fc", ws.alloc);
+  const float* dy_local = dy + r.K_remote * C;
+  float* dx_local = dx_rows + r.K_remote * C;
 
-  // The experts' backward; their input gradients overwrite dye row block by row block.
-  float* dfch = ensure(ws.dfch, r.R * F, "moe.d_fc", ws.alloc);
-  const float* xe = r.xe.f32();
-  const float* fc = r.fc.f32();
-  const float* fch = r.fch.f32();
-  int64_t row = 0;
-  for (int el = 0; el < local_; ++el) {
-    int64_t rows = 0;
-    for (int s = 0; s < split_.size(); ++s) rows += r.recv_counts[s * local_ + el];
-    if (rows == 0) continue;
-    const ExpertParams& q = experts_[static_cast<size_t>(el)];
-    const int M = static_cast<int>(rows);
-    float* df = dfch + row * F;
-    k::matmul_backward(df, eg(q.proj_w), eg(q.proj_b), dye + row * C, fch + row * F, ep(q.proj_w),
-                       M, F, C);
-    k::gelu_backward(df, df, fc + row * F, rows * F);
-    k::matmul_backward(dye + row * C, eg(q.fc_w), eg(q.fc_b), df, xe + row * C, ep(q.fc_w), M, C,
-                       F);
-    row += rows;
+  // The experts' backward, overlapped as in forward: the other ranks' rows as soon as their
+  // gradients are here, this rank's own rows (inputs, then weights) meanwhile, and the weight
+  // gradients of the other ranks' rows while their input gradients travel back.
+  PendingExchange dispatch, combine;
+  if (split_.size() > 1)
+    dispatch = post_rows(*split_.group, dy, r.send_rows, dy_remote, r.recv_rows, C,
+                         dispatch_label_ + " (backward)");
+  const std::vector<RowBlock> local = local_blocks(r), remote = remote_blocks(r);
+  const std::vector<RowBlock> local_data = pieces(local);
+  size_t next = 0;  // local tasks: the input gradient of each block, then its weights'
+  bool remote_done = split_.size() == 1;
+  for (;;) {
+    if (!remote_done && dispatch.done()) {
+      dispatch.wait();
+      for (const RowBlock& b : remote)
+        block_backward_data(b, r.remote, dy_remote, dfc_remote, dx_remote);
+      combine = post_rows(*split_.group, dx_remote, r.recv_rows, dx_rows, r.send_rows, C,
+                          combine_label_ + " (backward)");
+      remote_done = true;
+      continue;
+    }
+    if (next < local_data.size() + local.size()) {
+      if (next < local_data.size())
+        block_backward_data(local_data[next], r.local, dy_local, dfc_local, dx_local);
+      else
+        block_backward_weights(local[next - local_data.size()], r.local, dy_local, dfc_local);
+      ++next;
+      continue;
+    }
+    if (remote_done) break;
+    dispatch.wait();  // nothing left to do meanwhile
   }
-  {
-    TraceSpan span(combine_label_ + " (backward)", "moe", 1);
-    permute_rows(dye, drecv, r, false);
-    exchange(drecv, r.recv_rows, dsend, r.send_rows);
-  }
+  // Each expert's weight gradient: its own rows' blocks (above), then the other ranks' in order.
+  for (const RowBlock& b : remote) block_backward_weights(b, r.remote, dy_remote, dfc_remote);
+  combine.wait();
 
   // Router: dlogits from the gates and the auxiliary losses; dx = dlogits . W^T, then the
   // experts' input gradients added token by token.
@@ -313,7 +382,7 @@ void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& 
       const int64_t rw = r.row_of[t * kk + j];
       if (rw < 0) continue;
       float* d = dx + t * C;
-      const float* v = dsend + rw * C;
+      const float* v = dx_rows + rw * C;
       for (int c = 0; c < C; ++c) d[c] += v[c];
     }
 }

@@ -8,15 +8,28 @@
 // wherever it lives).
 //
 // Expert parallelism: the experts are split over an expert-parallel group of n ranks; rank r holds
-// experts [r E/n, (r + 1) E/n). Each rank routes its own tokens; the kept assignments, sorted by
-// expert, are dispatched to the ranks holding their experts with all_to_allv (the per-expert
-// counts exchanged first with all_to_all), every rank runs its experts on what it received
-// (from all sources, expert by expert), and the outputs are combined back with the reverse
-// all_to_allv. The backward does the same with the gradients. Every rank of the group must run
-// the layer's forward and backward in the same order (they do: the same schedule). Without a
-// group (or with one rank) the exchanges are copies. The experts are not split over tensor-
-// parallel ranks: each tp rank runs the whole layer on its (replicated) input, exactly as one
-// device would, so the output and the input gradient need no tensor-parallel reduction.
+// experts [r E/n, (r + 1) E/n). Each rank routes its own tokens and orders its kept assignments
+// (the "row order") by the rank holding their expert -- the other ranks in rank order first, its
+// own last -- then by expert, token and choice. The rows for the other ranks are dispatched with
+// all_to_allv (the per-expert counts exchanged first with all_to_all); the rows for its own
+// experts never leave it. Every rank runs its experts block by block, one block per (local expert,
+// source rank), and sends the outputs of the other ranks' rows back with the reverse all_to_allv
+// (the combine). The backward does the same with the gradients.
+//
+// Overlap: every exchange is asynchronous (the group's progress thread), and a rank fills each
+// wait with work that does not depend on it: its own rows while the dispatch travels; the other
+// ranks' rows first as soon as they have arrived (another rank waits for them), then its own;
+// and in backward the experts' weight gradients while the combine travels. So a rank whose
+// experts drew fewer tokens in one layer runs ahead instead of waiting for the busier rank at the
+// combine. Results do not depend on the timing: each block's GEMMs are the same whatever the
+// order, and each expert's weight gradient accumulates its blocks in a fixed order (this rank's
+// own rows, then the other ranks' in rank order).
+//
+// Every rank of the group must run the layer's forward and backward in the same order (they do:
+// the same schedule). Without a group (or with one rank) there is no exchange. The experts are not
+// split over tensor-parallel ranks: each tp rank runs the whole layer on its (replicated) input,
+// exactly as one device would, so the output and the input gradient need no tensor-parallel
+// reduction.
 //
 // forward/backward run over a caller-owned Record (one per micro-batch in flight); its buffers
 // grow to the largest routing seen (the number of rows an expert receives varies) and are kept.
@@ -32,6 +45,7 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/gpt_config.h"
+#include "tessera/nn/moe_exchange.h"
 #include "tessera/nn/parameters.h"
 
 namespace tessera::nn {
@@ -55,28 +69,39 @@ struct MoeStats {
 
 class MoeMlp {
  public:
+  // The rows of one side of an expert's work: this rank's own assignments to its own experts
+  // (local), or the rows received from the other ranks (remote).
+  struct ExpertRows {
+    Tensor in, fc, fch;  // [rows, C], [rows, 4C], [rows, 4C]
+  };
   struct Record {
     int B = 0, T = 0;
     float loss_scale = 0;
-    const float* x = nullptr;       // [N, C] the ln_2 output, kept alive by the caller
-    Tensor logits, probs, lse;      // [N, E], [N, E], [N] (sized for max_batch at creation)
-    std::vector<int32_t> expert;    // [N, k]
-    std::vector<float> gate;        // [N, k]
-    std::vector<uint8_t> kept;      // [N, k]
-    std::vector<int64_t> row_of;    // [N, k] the assignment's row in the send order, or -1
-    std::vector<int64_t> token_of;  // [K] the token of each send row
-    std::vector<size_t> send_rows, recv_rows;  // [n] rows to / from each group rank
-    std::vector<int64_t> recv_counts;  // [n, E_local] rows from source s for local expert el
-    int64_t K = 0, R = 0;              // rows sent, rows received
-    Tensor xe, fc, fch;                // expert side, expert-major: [R, C], [R, 4C], [R, 4C]
-    Tensor out;  // [K, C] the experts' outputs for this rank's kept assignments
+    const float* x = nullptr;          // [N, C] the ln_2 output, kept alive by the caller
+    Tensor logits, probs, lse;         // [N, E], [N, E], [N] (sized for max_batch at creation)
+    std::vector<int32_t> expert;       // [N, k]
+    std::vector<float> gate;           // [N, k]
+    std::vector<uint8_t> kept;         // [N, k]
+    std::vector<int64_t> row_of;       // [N, k] the assignment's place in the row order, or -1
+    std::vector<int64_t> token_of;     // [K] the token of each row
+    std::vector<int64_t> send_counts;  // [E] rows this rank sends to each expert
+    std::vector<int64_t> counts;       // [n, E_local] rows from source s for local expert el
+    std::vector<size_t> send_rows, recv_rows;  // [n] rows to / from each other rank (own: 0)
+    int64_t K = 0, K_remote = 0;  // rows in the row order; the first K_remote go to other ranks
+    int64_t R = 0;                // rows received from the other ranks
+    ExpertRows local, remote;     // remote: received, source-major, then by local expert
+    Tensor out;                   // [K, C] the experts' outputs in the row order
     Allocator* alloc = nullptr;
   };
   // Scratch shared by the MoE layers of a stage (grow-only).
   struct Workspace {
-    Tensor send, recv, ye;  // [K or R, C] exchange buffers, expert outputs before the combine
-    Tensor dfch;            // [R, 4C]
-    Tensor dlogits;         // [N, E]
+    Tensor send;       // [K, C] the rows' output gradients in the row order (forward: the inputs of
+                       // the first K_remote rows, those dispatched)
+    Tensor ye;         // [R, C] the remote rows' outputs, then their input gradients
+    Tensor dy_remote;  // [R, C] the remote rows' output gradients
+    Tensor dfc_local, dfc_remote;  // [K - K_remote, 4C], [R, 4C]
+    Tensor dx_rows;                // [K, C] the input gradient of every row, in the row order
+    Tensor dlogits;                // [N, E]
     std::vector<float> dgate;
     Allocator* alloc = nullptr;
   };
@@ -106,12 +131,31 @@ class MoeMlp {
   struct ExpertParams {
     int fc_w, fc_b, proj_w, proj_b;
   };
-  // Data movement of the dispatch and the combine: rows of C floats, `to` given per rank.
-  void exchange(const float* send, const std::vector<size_t>& send_rows, float* recv,
-                const std::vector<size_t>& recv_rows) const;
-  // Rows from the receive order (source-major) to the experts' order (expert-major), or back.
-  void permute_rows(const float* src, float* dst, const Record& r, bool to_experts) const;
-  void plan_dispatch(Record& r) const;
+  // Rows [begin, begin + rows) of one side for local expert el.
+  struct RowBlock {
+    int el;
+    int64_t begin, rows;
+  };
+  // Orders the kept assignments (row order), counts the rows for each rank and posts the exchange
+  // of the per-expert counts (nothing to post on one rank).
+  PendingExchange plan_rows(Record& r) const;
+  // Once the counts have arrived: the rows this rank receives, per source and local expert.
+  void plan_receive(Record& r) const;
+  std::vector<RowBlock> local_blocks(const Record& r) const;
+  std::vector<RowBlock> remote_blocks(const Record& r) const;
+  // The local work in pieces, so that the other ranks' rows wait at most one piece once they have
+  // arrived (fixed by the counts alone, so the results do not depend on the timing). One rank:
+  // the blocks as they are.
+  std::vector<RowBlock> pieces(const std::vector<RowBlock>& blocks) const;
+  // An expert's forward on one block: fc = in W_fc + b, fch = gelu(fc), out = fch W_proj + b.
+  void block_forward(const RowBlock& b, ExpertRows& side, float* out) const;
+  // An expert's backward on one block, input side only: dfc = gelu'(fc) (dy W_proj^T), and
+  // dx = dfc W_fc^T ASSIGNED.
+  void block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy, float* dfc,
+                           float* dx) const;
+  // The expert's weight gradients from one block (ACCUMULATED).
+  void block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
+                              const float* dfc) const;
 
   const ParameterSet& ps_;
   const ParameterSet& eps_;
