@@ -3,13 +3,18 @@
 #   speed    E = 8, top-2, ep = 2 (dp = 2, one thread per rank) against one rank holding all 8
 #            experts (one thread), at the same per-rank work: each rank runs BATCH sequences (the
 #            ep run's global batch is twice the single rank's) and, on average, the same number of
-#            expert assignments. GPT L=4 C=256 heads 4 T=128, every block MoE, dropless. The two
-#            sides alternate, ROUNDS times each; medians of the runs' median tokens/s.
+#            expert assignments. GPT L=4 C=256 heads 4 T=128, every block MoE, dropless
+#            (CAPACITY=f for a capacity factor). The two sides alternate, ROUNDS times each;
+#            medians of the runs' median tokens/s. From freshly initialised weights, whose router
+#            sends most tokens to a few experts (the worst case for expert parallelism).
+#   steady   the same after WARM_STEPS (default 300) steps of training at ep = 2 with the default
+#            load-balancing loss: both sides start from those weights (--init-from), where the
+#            router's load is spread as in the rest of a training run.
 #   balance  the default corpus and model (`tessera train` defaults) with E = 8, top-2, 500
 #            steps, with the default load-balancing loss (0.01) and without it (0), both runs at
 #            once with one BLAS thread each: the busiest expert's share over the mean share (1/E),
 #            per MoE layer, averaged over the last 50 steps, from the metrics.
-# Usage: bench/parallel/moe.sh [tessera] [speed|balance|all]. Timings want a quiet machine.
+# Usage: bench/parallel/moe.sh [tessera] [speed|steady|balance|all]. Timings want a quiet machine.
 set -euo pipefail
 bin=${1:-build/apps/tessera/tessera}
 what=${2:-all}
@@ -17,12 +22,19 @@ out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 echo "moe.sh: logs in $out"
 
-if [[ $what == speed || $what == all ]]; then
+if [[ $what == speed || $what == steady || $what == all ]]; then
   batch=${BATCH:-8}
   args=(--cache-dir "$out/cache" --vocab 4096 --val-fraction 0 --eval-every 0 --sample-tokens 0
         --layers 4 --dim 256 --heads 4 --seq 128 --steps ${STEPS:-12} --warmup 1 --threads 1
-        --moe-experts 8 --moe-top-k 2 --moe-every 1)
+        --moe-experts 8 --moe-top-k 2 --moe-every 1 --moe-capacity-factor ${CAPACITY:-0})
   "$bin" train "${args[@]}" --batch "$batch" --steps 0 >/dev/null  # tokenizer and token cache
+  if [[ $what == steady ]]; then
+    warm=${WARM_STEPS:-300}
+    echo "training $warm steps at ep = 2 for the starting weights"
+    "$bin" train "${args[@]}" --batch $((2 * batch)) --dp 2 --ep 2 --steps "$warm" \
+      --save "$out/warm" --log-every "$warm" | grep -E "^step|^done"
+    args+=(--init-from "$out/warm/model.safetensors")
+  fi
   TIMEFORMAT='%U %S'  # user and system CPU seconds of each run, into *.cpu
   for round in $(seq 1 "${ROUNDS:-3}"); do
     { time "$bin" train "${args[@]}" --batch "$batch" >"$out/one_$round.log"; } 2>"$out/one_$round.cpu"

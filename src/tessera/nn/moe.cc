@@ -159,13 +159,17 @@ std::vector<MoeMlp::RowBlock> MoeMlp::remote_blocks(const Record& r) const {
 
 std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks) const {
   if (split_.size() == 1) return blocks;  // nothing to overlap: whole blocks, the largest GEMMs
-  // About 2^27 flops of expert forward (16 C^2 per row) per piece, between 64 and 1024 rows.
+  // Equal pieces of at most about 2^28 flops of expert forward (16 C^2 per row), and at least 256
+  // rows: smaller GEMMs lose more to the BLAS than a shorter wait saves (M = 128 ran 17% slower
+  // than M = 256 here, docs/PERFORMANCE.md).
   const int64_t C = cfg_.n_embd;
-  const int64_t max_rows = std::clamp<int64_t>((int64_t{1} << 27) / (16 * C * C), 64, 1024);
+  const int64_t max_rows = std::clamp<int64_t>((int64_t{1} << 28) / (16 * C * C), 256, 2048);
   std::vector<RowBlock> out;
-  for (const RowBlock& b : blocks)
-    for (int64_t at = 0; at < b.rows; at += max_rows)
-      out.push_back({b.el, b.begin + at, std::min(max_rows, b.rows - at)});
+  for (const RowBlock& b : blocks) {
+    const int64_t n = (b.rows + max_rows - 1) / max_rows, rows = (b.rows + n - 1) / n;
+    for (int64_t at = 0; at < b.rows; at += rows)
+      out.push_back({b.el, b.begin + at, std::min(rows, b.rows - at)});
+  }
   return out;
 }
 
