@@ -5,8 +5,9 @@
 # (dp, tp, pp, ep): on two dedicated cores it is 2.0; shared caches, memory bandwidth and a
 # hypervisor that does not always give the guest its second vCPU lower it. The two sides
 # alternate, ROUNDS times (default 3); each run's figure is its median step.
-# Usage: bench/parallel/cores.sh [path/to/tessera]   env: ROUNDS (3), STEPS (8)
-# Model: the tensor-parallel benchmark's (GPT L=6 C=512 heads 8 T=256 V=4096, batch 4).
+# Usage: bench/parallel/cores.sh [path/to/tessera]   env: ROUNDS (3), STEPS (8), MODEL
+# Model: the tensor-parallel benchmark's (GPT L=6 C=512 heads 8 T=256 V=4096, batch 4), or
+# MODEL="<train flags>" for another (e.g. the MoE benchmark's, bench/parallel/moe.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-build/apps/tessera/tessera}
@@ -14,8 +15,9 @@ rounds=${ROUNDS:-3}
 steps=${STEPS:-8}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+model=(${MODEL:---layers 6 --dim 512 --heads 8 --seq 256 --batch 4})
 args=(--cache-dir "$out/cache" --vocab 4096 --val-fraction 0 --eval-every 0 --sample-tokens 0
-      --layers 6 --dim 512 --heads 8 --seq 256 --batch 4 --steps "$steps" --warmup 1 --threads 1)
+      "${model[@]}" --steps "$steps" --warmup 1 --threads 1)
 "$bin" train "${args[@]}" --steps 0 >/dev/null  # prepares the data once
 median_tokens() {  # median tokens/s over the steps of a metrics file, the first step excluded
   python3 - "$1" <<'PY'

@@ -10,6 +10,8 @@
 #   steady   the same after WARM_STEPS (default 300) steps of training at ep = 2 with the default
 #            load-balancing loss: both sides start from those weights (--init-from), where the
 #            router's load is spread as in the rest of a training run.
+#   COMPARE=path/to/older/tessera adds, in each round of speed or steady, that build's ep = 2 run
+#            (after the two above), and its speed-up, for an A/B of two versions of the code.
 #   balance  the default corpus and model (`tessera train` defaults) with E = 8, top-2, 500
 #            steps, with the default load-balancing loss (0.01) and without it (0), both runs at
 #            once with one BLAS thread each: the busiest expert's share over the mean share (1/E),
@@ -42,6 +44,10 @@ if [[ $what == speed || $what == steady || $what == all ]]; then
         >"$out/ep2_$round.log"; } 2>"$out/ep2_$round.cpu"
     grep "^done" "$out/one_$round.log" | sed "s/^/round $round, one rank: /"
     grep "^done" "$out/ep2_$round.log" | sed "s/^/round $round, ep=2:     /"
+    if [[ -n ${COMPARE:-} ]]; then
+      "$COMPARE" train "${args[@]}" --batch $((2 * batch)) --dp 2 --ep 2 >"$out/cmp_$round.log"
+      grep "^done" "$out/cmp_$round.log" | sed "s/^/round $round, ep=2 (COMPARE): /"
+    fi
   done
   python3 - "$out" "${ROUNDS:-3}" <<'PY'
 import re, statistics, sys
@@ -55,6 +61,13 @@ ratios = [b / a for a, b in zip(one, ep2)]
 print(f"tokens/s one rank {[round(x) for x in one]} median {statistics.median(one):.0f}")
 print(f"tokens/s ep=2     {[round(x) for x in ep2]} median {statistics.median(ep2):.0f}")
 print(f"speed-up per round {[round(r, 2) for r in ratios]}, median {statistics.median(ratios):.2f}x")
+import os
+if os.path.exists(f"{out}/cmp_1.log"):
+    cmp = [tok(f"{out}/cmp_{r}.log") for r in range(1, rounds + 1)]
+    print(f"COMPARE's ep=2 {[round(x) for x in cmp]}: speed-up per round "
+          f"{[round(b / a, 2) for a, b in zip(one, cmp)]}, median "
+          f"{statistics.median(b / a for a, b in zip(one, cmp)):.2f}x; this build / COMPARE per "
+          f"round {[round(b / a, 3) for a, b in zip(cmp, ep2)]}")
 # Tokens per CPU-second (the whole run's user + system time): what the speed-up would be if each
 # rank had a core to itself. On a loaded machine the scheduler may give the two ranks no more CPU
 # than the one (then the wall-clock speed-up is about 1x even though no work is lost).

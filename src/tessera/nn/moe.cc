@@ -160,8 +160,8 @@ std::vector<MoeMlp::RowBlock> MoeMlp::remote_blocks(const Record& r) const {
 std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks) const {
   if (split_.size() == 1) return blocks;  // nothing to overlap: whole blocks, the largest GEMMs
   // Equal pieces of at most about 2^28 flops of expert forward (16 C^2 per row), and at least 256
-  // rows: smaller GEMMs lose more to the BLAS than a shorter wait saves (M = 128 ran 17% slower
-  // than M = 256 here, docs/PERFORMANCE.md).
+  // rows, so that the pieces stay large GEMMs (bench/engine/bench_gemm_rows measures the rows
+  // against the BLAS's speed).
   const int64_t C = cfg_.n_embd;
   const int64_t max_rows = std::clamp<int64_t>((int64_t{1} << 28) / (16 * C * C), 256, 2048);
   std::vector<RowBlock> out;
