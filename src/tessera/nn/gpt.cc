@@ -280,7 +280,7 @@ std::vector<float> GPT::full_logits_row(int64_t row) const {
   std::vector<float> out(static_cast<size_t>(cfg_.vocab_size), 0.0f);
   const float* slice = single_->head->logits.f32() + row * v.size();
   std::copy(slice, slice + v.size(), out.begin() + v.begin);
-  reduce_from_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
+  sum_over_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
   return out;
 }
 
