@@ -58,8 +58,9 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     BlockPart part = BlockPart::Whole;
     if (l == first_block_ && layout.starts_mid_block) part = BlockPart::Mlp;
     if (l == last_block && layout.ends_mid_block) part = BlockPart::Attention;
-    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts,
-                         part);
+    blocks_.emplace_back(
+        params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts, part,
+        layout.bf16_gemm_inputs && layout.gemm.precision == kernels::Precision::BF16);
     end_unit();
   }
   if (last_unit_ == L + 1) {

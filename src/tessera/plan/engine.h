@@ -76,6 +76,8 @@ struct EngineOptions {
   // --activation-comm-dtype: 4 for fp32, 2 for bf16): gradient reductions, ZeRO-3 parameter
   // gathers, tensor- and pipeline-parallel activations. The megatron engine sends 2 bytes always.
   double grad_comm_bytes = 4, param_gather_bytes = 4, activation_comm_bytes = 4;
+  // tessera under --precision bf16: blocks keep their GEMM-only inputs in bf16 (nn/block.h).
+  bool bf16_gemm_inputs = false;
 };
 
 class Engine {

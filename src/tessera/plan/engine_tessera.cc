@@ -112,18 +112,27 @@ class TesseraEngine final : public Engine {
     double rec = 4 * BT * C * rep;  // hidden[0]: x0 or the stage input
     if (s.has_embedding) rec += 4 * BT + (drop ? BT * C * rep : 0);  // tokens, drop.mask
     // The attention half: ln_1 (+ mean, rstd), qkv, atty, its mask; the MLP half: ln_2 (+ mean,
-    // rstd), fc, gelu(fc), its mask; a whole block also x_attn (a half's input or output).
-    const double rest_attn = 4 * BT * ((C + 2) * rep + 4 * Cl) + (drop ? BT * C * rep : 0);
-    const double rest_mlp = 4 * BT * ((C + 2) * rep + 2 * Fl) + (drop ? BT * C * rep : 0);
-    const double rest = rest_attn + rest_mlp + 4 * BT * C * rep;
+    // rstd), fc, gelu(fc), its mask; a whole block also x_attn (a half's input or output). The
+    // GEMM-only inputs (ln_1, atty, ln_2, gelu(fc)) take g bytes each: 2 where a bf16 model keeps
+    // them in bf16 (nn/block.h; not an MoE block's ln_2, not the recomputation scratch).
+    auto rest_attn_of = [&](double g) {
+      return BT * (g * C * rep + 8 * rep + 12 * Cl + g * Cl) + (drop ? BT * C * rep : 0);
+    };
+    auto rest_mlp_of = [&](double g) {
+      return BT * (g * C * rep + 8 * rep + 4 * Fl + g * Fl) + (drop ? BT * C * rep : 0);
+    };
+    const double g = options.bf16_gemm_inputs ? 2 : 4;
+    const double rest = rest_attn_of(4) + rest_mlp_of(4) + 4 * BT * C * rep;  // all fp32
     const double att = 4 * B * hl * Tb * Tb * (drop ? 2 : 1);  // probabilities (+ dropped)
     const double Bs = B * m.seq;  // the deferred tensors are sized for the actual micro-batch
     for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) {
       const nn::BlockPart part = part_of(units, u);
       const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
       rec += 4 * BT * C * rep;  // the block's (half's) output
+      const double g_mlp = m.moe.is_moe_layer(u - 1) ? 4 : g;
       if (l.recompute != nn::Recompute::Full)
-        rec += part == nn::BlockPart::Whole ? rest : attn ? rest_attn : rest_mlp;
+        rec += (attn ? rest_attn_of(g) : 0) + (mlp ? rest_mlp_of(g_mlp) : 0) +
+               (part == nn::BlockPart::Whole ? 4 * BT * C * rep : 0);
       if (l.recompute == nn::Recompute::None && attn) rec += att;
       s.deferred_bytes += 4 * Bs * ((mlp ? C + Fl : 0) + (attn ? C + 3 * Cl : 0));
       if (l.recompute == nn::Recompute::Full)

@@ -34,6 +34,7 @@ EngineOptions engine_options_of(const train::TrainConfig& c) {
   o.grad_comm_bytes = wire_bytes(train::float_dtype(c.grad_reduce_dtype, "--grad-reduce-dtype"));
   o.param_gather_bytes =
       wire_bytes(train::comm_dtype(c.param_gather_dtype, c.precision, "--param-gather-dtype"));
+  o.bf16_gemm_inputs = c.precision == "bf16";
   o.activation_comm_bytes = wire_bytes(
       train::comm_dtype(c.activation_comm_dtype, c.precision, "--activation-comm-dtype"));
   return o;
