@@ -209,6 +209,12 @@ void register_train(CLI::App& root, int& exit_code) {
        "onednn, emulated (bf16-rounded inputs through OpenBLAS)");
   flag(cmd, *f, "grad_reduce_dtype", v.grad_reduce_dtype,
        "Data-parallel gradient reduction in fp32 or bf16 (half the bytes; fp32 accumulation)");
+  flag(cmd, *f, "param_gather_dtype", v.param_gather_dtype,
+       "ZeRO-3 parameter all-gathers in auto (= --precision), fp32 or bf16 (each rank rounds its "
+       "fp32 master shard: half the bytes; the model reads the bf16 values)");
+  flag(cmd, *f, "activation_comm_dtype", v.activation_comm_dtype,
+       "Tensor- and pipeline-parallel activations and their gradients sent in auto (= "
+       "--precision), fp32 or bf16 (rounded to send, widened on arrival: half the bytes)");
   flag(cmd, *f, "export_dtype", v.export_dtype,
        "model.safetensors in fp32 or bf16 (checkpoints always hold the fp32 masters)");
   flag(cmd, *f, "peak_gflops", v.peak_gflops,

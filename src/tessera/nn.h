@@ -15,3 +15,4 @@
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"
 #include "tessera/nn/unit_model.h"
+#include "tessera/nn/wire.h"

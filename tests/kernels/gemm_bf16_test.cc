@@ -204,6 +204,38 @@ TEST_P(KernelsUnderBf16, AttentionForwardBackward) {
   });
 }
 
+// A GEMM input kept in bf16 (the bits) gives bitwise the GEMM of the fp32 values it rounds: for
+// gemm_bf16 on every case (leading dimensions, transposes) and for the matmul's weight and bias
+// gradients.
+TEST_P(KernelsUnderBf16, Bf16InputsGiveTheGemmOfTheRoundedValues) {
+  for (const Case& c : kCases) {
+    const int a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+    const int b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+    const int lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.N + c.pad;
+    const auto A = randn(static_cast<size_t>(a_rows) * lda, 41 + c.M);
+    const auto B = randn(static_cast<size_t>(b_rows) * ldb, 43 + c.N);
+    const auto C0 = randn(static_cast<size_t>(c.M) * ldc, 47 + c.K);
+    std::vector<uint16_t> A16(A.size());
+    f32_to_bf16(A16.data(), A.data(), static_cast<int64_t>(A.size()));
+    std::vector<float> from_f32 = C0, from_bf16 = C0;
+    gemm_bf16(GetParam(), c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta,
+              from_f32.data(), ldc);
+    gemm_bf16_a16(GetParam(), c.ta, c.tb, c.M, c.N, c.K, c.alpha, A16.data(), lda, B.data(), ldb,
+                  c.beta, from_bf16.data(), ldc);
+    EXPECT_EQ(from_bf16, from_f32) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
+  }
+  const int M = 24, K = 48, N = 40;
+  const auto in = randn(M * K, 10), dout = randn(M * N, 11);
+  std::vector<uint16_t> in16(in.size());
+  f32_to_bf16(in16.data(), in.data(), M * K);
+  std::vector<float> dw(K * N, 0.5f), db(N, 0.25f), dw16 = dw, db16 = db;
+  GemmModeScope scope({Precision::BF16, GetParam()});
+  matmul_backward(nullptr, dw.data(), db.data(), dout.data(), in.data(), nullptr, M, K, N);
+  matmul_backward_weight_bf16(dw16.data(), db16.data(), dout.data(), in16.data(), M, K, N);
+  EXPECT_EQ(dw16, dw);
+  EXPECT_EQ(db16, db);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsUnderBf16,
                          ::testing::Values(Bf16Gemm::Emulated, Bf16Gemm::OneDnn),
                          [](const auto& info) { return std::string(to_string(info.param)); });

@@ -111,5 +111,37 @@ TEST(TrainConfig, PrecisionNamesTheAcceptedValues) {
   EXPECT_EQ(TrainConfig{}.precision, "fp32");  // fp32 stays the default
 }
 
+// --param-gather-dtype and --activation-comm-dtype follow --precision unless given; a bad value is
+// a ConfigError naming the flag before any work starts.
+TEST(TrainConfig, CommDtypesDefaultToThePrecisionAndNameTheFlag) {
+  TrainConfig c;
+  EXPECT_EQ(c.param_gather_dtype, "auto");
+  EXPECT_EQ(c.activation_comm_dtype, "auto");
+  EXPECT_EQ(comm_dtype(c.param_gather_dtype, "fp32", "--param-gather-dtype"), DType::F32);
+  EXPECT_EQ(comm_dtype(c.param_gather_dtype, "bf16", "--param-gather-dtype"), DType::BF16);
+  EXPECT_EQ(comm_dtype("fp32", "bf16", "--param-gather-dtype"), DType::F32);
+  EXPECT_EQ(comm_dtype("bf16", "fp32", "--param-gather-dtype"), DType::BF16);
+  for (const char* flag : {"--param-gather-dtype", "--activation-comm-dtype"}) {
+    c = TrainConfig{};
+    (std::string(flag) == "--param-gather-dtype" ? c.param_gather_dtype : c.activation_comm_dtype) =
+        "fp16";
+    try {
+      c.validate();
+      FAIL() << flag;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(flag) +
+                                           " must be auto (the --precision), fp32 or bf16, got "
+                                           "'fp16'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  c = train_config_from_json(
+      nlohmann::json{{"param_gather_dtype", "fp32"}, {"activation_comm_dtype", "bf16"}});
+  EXPECT_EQ(c.param_gather_dtype, "fp32");
+  EXPECT_EQ(c.activation_comm_dtype, "bf16");
+  c.validate();
+}
+
 }  // namespace
 }  // namespace tessera::train

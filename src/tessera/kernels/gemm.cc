@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "tessera/core/error.h"
+
 namespace tessera::kernels {
 
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
@@ -54,6 +56,21 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
   if (din != nullptr)
     gemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
   if (dweight != nullptr) gemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
+  if (dbias != nullptr) {
+    for (int64_t i = 0; i < M; ++i) {
+      const float* d = dout + i * N;
+      for (int j = 0; j < N; ++j) dbias[j] += d[j];
+    }
+  }
+}
+
+void matmul_backward_weight_bf16(float* dweight, float* dbias, const float* dout,
+                                 const uint16_t* in16, int M, int K, int N) {
+  const GemmMode& mode = current_gemm_mode();
+  TESSERA_ASSERT(mode.precision == Precision::BF16,
+                 "a bf16-kept GEMM input outside the bf16 GEMM mode");
+  if (dweight != nullptr)
+    gemm_bf16_a16(mode.bf16, true, false, K, N, M, 1.0f, in16, K, dout, N, 1.0f, dweight, N);
   if (dbias != nullptr) {
     for (int64_t i = 0; i < M; ++i) {
       const float* d = dout + i * N;

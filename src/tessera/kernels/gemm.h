@@ -25,6 +25,12 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // allocator's accounting.
 void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
+// The same with A already in bf16 (A16: the bits of bf16 values, leading dimension lda): bitwise
+// gemm_bf16 on A widened to fp32, without rounding A again (oneDNN reads it as it is; the
+// emulated path widens it into its copy).
+void gemm_bf16_a16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const uint16_t* A16, int lda, const float* B, int ldb, float beta, float* C,
+                   int ldc);
 
 // ASSIGNS out[M,N] = residual[M,N] + in[M,K] . weight[K,N] + bias[N].
 // bias and residual may be null. residual may alias out (then it is an in-place +=).
@@ -38,6 +44,13 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
 // The residual's gradient is dout itself; the caller keeps it.
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                      const float* weight, int M, int K, int N, bool accumulate_din = false);
+// matmul_backward's weight and bias gradients from an input kept in bf16 (in16[M,K]: bf16 bits):
+//   dweight[K,N] += in^T . dout   (ACCUMULATES; null skips it)
+//   dbias[N]     += column sums of dout (ACCUMULATES; null skips it)
+// bf16 mode only (only a bf16 model keeps bf16 inputs); bitwise matmul_backward on the widened
+// input.
+void matmul_backward_weight_bf16(float* dweight, float* dbias, const float* dout,
+                                 const uint16_t* in16, int M, int K, int N);
 
 // Tied LM head: ASSIGNS out[M,N] = in[M,K] . weight[N,K]^T (weight is the [V, C] embedding).
 void matmul_nt_forward(float* out, const float* in, const float* weight, int M, int K, int N);

@@ -20,11 +20,21 @@ const float* rounded_copy(std::vector<float>& buf, const float* src, int rows, i
   round_to_bf16_rows(buf.data(), src, rows, cols, ld);
   return buf.data();
 }
+// The same from bf16 bits: widened (exact), already rounded.
+const float* rounded_copy(std::vector<float>& buf, const uint16_t* src, int rows, int cols,
+                          int ld) {
+  buf.resize(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    bf16_to_f32(buf.data() + static_cast<int64_t>(r) * cols, src + static_cast<int64_t>(r) * ld,
+                cols);
+  return buf.data();
+}
 
 // The emulated path: sgemm on bf16-rounded copies. Each product of two bf16 values has at most 16
 // significant bits, so it is exact in fp32; the only rounding left is fp32 accumulation.
+template <typename AType>  // float, or uint16_t (bf16 bits)
 void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                        const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                        const AType* A, int lda, const float* B, int ldb, float beta, float* C,
                         int ldc) {
   // op(A) is [M, K]: A is stored [M, K], or [K, M] when transposed; likewise B.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
@@ -34,18 +44,41 @@ void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float a
   sgemm(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
 }
 
+// oneDNN on fp32 A (converted) or bf16 A (copied).
+void onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_bf16_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+            int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_bf16_onednn_a16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename AType>
+void gemm_bf16_any(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const AType* A, int lda, const float* B, int ldb, float beta, float* C,
+                   int ldc) {
+  if (M == 0 || N == 0 || K == 0) {  // nothing to round; sgemm keeps the beta contract (A unread)
+    sgemm(trans_a, trans_b, M, N, K, alpha, nullptr, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  if (resolve_bf16_gemm(path) == Bf16Gemm::OneDnn)
+    onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace
 
 void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  if (M == 0 || N == 0 || K == 0) {  // nothing to round; sgemm keeps the beta contract
-    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  if (resolve_bf16_gemm(path) == Bf16Gemm::OneDnn)
-    gemm_bf16_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_bf16_any(path, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_a16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const uint16_t* A16, int lda, const float* B, int ldb, float beta, float* C,
+                   int ldc) {
+  gemm_bf16_any(path, trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace tessera::kernels

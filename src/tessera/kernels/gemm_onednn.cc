@@ -82,10 +82,21 @@ Primitive make_primitive(ThreadState& st, const Shape& s) {
   return Primitive{a, b, c, dnnl::matmul(pd)};
 }
 
-}  // namespace
+// A [rows, cols] with leading dimension ld into the dense bf16 buffer: converted, or copied.
+void to_dense_bf16(std::vector<uint16_t>& dst, const float* A, int rows, int cols, int ld) {
+  dst.resize(static_cast<size_t>(rows) * cols);
+  f32_to_bf16_rows(dst.data(), A, rows, cols, ld);
+}
+void to_dense_bf16(std::vector<uint16_t>& dst, const uint16_t* A16, int rows, int cols, int ld) {
+  dst.resize(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    std::memcpy(dst.data() + static_cast<size_t>(r) * cols, A16 + static_cast<size_t>(r) * ld,
+                sizeof(uint16_t) * static_cast<size_t>(cols));
+}
 
-void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+template <typename AType>  // float, or uint16_t (bf16 bits)
+void run_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const AType* A,
+                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (!state) state = std::make_unique<ThreadState>();
   ThreadState& st = *state;
   // As many OpenMP threads as OpenBLAS was given (train::set_compute_threads): ranks that are
@@ -94,10 +105,8 @@ void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alp
 
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  st.a.resize(static_cast<size_t>(a_rows) * a_cols);
-  st.b.resize(static_cast<size_t>(b_rows) * b_cols);
-  f32_to_bf16_rows(st.a.data(), A, a_rows, a_cols, lda);
-  f32_to_bf16_rows(st.b.data(), B, b_rows, b_cols, ldb);
+  to_dense_bf16(st.a, A, a_rows, a_cols, lda);
+  to_dense_bf16(st.b, B, b_rows, b_cols, ldb);
 
   const Shape shape{trans_a, trans_b, M, N, K, ldc, alpha, beta};
   auto it = st.primitives.find(shape);
@@ -108,6 +117,19 @@ void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alp
   dnnl::memory mc(p.c, st.engine, C);
   p.matmul.execute(st.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
   st.stream.wait();
+}
+
+}  // namespace
+
+void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  run_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_onednn_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const uint16_t* A16, int lda, const float* B, int ldb, float beta,
+                          float* C, int ldc) {
+  run_onednn(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace tessera::kernels

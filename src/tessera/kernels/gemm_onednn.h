@@ -3,6 +3,8 @@
 // onednn_built() is false and whose gemm_bf16_onednn is never reached (resolve_bf16_gemm refuses).
 #pragma once
 
+#include <cstdint>
+
 namespace tessera::kernels {
 
 // C[M,N] (fp32) = alpha * bf16(op(A)) . bf16(op(B)) + beta * C with fp32 accumulation, M, N, K > 0.
@@ -10,5 +12,9 @@ namespace tessera::kernels {
 // primitive per shape is created on first use and cached per thread.
 void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc);
+// The same with A given as bf16 bits (copied into the buffer, not converted).
+void gemm_bf16_onednn_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const uint16_t* A16, int lda, const float* B, int ldb, float beta,
+                          float* C, int ldc);
 
 }  // namespace tessera::kernels

@@ -14,4 +14,9 @@ void gemm_bf16_onednn(bool, bool, int, int, int, float, const float*, int, const
   TESSERA_ASSERT(false, "gemm_bf16_onednn called in a build without oneDNN");
 }
 
+void gemm_bf16_onednn_a16(bool, bool, int, int, int, float, const uint16_t*, int, const float*, int,
+                          float, float*, int) {
+  TESSERA_ASSERT(false, "gemm_bf16_onednn called in a build without oneDNN");
+}
+
 }  // namespace tessera::kernels

@@ -6,6 +6,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
 #include "tessera/kernels/attention.h"
+#include "tessera/kernels/bf16.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/gelu.h"
 #include "tessera/kernels/gemm.h"
@@ -18,17 +19,50 @@ namespace k = tessera::kernels;
 
 namespace {
 constexpr float kInitStd = 0.02f;
+
+// A matmul input as the record keeps it: fp32, or the bf16 bits of the values a bf16 GEMM rounds
+// it to anyway (Block's bf16_gemm_inputs).
+struct KeptInput {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+KeptInput kept(const Tensor& t) {
+  if (t.dtype() == DType::BF16) return {nullptr, t.data<uint16_t>()};
+  return {t.f32(), nullptr};
+}
+
+// matmul_backward with its input as kept.
+void matmul_backward_kept(float* din, float* dweight, float* dbias, const float* dout, KeptInput in,
+                          const float* weight, int M, int K, int N) {
+  if (in.bf16 == nullptr) {
+    k::matmul_backward(din, dweight, dbias, dout, in.f32, weight, M, K, N);
+    return;
+  }
+  k::matmul_backward(din, nullptr, nullptr, dout, nullptr, weight, M, K, N);
+  k::matmul_backward_weight_bf16(dweight, dbias, dout, in.bf16, M, K, N);
+}
+
+// Where the forward computes a tensor the record keeps: in the record (fp32), or in fp32 scratch
+// that keep_rounded then rounds into the record (bf16).
+float* staging(const Tensor& rec, const Tensor& scratch) {
+  return rec.dtype() == DType::BF16 ? scratch.f32() : rec.f32();
+}
+void keep_rounded(Tensor& rec, const float* staged, int64_t n) {
+  if (rec.dtype() == DType::BF16) k::f32_to_bf16(rec.data<uint16_t>(), staged, n);
+}
 }  // namespace
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
-             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split, BlockPart half)
+             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split, BlockPart half,
+             bool bf16_gemm_inputs)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
       part_(half),
       split_(split),
       sequence_(split.sequence_parallel()),
-      recompute_(recompute) {
+      recompute_(recompute),
+      bf16_gemm_inputs_(bf16_gemm_inputs) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
   TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
@@ -86,7 +120,7 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
 }
 
 void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
-                     bool keep_attention, bool keep_rest, BlockPart part) const {
+                     bool keep_attention, bool keep_rest, BlockPart part, DType gemm_inputs) const {
   const bool attn = part != BlockPart::Mlp, mlp = part != BlockPart::Attention;
   const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
   // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
@@ -96,16 +130,16 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
   const bool drop = cfg_.dropout > 0.0f;
   const int64_t C = cfg_.n_embd;
   if (keep_rest && attn) {
-    r.ln1 = rows(h + "ln_1", C);
+    r.ln1 = rows(h + "ln_1", C, gemm_inputs);
     r.ln1_mean = rows(h + "ln_1.mean", 1);
     r.ln1_rstd = rows(h + "ln_1.rstd", 1);
     r.qkv = a(h + "qkv", 3 * c_local_);
-    r.atty = a(h + "atty", c_local_);
+    r.atty = a(h + "atty", c_local_, gemm_inputs);
     if (mlp) r.x_attn = rows(h + "x_attn", C);  // (a half's x_attn is its input or output)
     if (drop) r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
   }
   if (keep_rest && mlp) {
-    r.ln2 = rows(h + "ln_2", C);
+    r.ln2 = rows(h + "ln_2", C, moe_ ? DType::F32 : gemm_inputs);  // (the MoE reads fp32)
     r.ln2_mean = rows(h + "ln_2.mean", 1);
     r.ln2_rstd = rows(h + "ln_2.rstd", 1);
     if (moe_) {
@@ -117,7 +151,7 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
       }
     } else {
       r.fc = a(h + "fc", mlp_local_);
-      r.fch = a(h + "fc.gelu", mlp_local_);
+      r.fch = a(h + "fc.gelu", mlp_local_, gemm_inputs);
     }
     if (drop) r.mask_mlp = rows(h + "mlp.dropout.mask", C, DType::U8);
   }
@@ -131,7 +165,7 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
                                  std::vector<NamedActivation>* list) const {
   Record r;
   allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
-           part_);
+           part_, bf16_gemm_inputs_ ? DType::BF16 : DType::F32);
   return r;
 }
 
@@ -196,9 +230,9 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
   // Entering the tensor-parallel region (every token) from a LayerNorm output of this rank's rows.
-  auto to_tp = [&](const Tensor& ln) {
-    return sequence_ ? gather_to_tp(split_, ln.f32(), ws.gathered.f32(), rows, C)
-                     : copy_to_tp(split_, ln.f32(), n);
+  auto to_tp = [&](const float* ln) {
+    return sequence_ ? gather_to_tp(split_, ln, ws.gathered.f32(), rows, C)
+                     : copy_to_tp(split_, ln, n);
   };
   // Leaving it at a reduce point: the sum of the partial projections, on this rank's rows.
   auto from_tp = [&](float* proj) {
@@ -229,19 +263,24 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   const float* x_attn = has_attention() ? x_attn_out : x;              // the MLP reads it
 
   // Attention branch: x_attn = x + dropout(attention(ln_1(x)) W_proj + b_proj).
+  // GEMM inputs the record may keep in bf16 are computed in the backward-only scratch first.
   if (has_attention()) {
-    k::layernorm_forward(r.ln1.f32(), r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w),
-                         p(q_.ln1_b), R, C, cfg_.ln_eps);
-    const float* ln1 = to_tp(r.ln1);
+    float* ln1_out = staging(r.ln1, ws.dln);
+    k::layernorm_forward(ln1_out, r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
+                         R, C, cfg_.ln_eps);
+    keep_rounded(r.ln1, ln1_out, static_cast<int64_t>(R) * C);
+    const float* ln1 = to_tp(ln1_out);
     k::matmul_forward(r.qkv.f32(), ln1, p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
-    attention(r.atty.f32(), r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
+    float* atty = staging(r.atty, ws.datty);
+    attention(atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
+    keep_rounded(r.atty, atty, static_cast<int64_t>(BT) * Cl);
     if (!write_output && !has_mlp()) {  // recomputing an attention half: the mask is what is left
       if (drop)
         k::dropout_mask_rows(r.mask_attn.data<uint8_t>(), R, C, r.p, r.seed,
                              mix_stream(r.step, site_resid_drop_), first_row);
       return;
     }
-    k::matmul_forward(ws.proj.f32(), r.atty.f32(), p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
+    k::matmul_forward(ws.proj.f32(), atty, p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
     float* attn_out = from_tp(ws.proj.f32());  // reduce point
     residual_branch(x_attn_out, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
   }
@@ -250,15 +289,20 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj), or with
   // the mixture of experts, y = x_attn + dropout(moe(ln_2(x_attn))) (complete on every tp rank;
   // its backward needs the experts' outputs, so a recomputation runs all of it).
-  k::layernorm_forward(r.ln2.f32(), r.ln2_mean.f32(), r.ln2_rstd.f32(), x_attn, p(q_.ln2_w),
+  float* ln2_out = staging(r.ln2, ws.dln);
+  k::layernorm_forward(ln2_out, r.ln2_mean.f32(), r.ln2_rstd.f32(), x_attn, p(q_.ln2_w),
                        p(q_.ln2_b), R, C, cfg_.ln_eps);
+  keep_rounded(r.ln2, ln2_out, static_cast<int64_t>(R) * C);
+  float* fch = nullptr;
   if (moe_) {  // every token on every tp rank (no --sp): complete, no reduce point
     moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
-    const float* ln2 = to_tp(r.ln2);
+    const float* ln2 = to_tp(ln2_out);
     k::matmul_forward(r.fc.f32(), ln2, p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
-    k::gelu_forward(r.fch.f32(), r.fc.f32(), static_cast<int64_t>(BT) * F);
+    fch = staging(r.fch, ws.dfch);
+    k::gelu_forward(fch, r.fc.f32(), static_cast<int64_t>(BT) * F);
+    keep_rounded(r.fch, fch, static_cast<int64_t>(BT) * F);
   }
   if (!write_output) {  // a recomputation needs only the mask of the last dropout
     if (drop)
@@ -270,7 +314,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     residual_branch(y, ws.proj.f32(), nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
     return;
   }
-  k::matmul_forward(ws.proj.f32(), r.fch.f32(), p(q_.mproj_w), nullptr, nullptr, BT, F, C);
+  k::matmul_forward(ws.proj.f32(), fch, p(q_.mproj_w), nullptr, nullptr, BT, F, C);
   float* mlp_out = from_tp(ws.proj.f32());  // reduce point
   residual_branch(y, mlp_out, p(q_.mproj_b), x_attn, r.mask_mlp, site_mlp_drop_);
 }
@@ -384,21 +428,19 @@ void Block::backward_weight(Record& r) const {
   const int BT = r.B * r.T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_), F = static_cast<int>(mlp_local_);
   auto g = [&](int i) { return ps_.grad_data(i); };
-  // A matmul's input: the copy the BI pass kept, or the record's.
-  auto in = [](const Tensor& kept, const Tensor& rec) {
-    return (kept.defined() ? kept : rec).f32();
-  };
+  // A matmul's input: the fp32 copy the BI pass kept, or the record's (fp32 or bf16).
+  auto in = [](const Tensor& copy, const Tensor& rec) { return kept(copy.defined() ? copy : rec); };
   if (has_mlp() && !moe_) {  // an MoE block computed its MLP's gradients in backward already
-    k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
-                       nullptr, BT, F, C);
-    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
-                       C, F);
+    matmul_backward_kept(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
+                         nullptr, BT, F, C);
+    matmul_backward_kept(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr,
+                         BT, C, F);
   }
   if (!has_attention()) return;
-  k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
-                     nullptr, BT, Cl, C);
-  k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1), nullptr,
-                     BT, C, 3 * Cl);
+  matmul_backward_kept(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
+                       nullptr, BT, Cl, C);
+  matmul_backward_kept(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1),
+                       nullptr, BT, C, 3 * Cl);
 }
 
 void Block::run_backward(const Record& r, float* dres, Workspace& ws,
@@ -431,9 +473,22 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
                      : copy_to_tp_backward(split_, d, n);
   };
   // A column-parallel layer's input for its weight gradient: the record keeps only this rank's
-  // rows of the LayerNorm output under sequence parallelism, so it is all-gathered again.
-  auto tp_input = [&](const Tensor& ln) {
-    return sequence_ ? gather_to_tp(split_, ln.f32(), ws.gathered.f32(), rows, C) : ln.f32();
+  // rows of the LayerNorm output under sequence parallelism, so it is all-gathered again (bf16
+  // rows widened first, exact, into their place of the gathered buffer).
+  auto tp_input = [&](const Tensor& ln) -> KeptInput {
+    if (!sequence_) return kept(ln);
+    float* place = ws.gathered.f32() + rows.place() * C;
+    if (ln.dtype() == DType::BF16)
+      k::bf16_to_f32(place, ln.data<uint16_t>(), static_cast<int64_t>(R) * C);
+    const float* slice = ln.dtype() == DType::BF16 ? place : ln.f32();
+    return {gather_to_tp(split_, slice, ws.gathered.f32(), rows, C), nullptr};
+  };
+  // A kept input's fp32 values for the zero-bubble copy (which exists only where they are fp32).
+  auto keep_input = [&](Tensor Record::DeferredWeightGrads::*slot, KeptInput in, int64_t width) {
+    if (defer && (defer->*slot).defined()) {
+      TESSERA_ASSERT(in.f32 != nullptr, "a zero-bubble copy of a bf16-kept input");
+      std::memcpy((defer->*slot).f32(), in.f32, sizeof(float) * static_cast<size_t>(BT * width));
+    }
   };
 
   // The residual stream between the halves (the MLP half's input).
@@ -455,13 +510,13 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     } else {
       float* dfch = ws.dfch.f32();
       keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
-      k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, r.fch.f32(), p(q_.mproj_w), BT, F,
-                         C);
+      matmul_backward_kept(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, kept(r.fch), p(q_.mproj_w), BT,
+                           F, C);
       k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
       keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-      const float* ln2 = tp_input(r.ln2);
-      keep(&Record::DeferredWeightGrads::ln2, ln2, C);
-      k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
+      const KeptInput ln2 = tp_input(r.ln2);
+      keep_input(&Record::DeferredWeightGrads::ln2, ln2, C);
+      matmul_backward_kept(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
       k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), x_attn,
                             p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
     }
@@ -477,16 +532,16 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   }
   dy = grad_to_tp(dy);
   keep(&Record::DeferredWeightGrads::d_aproj, dy, C);
-  k::matmul_backward(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, r.atty.f32(), p(q_.aproj_w),
-                     BT, Cl, C);
+  matmul_backward_kept(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, kept(r.atty),
+                       p(q_.aproj_w), BT, Cl, C);
   k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
                         drop ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl, heads_local_,
                         r.p);
   keep(&Record::DeferredWeightGrads::d_attn, ws.dqkv.f32(), 3 * Cl);
-  const float* ln1 = tp_input(r.ln1);
-  keep(&Record::DeferredWeightGrads::ln1, ln1, C);
-  k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), ln1, p(q_.attn_w), BT, C,
-                     3 * Cl);
+  const KeptInput ln1 = tp_input(r.ln1);
+  keep_input(&Record::DeferredWeightGrads::ln1, ln1, C);
+  matmul_backward_kept(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), ln1, p(q_.attn_w), BT, C,
+                       3 * Cl);
   k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), grad_from_tp(dln), r.x, p(q_.ln1_w),
                         r.ln1_mean.f32(), r.ln1_rstd.f32(), R, C);
 }

@@ -28,6 +28,14 @@
 // whole blocks. A half registers only its own parameters and keeps only its own activations; the
 // two halves' forward and backward are the whole block's, operation for operation.
 //
+// bf16 GEMM inputs (bf16_gemm_inputs, set by a GPT under --precision bf16; decision 33): the
+// record keeps the tensors whose only readers are bf16 GEMMs in bf16 (ln_1, atty, and a dense
+// MLP's ln_2 and gelu(fc): the backward reads them only for weight gradients), which the GEMMs
+// would round to the same values anyway. The forward computes them in fp32 into workspace scratch,
+// feeds that to its GEMM and rounds it into the record, so the numbers are bitwise those of fp32
+// records, in half their bytes. qkv (read by the attention's softmax path), fc (GELU's backward)
+// and everything of recomputation, MoE blocks and the zero-bubble copies stay fp32.
+//
 // Mixture of experts (cfg.moe.is_moe_layer(layer)): the MLP is an MoeMlp (nn/moe.h) instead of
 // c_fc / c_proj; everything else is the same. Its router and experts compute all their gradients
 // in backward (also under the zero-bubble split).
@@ -53,13 +61,14 @@ class Block {
   struct Record {
     // [B, T, width] unless noted; empty where the recompute mode drops them. "rows": this rank's
     // rows of the B*T tokens under sequence parallelism (all of them otherwise).
-    Tensor ln1, ln1_mean, ln1_rstd;  // rows x C, 1, 1
+    // (B): BF16 under bf16_gemm_inputs (see above), else F32.
+    Tensor ln1, ln1_mean, ln1_rstd;  // rows x C (B), 1, 1
     Tensor qkv;                      // 3 * C_local (this rank's q, k and v columns)
     Tensor att, att_drop;            // [B, heads_local, T, T] probabilities, dropped copy
-    Tensor atty;                     // C_local (attention output, heads concatenated)
+    Tensor atty;                     // C_local (attention output, heads concatenated) (B)
     Tensor x_attn;  // rows x C (residual stream after the attention branch); Whole blocks only
-    Tensor ln2, ln2_mean, ln2_rstd;  // rows x C, 1, 1
-    Tensor fc, fch;                  // F_local = 4C / t (before and after GELU); dense MLP only
+    Tensor ln2, ln2_mean, ln2_rstd;  // rows x C (B unless MoE), 1, 1
+    Tensor fc, fch;                  // F_local = 4C / t (before and after GELU (B)); dense MLP only
     std::shared_ptr<MoeMlp::Record> moe;  // MoE blocks: the router's and experts' activations
     Tensor mask_attn, mask_mlp;           // U8 rows x C: residual-branch dropout masks
     // Zero-bubble split backward (BI now, W later): the four matmuls' output gradients (of every
@@ -97,9 +106,10 @@ class Block {
   };
 
   // An MoE block registers its router in `ps` and this rank's experts in `experts` (null: in ps).
+  // bf16_gemm_inputs: keep the GEMM-only inputs in bf16 (only for a model whose GEMMs are bf16).
   Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute,
         ParameterSet* experts = nullptr, ExpertSplit expert_split = {},
-        BlockPart part = BlockPart::Whole);
+        BlockPart part = BlockPart::Whole, bool bf16_gemm_inputs = false);
 
   // Allocates the activations this block's recompute mode keeps for one micro-batch of up to
   // max_batch sequences. `list` (optional) collects the F32 ones by name.
@@ -146,9 +156,11 @@ class Block {
   void run_backward(const Record& r, float* dres, Workspace& ws,
                     Record::DeferredWeightGrads* defer = nullptr) const;
   Record::DeferredWeightGrads& deferred_for(Record& r) const;
-  // The activations of `part` (the workspace's recomputation record: always the whole block).
+  // The activations of `part` (the workspace's recomputation record: always the whole block, in
+  // fp32); gemm_inputs: the dtype of the GEMM-only inputs.
   void allocate(Record& r, int max_batch, Allocator& alloc, std::vector<NamedActivation>* list,
-                bool keep_attention, bool keep_rest, BlockPart part) const;
+                bool keep_attention, bool keep_rest, BlockPart part,
+                DType gemm_inputs = DType::F32) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
@@ -157,6 +169,7 @@ class Block {
   TensorSplit split_;
   bool sequence_;
   Recompute recompute_;
+  bool bf16_gemm_inputs_;
   int heads_local_;
   int64_t c_local_, mlp_local_;
   Params q_{};

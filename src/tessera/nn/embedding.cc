@@ -52,12 +52,13 @@ void Embedding::forward(const StepContext& ctx, const Batch& b, float* out, Reco
     k::embedding_forward(out, b.tokens, wte, ps_.param_data(wpe_), B, T, C);
   } else if (!split_.sequence_parallel()) {
     k::embedding_lookup_rows(out, b.tokens, wte, rows_.begin, rows_.size(), n, C);
-    reduce_from_tp(split_, out, n * C);  // each element: one rank's row value plus zeros
+    // Each element is one rank's row value plus zeros: exact in fp32; a bf16 wire rounds the value.
+    reduce_from_tp(split_, out, n * C);
     k::add_positions(out, ps_.param_data(wpe_), B, T, C);
   } else {
     TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
     k::embedding_lookup_rows(scratch, b.tokens, wte, rows_.begin, rows_.size(), n, C);
-    reduce_scatter_from_tp(split_, scratch, out, rows, C);  // exact, as above; this rank's rows
+    reduce_scatter_from_tp(split_, scratch, out, rows, C);  // as above; this rank's rows
     k::add_positions_rows(out, ps_.param_data(wpe_), rows.begin, rows.size(), T, C);
   }
   if (r.p > 0.0f)

@@ -58,8 +58,9 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     BlockPart part = BlockPart::Whole;
     if (l == first_block_ && layout.starts_mid_block) part = BlockPart::Mlp;
     if (l == last_block && layout.ends_mid_block) part = BlockPart::Attention;
-    blocks_.emplace_back(params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts,
-                         part);
+    blocks_.emplace_back(
+        params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts, part,
+        layout.bf16_gemm_inputs && layout.gemm.precision == kernels::Precision::BF16);
     end_unit();
   }
   if (last_unit_ == L + 1) {
@@ -280,7 +281,7 @@ std::vector<float> GPT::full_logits_row(int64_t row) const {
   std::vector<float> out(static_cast<size_t>(cfg_.vocab_size), 0.0f);
   const float* slice = single_->head->logits.f32() + row * v.size();
   std::copy(slice, slice + v.size(), out.begin() + v.begin);
-  reduce_from_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
+  sum_over_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
   return out;
 }
 

@@ -71,6 +71,9 @@ struct GPTLayout {
   // stay fp32; the MoE router's GEMMs are fp32 in any mode. A bf16 path of Auto is resolved when
   // the model is built (layout().gemm holds the path in use).
   kernels::GemmMode gemm;
+  // Under bf16 GEMMs, keep the activations only bf16 GEMMs read in bf16 (Block's
+  // bf16_gemm_inputs: the same numbers in half their bytes). false: every activation in fp32.
+  bool bf16_gemm_inputs = true;
 };
 
 // The two parameter sets of a model: everything but the experts, and the experts.

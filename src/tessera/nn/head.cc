@@ -77,7 +77,7 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   float* target_logit = sum_exp + BT;
   k::vocab_slice_sum_exp(sum_exp, target_logit, r.logits.f32(), row_max, b.targets, vocab_.begin,
                          BT, V);
-  reduce_from_tp(split_, sum_exp, 2 * static_cast<int64_t>(BT));
+  sum_over_tp(split_, sum_exp, 2 * static_cast<int64_t>(BT));  // fp32 statistics
   double total = 0.0;
   float* losses = r.losses.f32();
   for (int n = 0; n < BT; ++n) {

@@ -5,17 +5,19 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
+#include "tessera/nn/wire.h"
 
 namespace tessera::nn {
 
 namespace {
 constexpr double kF32 = sizeof(float);
 
+// Activations (and their gradients) travel in s.wire (nn/wire.h).
 float* sum_over_group(const TensorSplit& s, float* x, int64_t n) {
   if (s.size() == 1 || n == 0) return x;
   TraceSpan span("tp all-reduce", "comm", 1);
-  s.group->all_reduce(x, static_cast<size_t>(n), DType::F32).wait();
-  if (s.traffic) s.traffic->all_reduce += 2.0 * (s.size() - 1) / s.size() * n * kF32;
+  const double bytes = all_reduce_as(s.wire, *s.group, x, n);
+  if (s.traffic) s.traffic->all_reduce += bytes;
   return x;
 }
 
@@ -30,8 +32,8 @@ float* all_gather_rows(const TensorSplit& s, const float* slice, float* full,
   TESSERA_ASSERT(rows.ranks == s.size(), "token range of ", rows.ranks, " ranks in a group of ",
                  s.size());
   TraceSpan span("tp all-gather", "comm", 1);
-  if (count > 0) s.group->all_gather(slice, full, static_cast<size_t>(count), DType::F32).wait();
-  if (s.traffic) s.traffic->all_gather += (s.size() - 1.0) * count * kF32;
+  const double bytes = all_gather_as(s.wire, *s.group, slice, full, count);
+  if (s.traffic) s.traffic->all_gather += bytes;
   return full;
 }
 
@@ -46,9 +48,8 @@ float* reduce_scatter_rows(const TensorSplit& s, const float* full, float* slice
   TESSERA_ASSERT(rows.ranks == s.size(), "token range of ", rows.ranks, " ranks in a group of ",
                  s.size());
   TraceSpan span("tp reduce-scatter", "comm", 1);
-  if (count > 0)
-    s.group->reduce_scatter(full, slice, static_cast<size_t>(count), DType::F32).wait();
-  if (s.traffic) s.traffic->reduce_scatter += (s.size() - 1.0) * count * kF32;
+  const double bytes = reduce_scatter_as(s.wire, *s.group, full, slice, count);
+  if (s.traffic) s.traffic->reduce_scatter += bytes;
   return slice;
 }
 }  // namespace
@@ -107,6 +108,13 @@ void max_over_tp(const TensorSplit& s, float* x, int64_t n) {
   comm::AllReduceOptions mx;
   mx.op = comm::ReduceOp::Max;
   s.group->all_reduce(x, static_cast<size_t>(n), DType::F32, mx).wait();
+  if (s.traffic) s.traffic->all_reduce += 2.0 * (s.size() - 1) / s.size() * n * kF32;
+}
+
+void sum_over_tp(const TensorSplit& s, float* x, int64_t n) {
+  if (s.size() == 1 || n == 0) return;
+  TraceSpan span("tp all-reduce", "comm", 1);
+  s.group->all_reduce(x, static_cast<size_t>(n), DType::F32).wait();
   if (s.traffic) s.traffic->all_reduce += 2.0 * (s.size() - 1) / s.size() * n * kF32;
 }
 

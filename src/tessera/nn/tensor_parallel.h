@@ -18,7 +18,10 @@
 //                           forward (each rank keeps the sum for its rows); its backward,
 //                           reduce_scatter_from_tp_backward, all-gathers the output gradient.
 //
-// With one rank (or no group) all of them are identities.
+// With one rank (or no group) all of them are identities. Their collectives move activations or
+// activation gradients in TensorSplit::wire (fp32, or bf16 under --activation-comm-dtype bf16:
+// rounded before, widened after, nn/wire.h); the loss statistics (max_over_tp, sum_over_tp) always
+// travel in fp32.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +43,7 @@ struct TensorSplit {
   comm::Communicator* group = nullptr;       // null: no tensor parallelism
   bool sequence = false;                     // sequence parallelism (only with more than one rank)
   TensorParallelTraffic* traffic = nullptr;  // optional byte counter of this rank
+  DType wire = DType::F32;  // what activations and their gradients travel in: F32 or BF16
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
   bool sequence_parallel() const { return sequence && size() > 1; }
@@ -102,6 +106,9 @@ float* reduce_scatter_from_tp_backward(const TensorSplit& s, const float* dslice
 
 // x[n] = max over the group of x[n] (the vocabulary-parallel cross-entropy's row maxima).
 void max_over_tp(const TensorSplit& s, float* x, int64_t n);
+// x[n] = sum over the group of x[n], always in fp32 (the cross-entropy's row statistics, and
+// disjoint slices assembled exactly, e.g. a sampled row's logits).
+void sum_over_tp(const TensorSplit& s, float* x, int64_t n);
 
 // Marks parameter i (replicated across the group) as one whose gradient each rank computes from
 // its rows only under sequence parallelism (the LayerNorms): the data-parallel engine then sums

@@ -23,7 +23,8 @@ struct Bucket {
   int users = 0;
   // While in use: ZeRO-3 gathered parameters, ZeRO-2/3 full-size gradient buffer.
   Tensor params, grads;
-  comm::Work gather;  // ZeRO-3 prefetch in flight
+  Tensor params_wire;  // ZeRO-3 under a bf16 parameter gather: the bf16 bucket being gathered
+  comm::Work gather;   // ZeRO-3 prefetch in flight
   bool gathering = false;
   int fwd_done = 0, bwd_done = 0;
   int64_t size() const { return end - begin; }

@@ -77,8 +77,11 @@ DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
   TESSERA_CHECK_AS(ConfigError,
                    o.grad_reduce_dtype == DType::F32 || o.grad_reduce_dtype == DType::BF16,
                    "--grad-reduce-dtype must be fp32 or bf16");
-  zero_ = make_zero_strategy(o.zero,
-                             ZeroContext{ps_, dp_, alloc, buckets_, volume_, o.grad_reduce_dtype});
+  TESSERA_CHECK_AS(ConfigError,
+                   o.param_gather_dtype == DType::F32 || o.param_gather_dtype == DType::BF16,
+                   "--param-gather-dtype must be fp32 or bf16");
+  zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_,
+                                                 o.grad_reduce_dtype, o.param_gather_dtype});
   zero_->set_pipeline_stage(!model.holds_whole_model());
   model_.add_hooks(this);
 }

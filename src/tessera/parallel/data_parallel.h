@@ -30,6 +30,8 @@ struct DataParallelOptions {
   bool overlap = true;    // launch bucket communication during backward (false: after it)
   // The dtype of the gradient reduction: F32, or BF16 (half the bytes; see ZeroContext).
   DType grad_reduce_dtype = DType::F32;
+  // The dtype ZeRO-3 gathers parameters in: F32, or BF16 (half the bytes; see ZeroContext).
+  DType param_gather_dtype = DType::F32;
 };
 
 // How a model's flat buffers must be laid out for this engine: units padded to multiples of

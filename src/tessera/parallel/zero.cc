@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "tessera/core/error.h"
-#include "tessera/kernels/bf16.h"
+#include "tessera/nn/wire.h"
 
 namespace tessera::parallel {
 
@@ -75,13 +75,6 @@ io::NamedTensors ZeroStrategy::gather_shards(const float* packed, const std::str
   return out;
 }
 
-Tensor ZeroStrategy::to_wire(const float* grads, int64_t n) {
-  Tensor wire =
-      Tensor::empty({n}, DType::BF16, MemCategory::Buffers, "zero.bf16_gradients", &c_.alloc);
-  kernels::f32_to_bf16(wire.data<uint16_t>(), grads, n);
-  return wire;
-}
-
 namespace {
 
 // Points bucket b's parameters' values or gradients (`set`) into the bucket-sized buffer `base`
@@ -110,7 +103,7 @@ class Replicated : public ZeroStrategy {
     float* grads = c_.ps.flat_grads().f32() + b.begin;
     c_.volume.all_reduce += 2.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
     if (c_.grad_dtype == DType::BF16) {
-      Tensor wire = to_wire(grads, b.size());
+      Tensor wire = nn::to_wire(grads, b.size(), "zero.bf16_gradients", &c_.alloc);
       comm::Work w = c_.dp.all_reduce(wire.raw(), b.size(), DType::BF16, o);
       return Reduction{bi,
                        std::move(w),
@@ -129,7 +122,7 @@ class Replicated : public ZeroStrategy {
   void finish(Reduction& r) override {
     if (!r.wire.defined()) return;
     const Bucket& b = c_.buckets[r.bucket];
-    kernels::bf16_to_f32(c_.ps.flat_grads().f32() + b.begin, r.wire.data<uint16_t>(), b.size());
+    nn::from_wire(c_.ps.flat_grads().f32() + b.begin, r.wire, 0, b.size());
   }
 };
 
@@ -167,8 +160,8 @@ class ShardedOptimizerState : public ZeroStrategy {
   void finish(Reduction& r) override {  // bf16: widen this rank's reduced shard in place
     if (!r.wire.defined()) return;
     const Bucket& b = c_.buckets[r.bucket];
-    kernels::bf16_to_f32(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard,
-                         r.wire.data<uint16_t>() + rank_ * b.shard, b.shard);
+    nn::from_wire(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard, r.wire, rank_ * b.shard,
+                  b.shard);
   }
   void after_optimizer_step() override {
     // Every rank updated its shard: gather the full parameters again (in place).
@@ -196,7 +189,7 @@ class ShardedOptimizerState : public ZeroStrategy {
     o.async = true;
     c_.volume.reduce_scatter += 1.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
     if (c_.grad_dtype == DType::BF16) {
-      Tensor wire = to_wire(base, b.size());
+      Tensor wire = nn::to_wire(base, b.size(), "zero.bf16_gradients", &c_.alloc);
       uint16_t* w = wire.data<uint16_t>();
       comm::Work work = c_.dp.reduce_scatter(w, w + rank_ * b.shard, b.shard, DType::BF16, o);
       return Reduction{bi,
@@ -247,8 +240,7 @@ class ShardedGradients : public ShardedOptimizerState {
     const Bucket& b = c_.buckets[r.bucket];
     float* dst = grad_shard_.f32() + b.shard_offset;
     if (r.wire.defined()) {
-      const uint16_t* src = r.wire.data<uint16_t>() + rank_ * b.shard;
-      for (int64_t i = 0; i < b.shard; ++i) dst[i] += from_bf16(bf16{src[i]});
+      nn::add_from_wire(dst, r.wire, rank_ * b.shard, b.shard);
     } else {
       const float* src = r.buffer.f32() + rank_ * b.shard;
       for (int64_t i = 0; i < b.shard; ++i) dst[i] += src[i];
@@ -297,28 +289,43 @@ class ShardedParameters : public ShardedGradients {
     return gather_shards(param_shard_.f32(), "", "checkpoint.weights");
   }
   void after_optimizer_step() override {}  // nothing to gather: parameters stay sharded
+  // Starts gathering bucket bi: into its fp32 working copy, or under a bf16 gather into a bf16
+  // wire (this rank's shard rounded in place first), widened by acquire_params.
   void prefetch_params(int bi) override {
     if (bi < 0 || bi >= static_cast<int>(c_.buckets.size())) return;
     Bucket& b = c_.buckets[bi];
-    if (b.params.defined()) return;
-    b.params =
-        Tensor::empty({b.size()}, DType::F32, MemCategory::Buffers, "zero3.gathered", &c_.alloc);
+    if (b.params.defined() || b.params_wire.defined()) return;
     comm::AllGatherOptions o;
     o.async = true;
-    b.gather = c_.dp.all_gather(param_shard_.f32() + b.shard_offset, b.params.f32(), b.shard,
-                                DType::F32, o);
+    const float* shard = param_shard_.f32() + b.shard_offset;
+    if (c_.param_dtype == DType::BF16) {
+      b.params_wire = nn::wire_buffer(b.size(), "zero3.gathered_bf16", &c_.alloc);
+      nn::to_wire(b.params_wire, rank_ * b.shard, shard, b.shard);
+      uint16_t* w = b.params_wire.data<uint16_t>();
+      b.gather = c_.dp.all_gather(w + rank_ * b.shard, w, b.shard, DType::BF16, o);  // in place
+    } else {
+      b.params =
+          Tensor::empty({b.size()}, DType::F32, MemCategory::Buffers, "zero3.gathered", &c_.alloc);
+      b.gather = c_.dp.all_gather(shard, b.params.f32(), b.shard, DType::F32, o);
+    }
     b.gathering = true;
-    c_.volume.all_gather += 4.0 * b.size() * (size_ - 1) / size_;
+    c_.volume.all_gather += 1.0 * dtype_size(c_.param_dtype) * b.size() * (size_ - 1) / size_;
   }
   void acquire_params(int bi) override {
     Bucket& b = c_.buckets[bi];
-    if (!b.params.defined()) prefetch_params(bi);
+    if (!b.params.defined() && !b.params_wire.defined()) prefetch_params(bi);
     if (!b.gathering) return;
     const auto t0 = TraceClock::now();
     b.gather.wait();
     b.gathering = false;
     if (Tracer* t = Tracer::current())
       t->record("all_gather parameters (wait)", "comm", 1, t0, TraceClock::now());
+    if (b.params_wire.defined()) {  // widen: the working copy holds the bf16 values
+      b.params =
+          Tensor::empty({b.size()}, DType::F32, MemCategory::Buffers, "zero3.gathered", &c_.alloc);
+      nn::from_wire(b.params.f32(), b.params_wire, 0, b.size());
+      b.params_wire = Tensor();
+    }
     point_params(b, b.params.f32());
   }
   void release_params(int bi) override {

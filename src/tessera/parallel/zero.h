@@ -7,7 +7,9 @@
 //   stage 2  + gradients sharded: a bucket's gradients live in a temporary buffer while its
 //            backward runs, reduce-scattered into the rank's gradient shard (4 bytes/param / dp).
 //   stage 3  + parameters sharded: a bucket's parameters are all-gathered before its forward and
-//            again before its backward (the next bucket prefetched), and freed after.
+//            again before its backward (the next bucket prefetched), and freed after; under
+//            --param-gather-dtype bf16 each rank rounds its fp32 shard to bf16 for the gather
+//            (half the bytes) and the gathered bucket is widened into an fp32 working copy.
 // Model-state bytes per rank for fp32 AdamW (Psi parameters, N ranks): 16 Psi, 8 Psi + 8 Psi/N,
 // 4 Psi + 12 Psi/N, 16 Psi/N (+ the buckets in flight).
 //
@@ -55,6 +57,11 @@ struct ZeroContext {
   // collective, which sums in fp32 per combining step, and widened back to fp32 after: half the
   // bytes; accumulation over micro-batches stays fp32).
   DType grad_dtype = DType::F32;
+  // The dtype ZeRO-3 gathers parameters in: F32, or BF16 (every rank rounds its fp32 master shard
+  // to bf16 for the all-gather, and the gathered bucket is widened into fp32: the model then reads
+  // the bf16 values of every parameter of the bucket; half the bytes). Stages 0-2 ignore it: their
+  // parameter gathers after the optimizer step write the full fp32 parameters each rank keeps.
+  DType param_dtype = DType::F32;
 };
 
 // A bucket's gradient reduction in flight.
@@ -104,8 +111,6 @@ class ZeroStrategy {
 
  protected:
   io::NamedTensors parameter_views() const;  // the flat parameters by name
-  // A bf16 copy of n gradients (round to nearest even) for a bf16 reduction, in Buffers.
-  Tensor to_wire(const float* grads, int64_t n);
   // The shard ranges of every bucket in flat order: f(bucket, flat lo, flat hi, packed offset).
   template <typename F>
   void for_each_shard(F f) const {

@@ -40,30 +40,32 @@ MemoryTerms zero_model_states(double elems, int zero, int group, const Numerics&
 
 double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>& chunks,
                                  int micro_batches) const {
-  const double c = numerics().comm, m = micro_batches;
+  const Numerics n = numerics();
+  const double c = n.comm, m = micro_batches;
   double bytes = 0;
   for (const StageSheet& s : chunks) {
     for (const auto& [elems, group] :
          {std::pair<double, int>{s.dense_elems, l.dp}, {s.expert_elems, l.dp / l.ep}}) {
       if (group <= 1 || elems == 0) continue;
-      const double ring = (group - 1.0) / group * c * elems;  // one reduce-scatter or all-gather
+      // One reduce-scatter or all-gather of the elements, at `dtype_bytes` each.
+      auto ring = [&](double dtype_bytes) { return (group - 1.0) / group * dtype_bytes * elems; };
       switch (l.zero) {
         case 0:
-          bytes += 2 * ring;
+          bytes += 2 * ring(c);
           break;  // all-reduce once
         case 1:
-          bytes += 2 * ring;
-          break;  // reduce-scatter, all-gather after the step
+          bytes += ring(c) + ring(n.param);
+          break;  // reduce-scatter, all-gather of the parameters after the step
         case 2:
-          bytes += m * ring + ring;
+          bytes += m * ring(c) + ring(n.param);
           break;  // reduce-scatter every micro-batch
         default:
-          bytes += m * ring + 2 * m * ring;  // + gathers before forward and backward
+          bytes += m * ring(c) + 2 * m * ring(n.gather);  // + gathers before forward and backward
       }
     }
     if (s.tied_wte_elems > 0) {  // the embedding group: both stages' data-parallel ranks
       const double g = 2.0 * l.dp;
-      bytes += 2 * (g - 1) / g * c * s.tied_wte_elems;
+      bytes += 2 * (g - 1) / g * n.grad * s.tied_wte_elems;  // the gradients as held
     }
   }
   return bytes;

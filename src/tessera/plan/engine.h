@@ -1,7 +1,9 @@
 // The accounting of an implementation ("engine"): how a model stage's parameters, activations,
 // work and communication come out on one device, and how a pipeline rank's memory adds up.
-//   tessera   this code base as it runs today (fp32 CPU ranks): parameter padding, the activation
-//             records of nn/block.h to the byte, pooled records, ZeRO buckets (docs/PLANNER.md).
+//   tessera   this code base as it runs today (fp32 CPU ranks; fp32 model states and activations
+//             under --precision bf16 too, with the traffic EngineOptions says travels in bf16):
+//             parameter padding, the activation records of nn/block.h to the byte, pooled
+//             records, ZeRO buckets (docs/PLANNER.md).
 //   megatron  mixed precision as Megatron-LM and the papers count it: 2-byte parameters and
 //             gradients, 12 bytes of fp32 optimizer state per parameter (Rajbhandari et al. 2020),
 //             activations per layer as Korthikanti et al. 2022 (korthikanti.h).
@@ -21,8 +23,9 @@ namespace tessera::plan {
 // Bytes per parameter element of each model state, and per element moved by data parallelism.
 struct Numerics {
   double param = 4, grad = 4, optimizer = 8;  // optimizer: all of its state per element
-  double comm = 4;                            // gradient reductions and parameter gathers
-  double optimizer_traffic = 40;              // memory traffic of one optimizer step per element
+  double comm = 4;                            // gradient reductions
+  double gather = 4;  // ZeRO-3 parameter gathers (ZeRO-1/2's gather after the step moves `param`)
+  double optimizer_traffic = 40;  // memory traffic of one optimizer step per element
 };
 
 // One model stage (a chunk of consecutive units on one pipeline rank), seen from one device of its
@@ -69,6 +72,12 @@ nlohmann::json to_json(const MemoryTerms& m);
 struct EngineOptions {
   double bucket_mb = 25;  // gradient bucket target (tessera's --bucket-mb)
   bool sgd = false;       // tessera's --optimizer sgd (one state buffer) instead of AdamW
+  // Bytes per element on the wire (tessera's --grad-reduce-dtype, --param-gather-dtype and
+  // --activation-comm-dtype: 4 for fp32, 2 for bf16): gradient reductions, ZeRO-3 parameter
+  // gathers, tensor- and pipeline-parallel activations. The megatron engine sends 2 bytes always.
+  double grad_comm_bytes = 4, param_gather_bytes = 4, activation_comm_bytes = 4;
+  // tessera under --precision bf16: blocks keep their GEMM-only inputs in bf16 (nn/block.h).
+  bool bf16_gemm_inputs = false;
 };
 
 class Engine {

@@ -45,7 +45,8 @@ class TesseraEngine final : public Engine {
     n.param = 4;
     n.grad = 4;
     n.optimizer = options.sgd ? 4 : 8;
-    n.comm = 4;
+    n.comm = options.grad_comm_bytes;
+    n.gather = options.param_gather_bytes;
     // AdamW reads p, g, m, v and writes p, m, v; the norm reads g, clipping rewrites it, the next
     // step zeroes it.
     n.optimizer_traffic = options.sgd ? 32 : 44;
@@ -111,18 +112,27 @@ class TesseraEngine final : public Engine {
     double rec = 4 * BT * C * rep;  // hidden[0]: x0 or the stage input
     if (s.has_embedding) rec += 4 * BT + (drop ? BT * C * rep : 0);  // tokens, drop.mask
     // The attention half: ln_1 (+ mean, rstd), qkv, atty, its mask; the MLP half: ln_2 (+ mean,
-    // rstd), fc, gelu(fc), its mask; a whole block also x_attn (a half's input or output).
-    const double rest_attn = 4 * BT * ((C + 2) * rep + 4 * Cl) + (drop ? BT * C * rep : 0);
-    const double rest_mlp = 4 * BT * ((C + 2) * rep + 2 * Fl) + (drop ? BT * C * rep : 0);
-    const double rest = rest_attn + rest_mlp + 4 * BT * C * rep;
+    // rstd), fc, gelu(fc), its mask; a whole block also x_attn (a half's input or output). The
+    // GEMM-only inputs (ln_1, atty, ln_2, gelu(fc)) take g bytes each: 2 where a bf16 model keeps
+    // them in bf16 (nn/block.h; not an MoE block's ln_2, not the recomputation scratch).
+    auto rest_attn_of = [&](double g) {
+      return BT * (g * C * rep + 8 * rep + 12 * Cl + g * Cl) + (drop ? BT * C * rep : 0);
+    };
+    auto rest_mlp_of = [&](double g) {
+      return BT * (g * C * rep + 8 * rep + 4 * Fl + g * Fl) + (drop ? BT * C * rep : 0);
+    };
+    const double g = options.bf16_gemm_inputs ? 2 : 4;
+    const double rest = rest_attn_of(4) + rest_mlp_of(4) + 4 * BT * C * rep;  // all fp32
     const double att = 4 * B * hl * Tb * Tb * (drop ? 2 : 1);  // probabilities (+ dropped)
     const double Bs = B * m.seq;  // the deferred tensors are sized for the actual micro-batch
     for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) {
       const nn::BlockPart part = part_of(units, u);
       const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
       rec += 4 * BT * C * rep;  // the block's (half's) output
+      const double g_mlp = m.moe.is_moe_layer(u - 1) ? 4 : g;
       if (l.recompute != nn::Recompute::Full)
-        rec += part == nn::BlockPart::Whole ? rest : attn ? rest_attn : rest_mlp;
+        rec += (attn ? rest_attn_of(g) : 0) + (mlp ? rest_mlp_of(g_mlp) : 0) +
+               (part == nn::BlockPart::Whole ? 4 * BT * C * rep : 0);
       if (l.recompute == nn::Recompute::None && attn) rec += att;
       s.deferred_bytes += 4 * Bs * ((mlp ? C + Fl : 0) + (attn ? C + 3 * Cl : 0));
       if (l.recompute == nn::Recompute::Full)
@@ -146,8 +156,8 @@ class TesseraEngine final : public Engine {
 
     // Work.
     add_unit_work(s, m, l, tessera_rules());
-    s.tp_bytes = 4 * B * m.seq * C;
-    s.boundary_bytes = 4 * B * m.seq * C;
+    s.tp_bytes = options.activation_comm_bytes * B * m.seq * C;
+    s.boundary_bytes = options.activation_comm_bytes * B * m.seq * C;
     return s;
   }
 
@@ -175,11 +185,18 @@ class TesseraEngine final : public Engine {
       if (!s.has_head) receives_gradients = true;
       if (!s.has_embedding) sends_gradients = true;
     }
-    if (l.pp > 1) {
-      const double boundary = chunks.front().boundary_bytes;
-      total.activations += (receives_gradients ? boundary : 0) + (sends_gradients ? boundary : 0);
+    if (l.pp > 1) {  // step_executor.cc's buffers
+      const double a = options.activation_comm_bytes, elems = chunks.front().boundary_bytes / a;
+      if (a == 4)  // the fp32 output-gradient receive buffer, the input-gradient send buffer
+        total.activations += 4 * elems * ((receives_gradients ? 1 : 0) + (sends_gradients ? 1 : 0));
+      else  // the fp32 output-gradient buffer; one bf16 receive and one bf16 send buffer
+        total.activations += (receives_gradients ? 4 * elems : 0) + 2 * a * elems;
     }
     total.buffers = transient;
+    // A bf16 tensor-parallel collective's wire (nn/wire.h: [B*T, C] rounded to bf16) exists while
+    // the collective runs, on top of whatever else is alive then.
+    if (l.tp > 1 && options.activation_comm_bytes < 4)
+      total.buffers += options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;
     return total;
   }
 
@@ -196,6 +213,8 @@ class TesseraEngine final : public Engine {
   // in its own hooks. ZeRO-3 also holds the bucket's gathered parameters and the prefetched next
   // bucket's, forward and backward. The embedding's bucket, read by the tied head, keeps its
   // gradient buffer from the head's backward to its own, and its parameters gathered throughout.
+  // Under bf16 a pending reduction holds only its bf16 wire, and a prefetched bucket its bf16
+  // gather buffer (widened into the fp32 working copy when acquired).
   BucketPeaks zero_transient(const StageSheet& s, const Layout& l, int micro_batches) const {
     if (l.zero < 2 || l.dp < 1) return {};
     // Buckets in backward order (parallel/buckets.cc): whole units, grown until >= the target.
@@ -214,34 +233,37 @@ class TesseraEngine final : public Engine {
     }
     const int n = static_cast<int>(size.size());
     auto bytes = [&](int b) { return 4 * size[static_cast<size_t>(b)]; };
+    auto pending = [&](int b) { return options.grad_comm_bytes * size[static_cast<size_t>(b)]; };
+    auto prefetched = [&](int b) {
+      return options.param_gather_bytes * size[static_cast<size_t>(b)];
+    };
     const int emb = s.has_embedding && s.has_head && bucket_of.front() != bucket_of.back()
                         ? bucket_of.front()
                         : -1;
-    const double leftover = bytes(n - 1) + (n >= 2 ? bytes(n - 2) : 0);
+    const double leftover = pending(n - 1) + (n >= 2 ? pending(n - 2) : 0);
     const bool later_micro_batches = micro_batches > 1;
+    // Bucket `in_use` (and the embedding's) gathered in fp32, `next` prefetched.
+    auto gathered = [&](int in_use, int next) {
+      std::set<int> full{in_use};
+      if (emb >= 0) full.insert(emb);
+      double params = 0;
+      for (int b : full) params += bytes(b);
+      return full.count(next) ? params : params + prefetched(next);
+    };
     double peak = 0;
     for (int k = 0; k < n; ++k) {
       double grads = bytes(k);
-      if (k >= 1) grads += bytes(k - 1);
-      if (k >= 2) grads += bytes(k - 2);
+      if (k >= 1) grads += pending(k - 1);
+      if (k >= 2) grads += pending(k - 2);
       if (k == 0 && later_micro_batches) grads += leftover;
       if (emb >= 0 && k != emb) grads += bytes(emb);
-      double params = 0;
-      if (l.zero >= 3) {
-        std::set<int> gathered{k, std::min(k + 1, n - 1)};
-        if (emb >= 0) gathered.insert(emb);
-        for (int b : gathered) params += bytes(b);
-      }
+      const double params = l.zero >= 3 ? gathered(k, std::min(k + 1, n - 1)) : 0;
       peak = std::max(peak, grads + params);
     }
     if (l.zero >= 3) {  // a forward: bucket j gathered, j - 1 prefetched, the last backward's left
-      for (int j = n - 1; j >= 0; --j) {
-        std::set<int> gathered{j, std::max(j - 1, 0)};
-        if (emb >= 0) gathered.insert(emb);
-        double params = later_micro_batches ? leftover : 0;
-        for (int b : gathered) params += bytes(b);
-        peak = std::max(peak, params);
-      }
+      for (int j = n - 1; j >= 0; --j)
+        peak =
+            std::max(peak, (later_micro_batches ? leftover : 0) + gathered(j, std::max(j - 1, 0)));
     }
     return {peak, leftover};
   }

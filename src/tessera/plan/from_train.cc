@@ -30,6 +30,13 @@ EngineOptions engine_options_of(const train::TrainConfig& c) {
   EngineOptions o;
   o.bucket_mb = c.bucket_mb;
   o.sgd = c.optimizer == "sgd";
+  auto wire_bytes = [](DType t) { return static_cast<double>(dtype_size(t)); };
+  o.grad_comm_bytes = wire_bytes(train::float_dtype(c.grad_reduce_dtype, "--grad-reduce-dtype"));
+  o.param_gather_bytes =
+      wire_bytes(train::comm_dtype(c.param_gather_dtype, c.precision, "--param-gather-dtype"));
+  o.bf16_gemm_inputs = c.precision == "bf16";
+  o.activation_comm_bytes = wire_bytes(
+      train::comm_dtype(c.activation_comm_dtype, c.precision, "--activation-comm-dtype"));
   return o;
 }
 

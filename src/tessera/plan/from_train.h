@@ -13,6 +13,7 @@ namespace tessera::plan {
 ModelSpec model_of(const train::TrainConfig& c);
 // dp, tp, pp, zero, schedule, virtual_stages, micro_batch (0: batch / dp), recompute.
 Layout layout_of(const train::TrainConfig& c);
-EngineOptions engine_options_of(const train::TrainConfig& c);  // bucket_mb, optimizer
+// bucket_mb, optimizer, and the bytes per element of the traffic that may travel in bf16.
+EngineOptions engine_options_of(const train::TrainConfig& c);
 
 }  // namespace tessera::plan

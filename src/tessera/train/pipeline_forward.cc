@@ -1,15 +1,18 @@
 #include "tessera/train/pipeline_forward.h"
 
 #include "tessera/core/error.h"
+#include "tessera/nn/wire.h"
 #include "tessera/parallel/gather.h"
 
 namespace tessera::train {
 
-PipelineForward::PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator* pp)
+PipelineForward::PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator* pp, DType wire)
     : chunks_(std::move(chunks)),
       pp_(pp),
       pp_size_(pp ? pp->size() : 1),
-      rank_(pp ? pp->rank() : 0) {
+      rank_(pp ? pp->rank() : 0),
+      wire_(wire) {
+  nn::check_wire_dtype(wire);
   TESSERA_ASSERT(!chunks_.empty(), "a pipeline forward needs at least one model chunk");
   TESSERA_ASSERT(pp_size_ > 1 || (chunks_.size() == 1 && chunks_.front()->has_embedding() &&
                                   chunks_.front()->has_head()),
@@ -23,18 +26,30 @@ nn::GPT* PipelineForward::run(const nn::Batch& b, const nn::StepContext& ctx, do
     if (s % pp_size_ != rank_) continue;
     nn::GPT& model = *chunks_[static_cast<size_t>(s / pp_size_)];
     // This rank's rows of the hidden state (all of it without sequence parallelism).
-    const size_t count = static_cast<size_t>(model.hidden_elems(b.B, b.T));
+    const int64_t n = model.hidden_elems(b.B, b.T);
+    const size_t count = static_cast<size_t>(n);
+    const bool bf16 = wire_ == DType::BF16;
     nn::GPT::Record& rec = model.single_record();
     comm::RecvOptions ro;
     ro.tag = 2 * s;
-    if (s > 0) pp_->recv(model.input(rec), count, DType::F32, (s - 1) % pp_size_, ro).wait();
+    if (s > 0 && !bf16) {
+      pp_->recv(model.input(rec), count, DType::F32, (s - 1) % pp_size_, ro).wait();
+    } else if (s > 0) {
+      Tensor w = nn::wire_buffer(n, "pipeline.recv_bf16");
+      pp_->recv(w.raw(), count, DType::BF16, (s - 1) % pp_size_, ro).wait();
+      nn::from_wire(model.input(rec), w, 0, n);
+    }
     loss = model.forward(ctx, b, rec);
     comm::SendOptions so;
     so.tag = 2 * (s + 1);
-    if (s + 1 < stages)
-      pp_->send(model.output(rec), count, DType::F32, (s + 1) % pp_size_, so).wait();
-    else
+    if (s + 1 == stages) {
       last = &model;
+    } else if (!bf16) {
+      pp_->send(model.output(rec), count, DType::F32, (s + 1) % pp_size_, so).wait();
+    } else {
+      const Tensor w = nn::to_wire(model.output(rec), n, "pipeline.send_bf16");
+      pp_->send(w.raw(), count, DType::BF16, (s + 1) % pp_size_, so).wait();
+    }
   }
   return last;
 }

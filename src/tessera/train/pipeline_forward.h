@@ -15,8 +15,9 @@ namespace tessera::train {
 class PipelineForward {
  public:
   // chunks[c]: model stage c * pp + rank of this rank; pp: the pipeline group (null: one stage,
-  // chunks = {the whole model}).
-  PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator* pp);
+  // chunks = {the whole model}); wire: what hidden states travel in between stages (F32 or BF16,
+  // as in training: nn/wire.h).
+  PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator* pp, DType wire = DType::F32);
 
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }
   // The sum of b's token losses, on every pipeline rank.
@@ -32,6 +33,7 @@ class PipelineForward {
   std::vector<nn::GPT*> chunks_;
   comm::Communicator* pp_;
   int pp_size_, rank_;
+  DType wire_;
 };
 
 }  // namespace tessera::train

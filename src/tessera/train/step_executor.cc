@@ -6,6 +6,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
+#include "tessera/nn/wire.h"
 
 namespace tessera::train {
 
@@ -80,20 +81,55 @@ Tensor& StepExecutor::buffer(std::vector<Tensor>& pool, std::vector<int>& free, 
 }
 
 StepExecutor::SendBuffer& StepExecutor::send_buffer(int64_t elems) {
-  for (SendBuffer& b : grad_sends_)
+  for (SendBuffer& b : sends_)
     if (b.work.is_completed()) {
       b.work.wait();  // rethrows a failed send
       b.work = comm::Work();
+      TESSERA_ASSERT(b.data.numel() == elems, "send buffer of ", b.data.numel(), " elements for ",
+                     elems);
       return b;
     }
-  grad_sends_.push_back(SendBuffer{
-      Tensor::zeros({elems}, DType::F32, MemCategory::Activations, "pipeline.input_grad_send"),
-      comm::Work()});
-  return grad_sends_.back();
+  const bool bf16 = links_.wire == DType::BF16;
+  sends_.push_back(
+      SendBuffer{Tensor::zeros({elems}, links_.wire, MemCategory::Activations,
+                               bf16 ? "pipeline.send_bf16" : "pipeline.input_grad_send"),
+                 comm::Work()});
+  return sends_.back();
+}
+
+comm::Work StepExecutor::post_send(const float* src, int64_t n, int peer, int tag, bool copy_fp32) {
+  nn::check_wire_dtype(links_.wire);
+  comm::SendOptions o;
+  o.tag = tag;
+  sent_bytes_ += static_cast<double>(n) * static_cast<double>(dtype_size(links_.wire));
+  if (links_.wire == DType::F32 && !copy_fp32)
+    return links_.pp->send(src, static_cast<size_t>(n), DType::F32, peer, o);
+  SendBuffer& buf = send_buffer(n);
+  if (links_.wire == DType::BF16)
+    nn::to_wire(buf.data, 0, src, n);
+  else
+    std::memcpy(buf.data.f32(), src, static_cast<size_t>(n) * sizeof(float));
+  buf.work = links_.pp->send(buf.data.raw(), static_cast<size_t>(n), links_.wire, peer, o);
+  return buf.work;
+}
+
+void StepExecutor::receive(float* dst, int64_t n, int peer, int tag) {
+  comm::RecvOptions o;
+  o.tag = tag;
+  if (links_.wire == DType::F32) {
+    links_.pp->recv(dst, static_cast<size_t>(n), DType::F32, peer, o).wait();
+    return;
+  }
+  if (!recv_wire_.defined())
+    recv_wire_ = Tensor::empty({n}, DType::BF16, MemCategory::Activations, "pipeline.recv_bf16");
+  TESSERA_ASSERT(recv_wire_.numel() == n, "receive buffer of ", recv_wire_.numel(),
+                 " elements for ", n);
+  links_.pp->recv(recv_wire_.raw(), static_cast<size_t>(n), DType::BF16, peer, o).wait();
+  nn::from_wire(dst, recv_wire_, 0, n);
 }
 
 void StepExecutor::finish_sends() {
-  for (SendBuffer& b : grad_sends_) {
+  for (SendBuffer& b : sends_) {
     b.work.wait();
     b.work = comm::Work();
   }
@@ -117,13 +153,10 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
   const int stage = s.stage_of(rank, a.chunk);
   const int pp = s.stages;
   const int prev = (rank + pp - 1) % pp, next = (rank + 1) % pp;
-  const size_t count = static_cast<size_t>(boundary_elems);
   switch (a.kind) {
     case ActionKind::RecvForward: {
       TraceSpan span(label("recv F", m), "comm", 2);
-      comm::RecvOptions o;
-      o.tag = tag(stage, false);
-      links_.pp->recv(model.input(acquire(c, m)), count, DType::F32, prev, o).wait();
+      receive(model.input(acquire(c, m)), boundary_elems, prev, tag(stage, false));
       break;
     }
     case ActionKind::Forward: {
@@ -133,20 +166,16 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       loss_sum += model.forward(ctx, b, rec);
       break;
     }
-    case ActionKind::SendForward: {
-      comm::SendOptions o;
-      o.tag = tag(stage + 1, false);
-      c.sends_of[m] = links_.pp->send(model.output(in_flight(c, m)), count, DType::F32, next, o);
+    case ActionKind::SendForward:  // fp32: straight from the record, alive until release
+      c.sends_of[m] = post_send(model.output(in_flight(c, m)), boundary_elems, next,
+                                tag(stage + 1, false), false);
       break;
-    }
     case ActionKind::RecvBackward: {
       TraceSpan span(label("recv B", m), "comm", 2);
       int index = -1;
       Tensor& dout = buffer(douts_, free_douts_, index, boundary_elems);
       c.dout_of[m] = index;
-      comm::RecvOptions o;
-      o.tag = tag(stage, true);
-      links_.pp->recv(dout.f32(), count, DType::F32, next, o).wait();
+      receive(dout.f32(), boundary_elems, next, tag(stage, true));
       break;
     }
     case ActionKind::Backward: {
@@ -181,14 +210,9 @@ void StepExecutor::execute(const parallel::Schedule& s, int rank, const parallel
       release(c, m);
       break;
     }
-    case ActionKind::SendBackward: {
-      SendBuffer& buf = send_buffer(boundary_elems);
-      std::memcpy(buf.data.f32(), model.input_grad(), count * sizeof(float));
-      comm::SendOptions o;
-      o.tag = tag(stage - 1, true);
-      buf.work = links_.pp->send(buf.data.f32(), count, DType::F32, prev, o);
+    case ActionKind::SendBackward:  // copied: the next backward overwrites input_grad
+      (void)post_send(model.input_grad(), boundary_elems, prev, tag(stage - 1, true), true);
       break;
-    }
     case ActionKind::ReduceGradients:
       reduce_gradients();
       break;
@@ -210,6 +234,7 @@ double StepExecutor::run(const parallel::Schedule& schedule, int rank, const nn:
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   timing_ = StepTiming{};
+  sent_bytes_ = 0;
   double loss_sum = 0;
   for (const parallel::Action& a : schedule.ranks[static_cast<size_t>(rank)]) {
     if (a.kind == ActionKind::OptimizerStep) {

@@ -8,11 +8,13 @@
 // activation memory), not the executor.
 //
 // Point-to-point (pipeline ranks): a receive blocks until its message arrives (bounded by the
-// communicator's deadline); sends are asynchronous. An activation is sent straight from the
+// communicator's deadline); sends are asynchronous. In fp32 an activation is sent straight from the
 // record's output, which stays alive until the micro-batch's backward; an input gradient is copied
-// into a send buffer first, because the next backward overwrites it. Messages are tagged with the
-// receiving stage and direction; each chunk runs its forwards (and its backwards) in micro-batch
-// order, so messages of one tag arrive in the order they are received.
+// into a send buffer first, because the next backward overwrites it. With a bf16 wire
+// (PipelineLinks::wire) both are rounded into a bf16 send buffer instead, and a receive lands in a
+// bf16 buffer that is widened into the record's input or the output-gradient buffer (nn/wire.h).
+// Messages are tagged with the receiving stage and direction; each chunk runs its forwards (and its
+// backwards) in micro-batch order, so messages of one tag arrive in the order they are received.
 #pragma once
 
 #include <deque>
@@ -41,6 +43,8 @@ struct PipelineLinks {
   // The data-parallel ranks of the first and the last stage (same tp rank): the tied wte's
   // gradients are summed over it. Null on ranks that hold neither.
   comm::Communicator* embedding_group = nullptr;
+  // What activations and their gradients travel in between stages: F32 or BF16.
+  DType wire = DType::F32;
 };
 
 // Where the time of the last run went on this rank.
@@ -69,6 +73,8 @@ class StepExecutor {
     return static_cast<int>(chunks_[static_cast<size_t>(chunk)].pool.size());
   }
   const StepTiming& timing() const { return timing_; }
+  // Bytes this rank sent to other pipeline ranks in the last run.
+  double sent_bytes() const { return sent_bytes_; }
 
  private:
   struct Chunk {
@@ -90,7 +96,11 @@ class StepExecutor {
   void release(Chunk& c, int micro_batch);
   void begin_micro_batch(Chunk& c, bool last);
   Tensor& buffer(std::vector<Tensor>& pool, std::vector<int>& free, int& index, int64_t elems);
-  SendBuffer& send_buffer(int64_t elems);
+  SendBuffer& send_buffer(int64_t elems);  // of PipelineLinks::wire's dtype
+  // Posts n values of src to `peer` in the wire dtype (rounded into a send buffer under bf16).
+  comm::Work post_send(const float* src, int64_t n, int peer, int tag, bool copy_fp32);
+  // Receives n values from `peer` into dst (fp32), through a bf16 buffer under a bf16 wire.
+  void receive(float* dst, int64_t n, int peer, int tag);
   void execute(const parallel::Schedule& s, int rank, const parallel::Action& a,
                const nn::StepContext& ctx, const std::function<nn::Batch(int)>& fetch,
                int64_t boundary_elems, double& loss_sum);
@@ -103,8 +113,10 @@ class StepExecutor {
   PipelineLinks links_;
   std::vector<Tensor> douts_;  // received output gradients
   std::vector<int> free_douts_;
-  std::deque<SendBuffer> grad_sends_;  // input gradients sent
+  std::deque<SendBuffer> sends_;  // input gradients sent (and, under bf16, activations)
+  Tensor recv_wire_;              // a bf16 receive buffer (bf16 wire only)
   StepTiming timing_;
+  double sent_bytes_ = 0;
 };
 
 }  // namespace tessera::train

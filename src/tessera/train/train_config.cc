@@ -20,7 +20,7 @@ namespace tessera::train {
   X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(peak_gflops) X(comm_timeout) \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -118,6 +118,12 @@ DType float_dtype(const std::string& s, const char* flag) {
   return kernels::parse_precision(s, flag) == kernels::Precision::BF16 ? DType::BF16 : DType::F32;
 }
 
+DType comm_dtype(const std::string& s, const std::string& precision, const char* flag) {
+  TESSERA_CHECK_AS(ConfigError, s == "auto" || s == "fp32" || s == "bf16", flag,
+                   " must be auto (the --precision), fp32 or bf16, got '", s, "'");
+  return float_dtype(s == "auto" ? precision : s, flag);
+}
+
 void check_tensor_parallel(int heads, int dim, int tp) {
   TESSERA_CHECK_AS(ConfigError, heads % tp == 0, "--tp ", tp, " does not divide the ", heads,
                    " attention heads; choose --tp among the divisors of the head count");
@@ -201,6 +207,8 @@ void TrainConfig::validate() const {
   kernels::parse_bf16_gemm(bf16_gemm);
   float_dtype(grad_reduce_dtype, "--grad-reduce-dtype");
   float_dtype(export_dtype, "--export-dtype");
+  comm_dtype(param_gather_dtype, precision, "--param-gather-dtype");
+  comm_dtype(activation_comm_dtype, precision, "--activation-comm-dtype");
   TESSERA_CHECK_AS(
       ConfigError, peak_gflops >= 0 && std::isfinite(peak_gflops),
       "--peak-gflops must be a rate in GFLOP/s per rank (0: measure it at start), got ",

@@ -72,6 +72,11 @@ struct TrainConfig {
   // checkpoints always hold the fp32 masters).
   std::string grad_reduce_dtype = "fp32";
   std::string export_dtype = "fp32";
+  // The dtypes of the other traffic: ZeRO-3 parameter gathers (each rank rounds its fp32 master
+  // shard) and tensor- and pipeline-parallel activations and their gradients. auto = the
+  // --precision (so bf16 runs move half the bytes), or fp32 | bf16.
+  std::string param_gather_dtype = "auto";
+  std::string activation_comm_dtype = "auto";
   // One rank's GEMM peak in GFLOP/s for the precision in use, the denominator of the progress
   // line's MFU (model FLOPs / (peak x ranks)); 0 = measured at start (kernels/gemm_peak.h).
   double peak_gflops = 0;
@@ -101,6 +106,10 @@ struct TrainConfig {
 
 // "fp32" -> F32, "bf16" -> BF16; otherwise a ConfigError naming `flag` and the accepted values.
 DType float_dtype(const std::string& s, const char* flag);
+
+// "auto" -> the dtype of `precision`, else as float_dtype (a ConfigError naming `flag` and
+// auto, fp32, bf16 otherwise).
+DType comm_dtype(const std::string& s, const std::string& precision, const char* flag);
 
 // ConfigError unless --tp divides the head count and the MLP width 4 * dim (Megatron's split).
 void check_tensor_parallel(int heads, int dim, int tp);

@@ -57,6 +57,15 @@ int set_compute_threads(int threads, int ranks_in_process) {
 
 namespace {
 
+const char* dtype_label(DType t) {
+  return t == DType::BF16 ? "bf16" : "fp32";
+}
+
+// What tensor- and pipeline-parallel activations and their gradients travel in.
+DType activation_dtype(const TrainConfig& cfg) {
+  return comm_dtype(cfg.activation_comm_dtype, cfg.precision, "--activation-comm-dtype");
+}
+
 void say(std::FILE* log, ProgressLine* progress, const std::string& text) {
   if (progress)
     progress->message(text);
@@ -286,7 +295,7 @@ nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelO
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
   base.gemm = {kernels::parse_precision(cfg.precision), kernels::parse_bf16_gemm(cfg.bf16_gemm)};
-  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic};
+  if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic, activation_dtype(cfg)};
   base.first_unit = units.first;
   base.last_unit = units.last;
   base.starts_mid_block = units.starts_mid_block;
@@ -322,7 +331,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       n_micro_(per_rank_ / micro_),
       tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
       dpo_{cfg.zero, cfg.bucket_mb, cfg.overlap,
-           float_dtype(cfg.grad_reduce_dtype, "--grad-reduce-dtype")},
+           float_dtype(cfg.grad_reduce_dtype, "--grad-reduce-dtype"),
+           comm_dtype(cfg.param_gather_dtype, cfg.precision, "--param-gather-dtype")},
       schedule_(make_step_schedule(cfg, n_micro_)),
       boundary_elems_(0),  // set once the model exists (hidden_elems)
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
@@ -353,8 +363,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     peak_flops_ = cfg.peak_gflops > 0 ? cfg.peak_gflops * 1e9 : kernels::measure_gemm_peak(512, 2);
   }
   comm::Communicator* pp = cfg.pp > 1 ? &mesh_.pp() : nullptr;
-  executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding()});
-  forward_.emplace(models(), pp);
+  executor_.emplace(stage_chunks(), PipelineLinks{pp, mesh_.embedding(), activation_dtype(cfg)});
+  forward_.emplace(models(), pp, activation_dtype(cfg));
   restore_or_initialize();
   result_.first_step = step_;
 }
@@ -505,8 +515,14 @@ void RankRun::print_header() {
       std::string("precision: ") + kernels::to_string(first_model().layout().gemm.precision) +
           ", " + kernels::describe(first_model().layout().gemm) +
           "; fp32 master weights, gradients and optimizer state; gradients reduced in " +
-          cfg_.grad_reduce_dtype + "; MFU against " + format_rate(peak_flops_) +
-          "FLOP/s per rank (" +
+          cfg_.grad_reduce_dtype +
+          (cfg_.zero == 3
+               ? std::string(", parameters gathered in ") + dtype_label(dpo_.param_gather_dtype)
+               : std::string()) +
+          (cfg_.tp > 1 || cfg_.pp > 1
+               ? std::string(", activations sent in ") + dtype_label(activation_dtype(cfg_))
+               : std::string()) +
+          "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
           (cfg_.peak_gflops > 0 ? "--peak-gflops" : "measured: a 512^3 GEMM") + ") x " +
           std::to_string(world_.size()) + " ranks");
   if (m.moe.enabled()) {
@@ -597,6 +613,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
     for (parallel::DataParallel* e : c->engines()) comm_bytes += e->volume().total();
   result_.comm_bytes_per_step = comm_bytes;
   result_.tp_bytes_per_step = tp_traffic_.total();
+  result_.pp_bytes_per_step = executor_->sent_bytes();
   StepStats st;
   st.step = step_ + 1;
   st.total_steps = cfg_.steps;
@@ -621,7 +638,8 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
                         {"step_ms", secs * 1e3},
                         {"process_cpu_ms", cpu_secs * 1e3},
                         {"comm_bytes_per_rank", comm_bytes},
-                        {"tp_bytes_per_rank", tp_traffic_.total()}};
+                        {"tp_bytes_per_rank", tp_traffic_.total()},
+                        {"pp_bytes_per_rank", executor_->sent_bytes()}};
   const MoeStepStats moe = moe_step_stats();
   if (!moe.layers.empty()) {
     st.moe = true;

@@ -25,6 +25,7 @@ struct TrainResult {
   std::vector<size_t> memory_peaks;         // per rank: the allocator's peak over all categories
   double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
   double tp_bytes_per_step = 0;             // of which in tensor-parallel collectives
+  double pp_bytes_per_step = 0;  // bytes rank 0 sent to other pipeline stages (not in the above)
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start
   // to the end of the rank's last forward or backward, over the steps after the first).
