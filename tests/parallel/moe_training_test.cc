@@ -1,5 +1,6 @@
 // Mixture of experts with expert parallelism trains the model one rank trains: a representative
-// subset of ep x dp x ZeRO, with and without capacity dropping, with tp = 2 and with pp = 2,
+// subset of ep x dp x ZeRO, with and without capacity dropping, with tp = 2 (also with sequence
+// parallelism) and with pp = 2,
 // dropout and clipping on, against one rank holding every expert (losses and gradient norms
 // within 1e-5 at every step, weights within 1e-5). The full grid is scripts/moe_grid.sh. Then
 // cross-layout resume (ep = 2 to ep = 1 and back), the metrics and timeline, and the errors.
@@ -58,12 +59,14 @@ struct Layout {
   int dp, ep, zero, tp, pp;
   float capacity;
   std::string recompute = "none";
+  bool sp = false;
 };
 
 std::string name_of(const Layout& l) {
   std::string s =
       "dp" + std::to_string(l.dp) + "_ep" + std::to_string(l.ep) + "_zero" + std::to_string(l.zero);
   if (l.tp > 1) s += "_tp" + std::to_string(l.tp);
+  if (l.sp) s += "_sp";
   if (l.pp > 1) s += "_pp" + std::to_string(l.pp);
   s += l.capacity > 0 ? "_capacity" : "_dropless";
   if (l.recompute != "none") s += "_" + l.recompute;
@@ -82,6 +85,7 @@ TEST_P(MoeTraining, SameLossesAndWeightsAsOneRank) {
   c.tp = l.tp;
   c.pp = l.pp;
   c.recompute = l.recompute;
+  c.sp = l.sp;
   const Reference& ref = one_rank(l.capacity);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.2) << "the reference run should learn";
   const Reference got = run_reference("run", c, dir);
@@ -112,14 +116,14 @@ TEST_P(MoeTraining, SameLossesAndWeightsAsOneRank) {
 }
 
 // A representative subset; TESSERA_MOE_GRID=1 (scripts/moe_grid.sh) runs ep {1,2,4} x dp (the
-// multiples of ep up to 4) x ZeRO {0,1,2,3} x {dropless, capacity}, plus tp = 2 and pp = 2 (with
-// each recompute mode) at ep {1, 2}.
+// multiples of ep up to 4) x ZeRO {0,1,2,3} x {dropless, capacity}, plus tp = 2 (with and without
+// sp) and pp = 2 (with each recompute mode) at ep {1, 2}.
 std::vector<Layout> layouts() {
   const char* grid = std::getenv("TESSERA_MOE_GRID");
   if (grid == nullptr || std::string(grid) != "1")
     return {{2, 2, 0, 1, 1, 0.0f},        {2, 2, 3, 1, 1, 0.75f}, {4, 4, 1, 1, 1, 0.75f},
             {4, 2, 3, 1, 1, 0.0f},        {2, 1, 1, 1, 1, 0.75f}, {2, 2, 1, 2, 1, 0.75f},
-            {2, 2, 0, 1, 2, 0.0f, "full"}};
+            {2, 2, 0, 1, 2, 0.0f, "full"}, {2, 2, 3, 2, 1, 0.75f, "full", true}};
   std::vector<Layout> v;
   for (int ep : {1, 2, 4})
     for (int dp = ep; dp <= 4; dp *= 2)
@@ -129,6 +133,8 @@ std::vector<Layout> layouts() {
     for (float cap : {0.0f, 0.75f}) {
       v.push_back({2, ep, 1, 2, 1, cap});
       v.push_back({2, ep, 3, 2, 1, cap, "selective"});
+      v.push_back({2, ep, 1, 2, 1, cap, "none", true});
+      v.push_back({2, ep, 3, 2, 1, cap, "full", true});
       v.push_back({2, ep, 0, 1, 2, cap});
       v.push_back({2, ep, 3, 1, 2, cap, "full"});
     }
@@ -264,14 +270,6 @@ TEST(MoeConfig, BadLayoutsAreConfigErrorsBeforeAnyWork) {
   c.moe_experts = 0;
   c.ep = 2;
   EXPECT_NE(message(c).find("needs a mixture of experts"), std::string::npos) << message(c);
-  c.ep = 1;
-  c.moe_experts = 4;
-  c.tp = 2;
-  c.sp = true;  // the MoE runs on every token; sequence parallelism gives a rank only its rows
-  EXPECT_NE(
-      message(c).find("--sp (sequence parallelism) does not combine with a mixture of experts"),
-      std::string::npos)
-      << message(c);
 }
 
 }  // namespace

@@ -97,11 +97,9 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   if (!has_mlp()) {
     // the attention half has no MLP
   } else if (cfg.moe.is_moe_layer(layer)) {  // the MLP is a mixture of experts
-    // The MoE runs on every token of the micro-batch (its capacity is per sequence), which the
-    // rows of sequence parallelism do not hold.
-    TESSERA_CHECK_AS(ConfigError, !sequence_,
-                     "--sp (sequence parallelism) does not combine with a mixture of experts yet: "
-                     "run the MoE model with --sp=false, or a dense model with --sp");
+    // The MoE runs on every token of the micro-batch (its capacity is per sequence): under
+    // sequence parallelism its input is all-gathered first and each rank keeps its rows of the
+    // output (run_forward).
     moe_.emplace(ps, experts ? *experts : ps, cfg, layer, expert_split);
   } else {
     q_.fc_w = ps.add(h + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal, kInitStd, true,
@@ -139,7 +137,12 @@ void Block::allocate(Record& r, int max_batch, Allocator& alloc, std::vector<Nam
     if (drop) r.mask_attn = rows(h + "attn.resid_dropout.mask", C, DType::U8);
   }
   if (keep_rest && mlp) {
-    r.ln2 = rows(h + "ln_2", C, moe_ ? DType::F32 : gemm_inputs);  // (the MoE reads fp32)
+    if (moe_ && sequence_) {  // the MoE's input: every rank's rows, gathered (fp32, padded)
+      ActivationAllocator gathered(alloc, token_range(split_, BT).padded(), 0, nullptr);
+      r.ln2 = gathered(h + "ln_2", C);
+    } else {
+      r.ln2 = rows(h + "ln_2", C, moe_ ? DType::F32 : gemm_inputs);  // (the MoE reads fp32)
+    }
     r.ln2_mean = rows(h + "ln_2.mean", 1);
     r.ln2_rstd = rows(h + "ln_2.rstd", 1);
     if (moe_) {
@@ -289,13 +292,17 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   // MLP branch: y = x_attn + dropout(gelu(ln_2(x_attn) W_fc + b_fc) W_proj + b_proj), or with
   // the mixture of experts, y = x_attn + dropout(moe(ln_2(x_attn))) (complete on every tp rank;
   // its backward needs the experts' outputs, so a recomputation runs all of it).
-  float* ln2_out = staging(r.ln2, ws.dln);
+  // (An MoE block under sequence parallelism writes this rank's rows at their place of the
+  // gathered record.)
+  float* ln2_out = moe_ && sequence_ ? r.ln2.f32() + rows.place() * C : staging(r.ln2, ws.dln);
   k::layernorm_forward(ln2_out, r.ln2_mean.f32(), r.ln2_rstd.f32(), x_attn, p(q_.ln2_w),
                        p(q_.ln2_b), R, C, cfg_.ln_eps);
   keep_rounded(r.ln2, ln2_out, static_cast<int64_t>(R) * C);
   float* fch = nullptr;
-  if (moe_) {  // every token on every tp rank (no --sp): complete, no reduce point
-    moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
+  if (moe_) {  // every token on every tp rank: complete, no reduce point
+    const float* moe_in =
+        sequence_ ? gather_to_tp(split_, ln2_out, r.ln2.f32(), rows, C) : r.ln2.f32();
+    moe_->forward(moe_in, ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
     const float* ln2 = to_tp(ln2_out);
@@ -310,8 +317,9 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
                            mix_stream(r.step, site_mlp_drop_), first_row);
     return;
   }
-  if (moe_) {  // the experts' biases are inside their outputs
-    residual_branch(y, ws.proj.f32(), nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
+  if (moe_) {  // the experts' biases are inside their outputs; this rank's rows of them
+    residual_branch(y, ws.proj.f32() + rows.begin * C, nullptr, x_attn, r.mask_mlp,
+                    site_mlp_drop_);
     return;
   }
   k::matmul_forward(ws.proj.f32(), fch, p(q_.mproj_w), nullptr, nullptr, BT, F, C);
@@ -504,8 +512,11 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     }
     dy = grad_to_tp(dy);
     if (moe_) {
-      moe_->backward(*r.moe, dy, dln, *ws.moe);  // complete on every tp rank: no reduction
-      k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln, x_attn, p(q_.ln2_w),
+      // dy: every token's output gradient (gathered under sequence parallelism); the input
+      // gradient is complete on every tp rank: no reduction, this rank's rows of it.
+      moe_->backward(*r.moe, dy, dln, *ws.moe);
+      k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln + rows.begin * C, x_attn,
+                            p(q_.ln2_w),
                             r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
     } else {
       float* dfch = ws.dfch.f32();

@@ -10,6 +10,10 @@ ModelSpec model_of(const train::TrainConfig& c) {
   m.seq = c.seq;
   m.vocab = c.vocab;
   m.dropout = c.dropout;
+  m.moe.experts = c.moe_experts;
+  m.moe.top_k = c.moe_top_k;
+  m.moe.every = c.moe_every;
+  m.moe.capacity_factor = c.moe_capacity_factor;
   return m;
 }
 
@@ -18,6 +22,8 @@ Layout layout_of(const train::TrainConfig& c) {
   l.dp = c.dp;
   l.tp = c.tp;
   l.pp = c.pp;
+  l.ep = c.ep;
+  l.sp = c.sp;
   l.zero = c.zero;
   l.schedule = c.schedule;
   l.virtual_stages = c.virtual_stages;

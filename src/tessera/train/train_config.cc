@@ -193,10 +193,6 @@ void TrainConfig::validate() const {
                      ")");
     TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_every >= 1 && moe_every <= layers),
                      "--moe-every ", moe_every, " must be between 1 and --layers ", layers);
-    TESSERA_CHECK_AS(ConfigError, !sp || moe_experts == 0,
-                     "--sp (sequence parallelism) does not combine with a mixture of experts yet "
-                     "(--moe-experts ",
-                     moe_experts, "): run it with --sp=false");
   }
   TESSERA_CHECK_AS(ConfigError, moe_capacity_factor >= 0,
                    "--moe-capacity-factor must be >= 0 (0 = dropless), got ", moe_capacity_factor);
