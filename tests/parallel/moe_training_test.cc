@@ -121,8 +121,9 @@ TEST_P(MoeTraining, SameLossesAndWeightsAsOneRank) {
 std::vector<Layout> layouts() {
   const char* grid = std::getenv("TESSERA_MOE_GRID");
   if (grid == nullptr || std::string(grid) != "1")
-    return {{2, 2, 0, 1, 1, 0.0f},        {2, 2, 3, 1, 1, 0.75f}, {4, 4, 1, 1, 1, 0.75f},
-            {4, 2, 3, 1, 1, 0.0f},        {2, 1, 1, 1, 1, 0.75f}, {2, 2, 1, 2, 1, 0.75f},
+    return {{2, 2, 0, 1, 1, 0.0f},         {2, 2, 3, 1, 1, 0.75f},
+            {4, 4, 1, 1, 1, 0.75f},        {4, 2, 3, 1, 1, 0.0f},
+            {2, 1, 1, 1, 1, 0.75f},        {2, 2, 1, 2, 1, 0.75f},
             {2, 2, 0, 1, 2, 0.0f, "full"}, {2, 2, 3, 2, 1, 0.75f, "full", true}};
   std::vector<Layout> v;
   for (int ep : {1, 2, 4})

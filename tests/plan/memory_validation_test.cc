@@ -1,8 +1,13 @@
-// The planner against the allocator: for layouts mixing dp, tp, pp, ZeRO, every schedule and
+// The planner against the allocator: for layouts mixing dp, tp (with and without sp), pp, ZeRO,
+// ep (mixture of experts), every schedule and
 // recomputation, in fp32 and in bf16 (whose ZeRO-3 gathers and activations travel in bf16), a
 // short real run's per-rank peak (every category, as the allocator counts it) is within 10% of
 // the tessera engine's prediction for that rank, and the data-parallel bytes rank 0 sent per step
-// are the planner's. (Step times are noisy on a
+// are the planner's. Mixture-of-experts layouts: one rank runs every assignment whatever the
+// routing, so its plan is exact; with ep > 1 the rows a rank's experts receive follow the routing,
+// which the planner takes as balanced, while at initialisation (these runs) a rank drew up to
+// 11% more memory than balanced (tp = 2 with full recomputation, whose one recomputed record and
+// exchange scratch are grown to the busiest layer's rows): 15% there. (Step times are noisy on a
 // shared machine; their validation is a benchmark: bench/plan/validate.sh.)
 #include <gtest/gtest.h>
 
@@ -30,6 +35,9 @@ struct Case {
   std::string schedule = "1f1b", recompute = "none";
   int layers = 4;  // 3: the balanced pp=2 split cuts block 2 after its attention
   std::string precision = "fp32";
+  bool sp = false;
+  int ep = 1, experts = 0;  // experts > 0: every block a mixture of experts, top-2
+  float capacity = 0;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -91,6 +99,10 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   c.recompute = k.recompute;
   c.layers = k.layers;
   c.precision = k.precision;
+  c.sp = k.sp;
+  c.ep = k.ep;
+  c.moe_experts = k.experts;
+  c.moe_capacity_factor = k.capacity;
   c.bf16_gemm = "emulated";  // any CPU
   char* buf = nullptr;
   size_t len = 0;
@@ -118,8 +130,12 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
     const double measured = static_cast<double>(res.memory_peaks[static_cast<size_t>(w)]);
     std::printf("%-28s rank %d (stage %d): measured %9.0f B, planned %9.0f B (%+.2f%%)\n",
                 k.name.c_str(), w, pp_rank, measured, predicted, 100 * (predicted / measured - 1));
-    EXPECT_NEAR(predicted / measured, 1.0, 0.10) << k.name << " rank " << w << "\n"
-                                                 << res.memory_reports[static_cast<size_t>(w)];
+    const MemoryTerms& t = p.rank_memory[static_cast<size_t>(pp_rank)];
+    EXPECT_NEAR(predicted / measured, 1.0, k.ep > 1 ? 0.15 : 0.10)
+        << k.name << " rank " << w << "\n"
+        << res.memory_reports[static_cast<size_t>(w)] << "\nplanned: parameters " << t.parameters
+        << " B, gradients " << t.gradients << " B, optimizer state " << t.optimizer_state
+        << " B, activations " << t.activations << " B, buffers " << t.buffers << " B";
   }
   const double dp_sent = res.comm_bytes_per_step - res.tp_bytes_per_step;
   std::printf("%-28s data-parallel bytes per step: measured %.0f, planned %.0f\n", k.name.c_str(),
@@ -150,6 +166,15 @@ std::vector<Case> cases() {
       {"pp2_dp2_tp2_zero3", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4},
       {"pp2_dp2_tp2_zero3_bf16", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4, "bf16"},
       {"pp2_zb_h1_bf16", 1, 1, 2, 0, 2, 1, "zb-h1", "none", 4, "bf16"},
+      {"tp2_sp", 1, 2, 1, 0, 0, 1, "1f1b", "none", 4, "fp32", true},
+      {"dp2_tp2_sp_zero1_selective", 2, 2, 1, 1, 0, 1, "1f1b", "selective", 4, "fp32", true},
+      {"pp2_tp2_sp_full", 1, 2, 2, 0, 2, 1, "1f1b", "full", 4, "fp32", true},
+      {"moe_one_rank", 1, 1, 1, 0, 0, 1, "1f1b", "none", 4, "fp32", false, 1, 4},
+      {"moe_dp2_ep2", 2, 1, 1, 0, 0, 1, "1f1b", "none", 4, "fp32", false, 2, 4},
+      {"moe_dp2_ep2_zero3_capacity", 2, 1, 1, 3, 0, 1, "1f1b", "none", 4, "fp32", false, 2, 4,
+       1.25f},
+      {"moe_dp2_tp2_ep2_full", 2, 2, 1, 1, 0, 1, "1f1b", "full", 4, "fp32", false, 2, 4},
+      {"moe_pp2_dp2_ep2", 2, 1, 2, 0, 2, 1, "1f1b", "none", 4, "fp32", false, 2, 4},
   };
 }
 

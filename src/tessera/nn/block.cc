@@ -318,8 +318,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     return;
   }
   if (moe_) {  // the experts' biases are inside their outputs; this rank's rows of them
-    residual_branch(y, ws.proj.f32() + rows.begin * C, nullptr, x_attn, r.mask_mlp,
-                    site_mlp_drop_);
+    residual_branch(y, ws.proj.f32() + rows.begin * C, nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
     return;
   }
   k::matmul_forward(ws.proj.f32(), fch, p(q_.mproj_w), nullptr, nullptr, BT, F, C);
@@ -516,8 +515,7 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
       // gradient is complete on every tp rank: no reduction, this rank's rows of it.
       moe_->backward(*r.moe, dy, dln, *ws.moe);
       k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), dln + rows.begin * C, x_attn,
-                            p(q_.ln2_w),
-                            r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
+                            p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
     } else {
       float* dfch = ws.dfch.f32();
       keep(&Record::DeferredWeightGrads::d_mproj, dy, C);

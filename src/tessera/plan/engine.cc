@@ -63,6 +63,10 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
           bytes += m * ring(c) + 2 * m * ring(n.gather);  // + gathers before forward and backward
       }
     }
+    if (l.sp && l.tp > 1 && s.sequence_partial_elems > 0) {  // one all-reduce over dp x tp
+      const double g = static_cast<double>(l.dp) * l.tp;
+      bytes += 2 * (g - 1) / g * n.grad * s.sequence_partial_elems;
+    }
     if (s.tied_wte_elems > 0) {  // the embedding group: both stages' data-parallel ranks
       const double g = 2.0 * l.dp;
       bytes += 2 * (g - 1) / g * n.grad * s.tied_wte_elems;  // the gradients as held

@@ -39,6 +39,9 @@ struct StageSheet {
   double dense_elems = 0, expert_elems = 0;
   std::vector<double> unit_elems;  // per unit of the stage, in order (gradient buckets)
   double tied_wte_elems = 0;       // a wte copy summed over the embedding group (pp > 1)
+  // LayerNorm elements whose gradients are partial sums over the rows under sequence parallelism,
+  // summed over the stage's dp x tp ranks after the data-parallel reduction.
+  double sequence_partial_elems = 0;
   // Activation memory: bytes kept per micro-batch until its backward (one record), the extra a
   // micro-batch waiting for its weight gradients keeps (zb-h1), and the stage's scratch.
   double record_bytes = 0, deferred_bytes = 0, workspace_bytes = 0;

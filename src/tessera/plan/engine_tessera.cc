@@ -34,6 +34,8 @@ WorkRules tessera_rules() {
   r.causal_blocks = true;
   r.recompute_skips_last_projection = true;
   r.recompute_tp_collectives = 1;
+  r.experts_split_over_tp = false;
+  r.moe_pads_to_capacity = false;
   return r;
 }
 
@@ -81,6 +83,8 @@ class TesseraEngine final : public Engine {
       } else if (u <= L) {
         ++s.blocks;
         const nn::BlockPart part = part_of(units, u);
+        if (part != nn::BlockPart::Mlp) s.sequence_partial_elems += 2 * C;        // ln_1
+        if (part != nn::BlockPart::Attention) s.sequence_partial_elems += 2 * C;  // ln_2
         if (part != nn::BlockPart::Mlp)  // ln_1, c_attn, attn.c_proj
           n +=
               2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) + align16(C);
@@ -88,14 +92,16 @@ class TesseraEngine final : public Engine {
           // no MLP
         } else if (m.moe.is_moe_layer(u - 1)) {  // ln_2, the router; the experts
           n += 2 * align16(C) + align16(C * m.moe.experts);
-          experts = (m.moe.experts / l.ep) *
-                    (align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C));
+          const double F = 4 * C;  // (the experts are not split over tp: nn/moe.h)
+          experts =
+              (m.moe.experts / l.ep) * (align16(C * F) + align16(F) + align16(F * C) + align16(C));
         } else {  // ln_2, c_fc, mlp.c_proj
           n += 2 * align16(C) + align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C);
         }
       } else {
         if (!s.has_embedding) n += align16(V0 * C);  // the last stage's own wte copy
         n += 2 * align16(C);
+        s.sequence_partial_elems += 2 * C;  // ln_f
       }
       const double padded = pad_to(n + experts, unit_align);
       s.unit_elems.push_back(padded);
@@ -125,13 +131,29 @@ class TesseraEngine final : public Engine {
     const double rest = rest_attn_of(4) + rest_mlp_of(4) + 4 * BT * C * rep;  // all fp32
     const double att = 4 * B * hl * Tb * Tb * (drop ? 2 : 1);  // probabilities (+ dropped)
     const double Bs = B * m.seq;  // the deferred tensors are sized for the actual micro-batch
+    // A mixture-of-experts MLP (nn/moe.h) instead of fc and gelu(fc): ln_2 in fp32 for every token
+    // (gathered under sp), the router's logits and probabilities [BT, E] and lse, and the routed
+    // rows, modelled as balanced routing: each rank sends K = kept x Bs x top-k rows and runs as
+    // many (K / ep of its own, the rest received), each buffer grown to 1.25x what it first needed
+    // (the first steps' imbalance is not modelled). The experts are not split over tp.
+    const double E = m.moe.experts, F = 4 * C, ep = l.ep, grow = 1.25;
+    const double kept = m.moe.capacity_factor > 0 ? std::min(1.0, m.moe.capacity_factor) : 1.0;
+    const double K = kept * Bs * m.moe.top_k, K_local = K / ep, R = K - K_local;
+    auto moe_mlp_record = [&] {
+      return BT * (4 * C + 8 * rep) + (drop ? BT * C * rep : 0) + 4 * BT * (2 * E + 1) +
+             grow * 4 * ((K_local + R) * (C + 2 * F) + K * C);
+    };
+    bool any_moe = false, all_moe = true;
     for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) {
       const nn::BlockPart part = part_of(units, u);
       const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
+      const bool moe = mlp && m.moe.is_moe_layer(u - 1);
+      if (moe) any_moe = true;
+      if (mlp && !moe) all_moe = false;
       rec += 4 * BT * C * rep;  // the block's (half's) output
-      const double g_mlp = m.moe.is_moe_layer(u - 1) ? 4 : g;
       if (l.recompute != nn::Recompute::Full)
-        rec += (attn ? rest_attn_of(g) : 0) + (mlp ? rest_mlp_of(g_mlp) : 0) +
+        rec += (attn ? rest_attn_of(g) : 0) +
+               (mlp ? (moe ? moe_mlp_record() : rest_mlp_of(g)) : 0) +
                (part == nn::BlockPart::Whole ? 4 * BT * C * rep : 0);
       if (l.recompute == nn::Recompute::None && attn) rec += att;
       s.deferred_bytes += 4 * Bs * ((mlp ? C + Fl : 0) + (attn ? C + 3 * Cl : 0));
@@ -147,7 +169,12 @@ class TesseraEngine final : public Engine {
     if (s.blocks > 0) {
       double ws = 4 * BT * (C + C + Cl + 3 * Cl + Fl) + 4 * Tb * Tb;
       if (l.recompute == nn::Recompute::Selective) ws += att + 4 * BT * Cl;
-      if (l.recompute == nn::Recompute::Full) ws += rest + att;
+      if (l.recompute == nn::Recompute::Full) {  // one recomputed record (dense and/or MoE MLP)
+        ws += rest + att;
+        if (any_moe) ws += moe_mlp_record() - (all_moe ? rest_mlp_of(4) : 0);
+      }
+      if (any_moe)  // the MoE layers' shared exchange scratch (MoeMlp::Workspace)
+        ws += grow * 4 * (2 * K * C + 2 * R * C + (K_local + R) * F) + grow * 4 * BT * E;
       s.workspace_bytes = ws;
     } else if (s.has_head) {
       s.workspace_bytes = 4 * BT * C;

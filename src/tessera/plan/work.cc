@@ -45,9 +45,10 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
                     nn::BlockPart part) {
   const double t = l.tp, C = m.hidden, s = m.seq, b = l.micro_batch, BT = b * s;
   const double heads_local = m.heads / t;
-  const double f = r.causal_blocks ? causal_block_fraction(m.seq) : 1.0;
+  const double causal = r.causal_blocks ? causal_block_fraction(m.seq) : 1.0;
   const bool moe = m.moe.is_moe_layer(layer);
-  const double cap = m.moe.capacity_factor > 0 ? std::max(1.0, m.moe.capacity_factor) : 1.0;
+  const double f = m.moe.capacity_factor;
+  const double cap = f <= 0 ? 1.0 : r.moe_pads_to_capacity ? std::max(1.0, f) : std::min(1.0, f);
   const double k = moe ? m.moe.top_k * cap : 1.0;  // MLP passes per token
   const bool drop = m.dropout > 0;
   const double e = r.act_bytes;
@@ -57,9 +58,10 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   UnitWork w;
   const double attn_proj = 2 * BT * C * C / t;
   const double attn_linear = attn ? 2 * BT * (3 * C * C) / t + attn_proj : 0;
-  const double mlp_linear = mlp ? k * 2 * BT * (8 * C * C) / t : 0;
+  const double mlp_t = moe && !r.experts_split_over_tp ? 1.0 : t;  // the MLP's tp split
+  const double mlp_linear = mlp ? k * 2 * BT * (8 * C * C) / mlp_t : 0;
   const double router = moe && mlp ? 2 * BT * C * m.moe.experts : 0;
-  const double core = attn ? 4 * b * s * s * C * f / t : 0;  // Q K^T and P V
+  const double core = attn ? 4 * b * s * s * C * causal / t : 0;  // Q K^T and P V
   const double linear = attn_linear + mlp_linear + router;
   w.fwd_flops = linear + core;
   w.bwd_flops = 2 * w.fwd_flops;
@@ -69,9 +71,10 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   // half, the causal softmax (and the probabilities' dropout), GELU; MoE dispatch and combine.
   const double halves = (attn ? 1 : 0) + (mlp ? 1 : 0);
   const double branch = drop ? 7 * C * e + C : 3 * C * e;
-  const double scores = heads_local * s * (r.causal_blocks ? f : 1.0) * r.score_bytes;
+  const double scores = heads_local * s * causal * r.score_bytes;
   const double softmax = attn ? 2 * scores * (drop ? 2 : 1) : 0;
-  double per_token = halves * (2 * C * e + branch) * repl + (mlp ? k * 8 * C / t * e : 0) + softmax;
+  double per_token =
+      halves * (2 * C * e + branch) * repl + (mlp ? k * 8 * C / mlp_t * e : 0) + softmax;
   if (moe && mlp) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;
   w.fwd_bytes = BT * per_token;
   w.bwd_bytes = 2 * w.fwd_bytes;
@@ -87,8 +90,12 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
     w.recompute_bytes = w.fwd_bytes;
   }
   if (l.tp > 1) {
-    w.tp_fwd = static_cast<int>(halves);
-    w.tp_bwd = static_cast<int>(halves);
+    // An MoE half whose experts are whole on every tp rank needs no tp collective (under sp an
+    // all-gather each way, counted like the dense half's pair).
+    const bool mlp_tp = mlp && !(moe && !r.experts_split_over_tp && !l.sp);
+    const int tp_halves = (attn ? 1 : 0) + (mlp_tp ? 1 : 0);
+    w.tp_fwd = tp_halves;
+    w.tp_bwd = tp_halves;
     // A whole block's count; the halves split it, the skipped projection's collective dropped.
     if (l.recompute == nn::Recompute::Full)
       w.tp_recompute = part == nn::BlockPart::Whole ? r.recompute_tp_collectives

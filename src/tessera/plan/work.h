@@ -28,6 +28,11 @@ struct WorkRules {
   // tessera's full recomputation skips the block's last projection (its output is not needed).
   bool recompute_skips_last_projection = true;
   int recompute_tp_collectives = 1;  // all-reduces a recomputed block forward runs
+  // Megatron splits each expert's MLP over tp; tessera runs every expert whole on each tp rank.
+  bool experts_split_over_tp = true;
+  // An expert runs capacity rows (padded, GShard) or only the kept assignments (tessera: balanced
+  // routing keeps min(1, capacity factor) of them).
+  bool moe_pads_to_capacity = true;
 };
 
 struct UnitWork {
