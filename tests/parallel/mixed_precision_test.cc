@@ -58,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16Layouts,
                                            Layout{"tp2_sp", 1, 0, 2, 1, 1, true},
                                            Layout{"pp2_1f1b", 1, 0, 1, 2},
                                            Layout{"pp2_zbh1", 1, 0, 1, 2, 1, false, false, "zb-h1"},
-                                           Layout{"moe_dp2_ep2", 2, 0, 1, 1, 2, false, true}),
+                                           Layout{"moe_dp2_ep2", 2, 0, 1, 1, 2, false, true},
+                                           Layout{"moe_dp2_ep2_tp2_sp", 2, 0, 2, 1, 2, true, true}),
                          [](const auto& info) { return info.param.name; });
 
 // bf16 really changes the numbers (a mode that were ignored would pass every test above), and stays
