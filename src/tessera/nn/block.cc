@@ -300,8 +300,11 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   keep_rounded(r.ln2, ln2_out, static_cast<int64_t>(R) * C);
   float* fch = nullptr;
   if (moe_) {  // every token on every tp rank: complete, no reduce point
+    // (gathered in fp32 whatever the wire: the router reads fp32; every rank the same values)
+    TensorSplit fp32_wire = split_;
+    fp32_wire.wire = DType::F32;
     const float* moe_in =
-        sequence_ ? gather_to_tp(split_, ln2_out, r.ln2.f32(), rows, C) : r.ln2.f32();
+        sequence_ ? gather_to_tp(fp32_wire, ln2_out, r.ln2.f32(), rows, C) : r.ln2.f32();
     moe_->forward(moe_in, ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
