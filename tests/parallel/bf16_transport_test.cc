@@ -25,6 +25,7 @@ struct Transport {
   int dp = 1, zero = 0, tp = 1, pp = 1;
   bool sp = false;
   std::string schedule = "1f1b";
+  bool moe = false;  // a mixture of experts in every block (bf16_config)
 };
 
 void PrintTo(const Transport& t, std::ostream* os) {
@@ -36,15 +37,19 @@ class Bf16Transport : public ::testing::TestWithParam<Transport> {};
 TEST_P(Bf16Transport, TrainsLikeOneBf16RankInHalfTheBytes) {
   const Transport& l = GetParam();
   auto dir = temp_dir("bf16_transport_" + l.name);
-  TrainConfig c = bf16_config(dir);
+  TrainConfig c = bf16_config(dir, l.moe);
   c.dp = l.dp, c.zero = l.zero, c.tp = l.tp, c.sp = l.sp, c.pp = l.pp, c.schedule = l.schedule;
   c.param_gather_dtype = c.activation_comm_dtype = "fp32";
   const TrainResult f = run_training(c, nullptr);
   c.param_gather_dtype = c.activation_comm_dtype = "auto";  // the default: bf16 under bf16
   const TrainResult b = run_training(c, nullptr);
 
-  const double worst = max_rel_loss_diff(one_bf16_rank(false), b.losses);
-  EXPECT_LE(worst, 1e-3) << l.name;
+  const double worst = max_rel_loss_diff(one_bf16_rank(l.moe), b.losses);
+  // A mixture of experts drifts further: the bf16 rounding of the attention's reductions moves the
+  // router's input by bf16 noise, and a routing choice or a capacity drop that flips is a discrete
+  // change (measured 2026-12-03 with tp = 2: 1.09e-3 without sp, 1.38e-3 with; 3e-6 with an fp32
+  // wire, in mixed_precision_test).
+  EXPECT_LE(worst, l.moe ? 2e-3 : 1e-3) << l.name;
   EXPECT_GT(max_rel_loss_diff(f.losses, b.losses), 0.0) << "bf16 transport changed nothing";
   RecordProperty("max_rel_loss_diff", std::to_string(worst));
   std::printf("[ bf16 transport %-9s ] max relative loss difference to one bf16 rank: %.2e\n",
@@ -59,10 +64,14 @@ TEST_P(Bf16Transport, TrainsLikeOneBf16RankInHalfTheBytes) {
   }
   if (l.tp > 1) {
     // Everything halves but the head's loss statistics (row max, sum of exponentials and target
-    // logit: 3 floats per token, all-reduced in fp32 in each micro-batch's forward).
-    const double stats = micro_batches * 2.0 * (l.tp - 1) / l.tp * 3 * c.seq * 4;
-    ASSERT_GT(f.tp_bytes_per_step, 2 * stats);
-    EXPECT_NEAR(b.tp_bytes_per_step, (f.tp_bytes_per_step - stats) / 2 + stats,
+    // logit: 3 floats per token, all-reduced in fp32 in each micro-batch's forward) and, for a
+    // mixture of experts under sp, its input's all-gather per micro-batch and layer (fp32: the
+    // router reads fp32).
+    const double ring = (l.tp - 1.0) / l.tp;
+    const double stats = micro_batches * 2 * ring * 3 * c.seq * 4;
+    const double moe = l.moe && l.sp ? micro_batches * c.layers * ring * c.seq * c.dim * 4.0 : 0;
+    ASSERT_GT(f.tp_bytes_per_step, 2 * (stats + moe));
+    EXPECT_NEAR(b.tp_bytes_per_step, (f.tp_bytes_per_step - stats - moe) / 2 + stats + moe,
                 1e-9 * f.tp_bytes_per_step);
   }
   if (l.pp > 1) {  // rank 0 (the first stage) sends each micro-batch's [seq, dim] hidden state
@@ -77,44 +86,10 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16Transport,
                          ::testing::Values(Transport{"dp2_zero3", 2, 3}, Transport{"tp2", 1, 0, 2},
                                            Transport{"tp2_sp", 1, 0, 2, 1, true},
                                            Transport{"pp2_1f1b", 1, 0, 1, 2},
-                                           Transport{"pp2_zbh1", 1, 0, 1, 2, false, "zb-h1"}),
+                                           Transport{"pp2_zbh1", 1, 0, 1, 2, false, "zb-h1"},
+                                           Transport{"moe_tp2", 1, 0, 2, 1, false, "1f1b", true},
+                                           Transport{"moe_tp2_sp", 1, 0, 2, 1, true, "1f1b", true}),
                          [](const auto& info) { return info.param.name; });
-
-// A mixture of experts with tp = 2, without and with sequence parallelism, over a bf16 wire. Under
-// sp the MoE gathers its input rows in fp32 whatever the wire (its router reads fp32), so every tp
-// rank routes the same values; the rest of the tensor-parallel traffic halves. The bound is 2e-3,
-// not the 1e-3 of the dense families: the bf16 rounding of the attention's reductions moves the
-// router's input by bf16 noise, and a routing choice or a capacity drop that flips is a discrete
-// change (measured 2026-12-03: 1.09e-3 without sp, 1.38e-3 with; 3e-6 with an fp32 wire, in
-// mixed_precision_test).
-TEST(Bf16Transport, MoeWithTensorParallelism) {
-  for (const bool sp : {false, true}) {
-    auto dir = temp_dir(sp ? "bf16_transport_moe_tp2_sp" : "bf16_transport_moe_tp2");
-    TrainConfig c = bf16_config(dir, true);
-    c.tp = 2;
-    c.sp = sp;
-    c.activation_comm_dtype = "fp32";
-    const TrainResult f = run_training(c, nullptr);
-    c.activation_comm_dtype = "auto";
-    const TrainResult b = run_training(c, nullptr);
-    const double worst = max_rel_loss_diff(one_bf16_rank(true), b.losses);
-    EXPECT_LE(worst, 2e-3) << "sp " << sp;
-    EXPECT_GT(max_rel_loss_diff(f.losses, b.losses), 0.0) << "bf16 transport changed nothing";
-    std::printf(
-        "[ bf16 transport moe_tp2%s ] max relative loss difference to one bf16 rank: %.2e\n",
-        sp ? "_sp" : "", worst);
-    // Of the fp32 run's bytes all halve but the loss statistics and, under sp, one [seq, dim]
-    // all-gather per micro-batch and MoE layer (the router's fp32 input).
-    const double ring = (c.tp - 1.0) / c.tp, micro_batches = c.batch;
-    const double stats = micro_batches * 2 * ring * 3 * c.seq * 4;
-    const double moe_gathers = sp ? micro_batches * c.layers * ring * c.seq * c.dim * 4.0 : 0;
-    ASSERT_GT(f.tp_bytes_per_step, 2 * (stats + moe_gathers));
-    EXPECT_NEAR(b.tp_bytes_per_step,
-                (f.tp_bytes_per_step - stats - moe_gathers) / 2 + stats + moe_gathers,
-                1e-9 * f.tp_bytes_per_step)
-        << "sp " << sp;
-  }
-}
 
 }  // namespace
 }  // namespace tessera::train

@@ -299,13 +299,13 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
                        p(q_.ln2_b), R, C, cfg_.ln_eps);
   keep_rounded(r.ln2, ln2_out, static_cast<int64_t>(R) * C);
   float* fch = nullptr;
-  if (moe_) {  // every token on every tp rank: complete, no reduce point
-    // (gathered in fp32 whatever the wire: the router reads fp32; every rank the same values)
-    TensorSplit fp32_wire = split_;
-    fp32_wire.wire = DType::F32;
-    const float* moe_in =
-        sequence_ ? gather_to_tp(fp32_wire, ln2_out, r.ln2.f32(), rows, C) : r.ln2.f32();
-    moe_->forward(moe_in, ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
+  if (moe_) {         // every token on every tp rank: complete, no reduce point
+    if (sequence_) {  // gathered in fp32 whatever the wire: the router reads fp32
+      TensorSplit fp32_wire = split_;
+      fp32_wire.wire = DType::F32;
+      gather_to_tp(fp32_wire, ln2_out, r.ln2.f32(), rows, C);
+    }
+    moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
     const float* ln2 = to_tp(ln2_out);

@@ -68,6 +68,7 @@ class TesseraEngine final : public Engine {
     s.has_embedding = units.first == 0;
     s.has_head = units.last == L + 1;
     const double t = l.tp, C = m.hidden, Cl = C / t, Fl = 4 * C / t;
+    const double F = 4 * C;  // an expert's hidden width (experts are not split over tp: nn/moe.h)
     const double V0 = static_cast<double>(std::min<int64_t>(m.vocab, vocab_local(m.vocab, l.tp)));
     const double unit_align = kAlign * (l.zero > 0 ? l.dp : 1);
     const double Tb = m.block_size(), B = l.micro_batch, BT = B * Tb;
@@ -92,7 +93,6 @@ class TesseraEngine final : public Engine {
           // no MLP
         } else if (m.moe.is_moe_layer(u - 1)) {  // ln_2, the router; the experts
           n += 2 * align16(C) + align16(C * m.moe.experts);
-          const double F = 4 * C;  // (the experts are not split over tp: nn/moe.h)
           experts =
               (m.moe.experts / l.ep) * (align16(C * F) + align16(F) + align16(F * C) + align16(C));
         } else {  // ln_2, c_fc, mlp.c_proj
@@ -136,13 +136,12 @@ class TesseraEngine final : public Engine {
     // rows, modelled as balanced routing: each rank sends K = kept x Bs x top-k rows and runs as
     // many (K / ep of its own, the rest received), each buffer grown to 1.25x what it first needed
     // (the first steps' imbalance is not modelled). The experts are not split over tp.
-    const double E = m.moe.experts, F = 4 * C, ep = l.ep, grow = 1.25;
+    const double E = m.moe.experts, ep = l.ep, grow = 1.25;
     const double kept = m.moe.capacity_factor > 0 ? std::min(1.0, m.moe.capacity_factor) : 1.0;
     const double K = kept * Bs * m.moe.top_k, K_local = K / ep, R = K - K_local;
-    auto moe_mlp_record = [&] {
-      return BT * (4 * C + 8 * rep) + (drop ? BT * C * rep : 0) + 4 * BT * (2 * E + 1) +
-             grow * 4 * ((K_local + R) * (C + 2 * F) + K * C);
-    };
+    const double moe_mlp_record = BT * (4 * C + 8 * rep) + (drop ? BT * C * rep : 0) +
+                                  4 * BT * (2 * E + 1) +
+                                  grow * 4 * ((K_local + R) * (C + 2 * F) + K * C);
     bool any_moe = false, all_moe = true;
     for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) {
       const nn::BlockPart part = part_of(units, u);
@@ -152,8 +151,7 @@ class TesseraEngine final : public Engine {
       if (mlp && !moe) all_moe = false;
       rec += 4 * BT * C * rep;  // the block's (half's) output
       if (l.recompute != nn::Recompute::Full)
-        rec += (attn ? rest_attn_of(g) : 0) +
-               (mlp ? (moe ? moe_mlp_record() : rest_mlp_of(g)) : 0) +
+        rec += (attn ? rest_attn_of(g) : 0) + (mlp ? (moe ? moe_mlp_record : rest_mlp_of(g)) : 0) +
                (part == nn::BlockPart::Whole ? 4 * BT * C * rep : 0);
       if (l.recompute == nn::Recompute::None && attn) rec += att;
       s.deferred_bytes += 4 * Bs * ((mlp ? C + Fl : 0) + (attn ? C + 3 * Cl : 0));
@@ -171,7 +169,7 @@ class TesseraEngine final : public Engine {
       if (l.recompute == nn::Recompute::Selective) ws += att + 4 * BT * Cl;
       if (l.recompute == nn::Recompute::Full) {  // one recomputed record (dense and/or MoE MLP)
         ws += rest + att;
-        if (any_moe) ws += moe_mlp_record() - (all_moe ? rest_mlp_of(4) : 0);
+        if (any_moe) ws += moe_mlp_record - (all_moe ? rest_mlp_of(4) : 0);
       }
       if (any_moe)  // the MoE layers' shared exchange scratch (MoeMlp::Workspace)
         ws += grow * 4 * (2 * K * C + 2 * R * C + (K_local + R) * F) + grow * 4 * BT * E;
