@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two `tessera` binaries (say, builds of two commits) on the mixed-precision
+# benchmark model, GPT {L=6, C=512, T=256, V=4096}, B=4, one thread: for each round, each binary
+# in fp32 and then in bf16, so that machine drift hits both sides alike. Prints, per run, the
+# median tokens/s of steps 3..STEPS (the first steps allocate and create primitives) and the final
+# loss (the two binaries should agree on it to the printed digits unless the change is numerical).
+#
+# Usage: bench/precision/ab_train.sh OLD_TESSERA NEW_TESSERA [ROUNDS (3)] [STEPS (12)]
+#   env: PRECISIONS ("fp32 bf16"), EXTRA (more train flags, e.g. "--bf16-gemm emulated")
+# Run it from a directory where the default corpus may be cached (runs/cache).
+set -euo pipefail
+old=${1:?usage: ab_train.sh OLD_TESSERA NEW_TESSERA [ROUNDS] [STEPS]}
+new=${2:?usage: ab_train.sh OLD_TESSERA NEW_TESSERA [ROUNDS] [STEPS]}
+rounds=${3:-3}
+steps=${4:-12}
+read -r -a extra <<<"${EXTRA:-}"
+for r in $(seq 1 "$rounds"); do
+  for side in old new; do
+    bin=$old
+    [ "$side" = new ] && bin=$new
+    for p in ${PRECISIONS:-fp32 bf16}; do
+      out=$("$bin" train --layers 6 --dim 512 --heads 8 --seq 256 --vocab 4096 --batch 4 \
+        --steps "$steps" --warmup 2 --threads 1 --eval-every 0 --sample-tokens 0 \
+        --val-fraction 0 --log-every 1 --precision "$p" "${extra[@]}" 2>&1)
+      median=$(awk '/^step/ { split($2, s, "/"); if (s[1] + 0 >= 3)
+                 for (i = 1; i <= NF; ++i) if ($i == "tok/s") print $(i - 1) }' <<<"$out" |
+        sort -n | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+      loss=$(awk -v last="$steps/$steps" '$2 == last { for (i = 1; i <= NF; ++i)
+               if ($i == "loss") print $(i + 1) }' <<<"$out")
+      echo "round $r $side $p median_tok/s $median loss $loss $(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg)"
+    done
+  done
+done
