@@ -207,6 +207,11 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "bf16_gemm", v.bf16_gemm,
        "bf16 GEMM path: auto (oneDNN on a CPU with avx512_bf16 or amx_bf16, else emulated), "
        "onednn, emulated (bf16-rounded inputs through OpenBLAS)");
+  flag(cmd, *f, "bf16_weight_copies", v.bf16_weight_copies,
+       "bf16 copies of the GEMM weights, converted once per forward rather than at every GEMM "
+       "(2 bytes per weight; not under ZeRO-3): auto (on where the GEMMs run through oneDNN), on, "
+       "off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   flag(cmd, *f, "grad_reduce_dtype", v.grad_reduce_dtype,
        "Data-parallel gradient reduction in fp32 or bf16 (half the bytes; fp32 accumulation)");
   flag(cmd, *f, "param_gather_dtype", v.param_gather_dtype,

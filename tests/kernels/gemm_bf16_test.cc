@@ -204,10 +204,15 @@ TEST_P(KernelsUnderBf16, AttentionForwardBackward) {
   });
 }
 
-// A GEMM input kept in bf16 (the bits) gives bitwise the GEMM of the fp32 values it rounds: for
-// gemm_bf16 on every case (leading dimensions, transposes) and for the matmul's weight and bias
-// gradients.
+// A GEMM input given in bf16 (the bits) gives bitwise the GEMM of the fp32 values it rounds: for
+// gemm_bf16 with either or both inputs in bf16 on every case (leading dimensions, transposes), and
+// for the matmuls with bf16 inputs and weights (a record's kept activations, a weight's copy).
 TEST_P(KernelsUnderBf16, Bf16InputsGiveTheGemmOfTheRoundedValues) {
+  auto bits = [](const std::vector<float>& x) {
+    std::vector<uint16_t> b(x.size());
+    f32_to_bf16(b.data(), x.data(), static_cast<int64_t>(x.size()));
+    return b;
+  };
   for (const Case& c : kCases) {
     const int a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
     const int b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
@@ -215,25 +220,53 @@ TEST_P(KernelsUnderBf16, Bf16InputsGiveTheGemmOfTheRoundedValues) {
     const auto A = randn(static_cast<size_t>(a_rows) * lda, 41 + c.M);
     const auto B = randn(static_cast<size_t>(b_rows) * ldb, 43 + c.N);
     const auto C0 = randn(static_cast<size_t>(c.M) * ldc, 47 + c.K);
-    std::vector<uint16_t> A16(A.size());
-    f32_to_bf16(A16.data(), A.data(), static_cast<int64_t>(A.size()));
-    std::vector<float> from_f32 = C0, from_bf16 = C0;
+    const std::vector<uint16_t> A16 = bits(A), B16 = bits(B);
+    std::vector<float> from_f32 = C0;
     gemm_bf16(GetParam(), c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta,
               from_f32.data(), ldc);
-    gemm_bf16_a16(GetParam(), c.ta, c.tb, c.M, c.N, c.K, c.alpha, A16.data(), lda, B.data(), ldb,
-                  c.beta, from_bf16.data(), ldc);
-    EXPECT_EQ(from_bf16, from_f32) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
+    const GemmInput as[] = {A.data(), A16.data()}, bs[] = {B.data(), B16.data()};
+    for (int mix = 1; mix < 4; ++mix) {  // A in bf16, B in bf16, both
+      std::vector<float> out = C0;
+      gemm_bf16(GetParam(), c.ta, c.tb, c.M, c.N, c.K, c.alpha, as[mix & 1], lda, bs[mix >> 1], ldb,
+                c.beta, out.data(), ldc);
+      EXPECT_EQ(out, from_f32) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " mix " << mix;
+    }
   }
   const int M = 24, K = 48, N = 40;
-  const auto in = randn(M * K, 10), dout = randn(M * N, 11);
-  std::vector<uint16_t> in16(in.size());
-  f32_to_bf16(in16.data(), in.data(), M * K);
-  std::vector<float> dw(K * N, 0.5f), db(N, 0.25f), dw16 = dw, db16 = db;
+  const auto in = randn(M * K, 10), w = randn(K * N, 12), dout = randn(M * N, 11);
+  const auto bias = randn(N, 13), residual = randn(M * N, 14);
+  const std::vector<uint16_t> in16 = bits(in), w16 = bits(w);
   GemmModeScope scope({Precision::BF16, GetParam()});
-  matmul_backward(nullptr, dw.data(), db.data(), dout.data(), in.data(), nullptr, M, K, N);
-  matmul_backward_weight_bf16(dw16.data(), db16.data(), dout.data(), in16.data(), M, K, N);
+  std::vector<float> out(M * N), out16(M * N);
+  matmul_forward(out.data(), in.data(), w.data(), bias.data(), residual.data(), M, K, N);
+  matmul_forward(out16.data(), in16.data(), w16.data(), bias.data(), residual.data(), M, K, N);
+  EXPECT_EQ(out16, out);
+  std::vector<float> din(M * K), dw(K * N, 0.5f), db(N, 0.25f);
+  std::vector<float> din16 = din, dw16 = dw, db16 = db;
+  matmul_backward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), M, K, N);
+  matmul_backward(din16.data(), dw16.data(), db16.data(), dout.data(), in16.data(), w16.data(), M,
+                  K, N);
+  EXPECT_EQ(din16, din);
   EXPECT_EQ(dw16, dw);
   EXPECT_EQ(db16, db);
+  // The tied head's [N, K] weight.
+  std::vector<float> logits(M * N), logits16(M * N), dnt(M * K), dnt16(M * K);
+  const auto wt = randn(N * K, 15);
+  const std::vector<uint16_t> wt16 = bits(wt);
+  matmul_nt_forward(logits.data(), in.data(), wt.data(), M, K, N);
+  matmul_nt_forward(logits16.data(), in16.data(), wt16.data(), M, K, N);
+  EXPECT_EQ(logits16, logits);
+  matmul_nt_backward(dnt.data(), nullptr, dout.data(), nullptr, wt.data(), M, K, N);
+  matmul_nt_backward(dnt16.data(), nullptr, dout.data(), nullptr, wt16.data(), M, K, N);
+  EXPECT_EQ(dnt16, dnt);
+}
+
+// bf16 inputs belong to the bf16 GEMM mode: an fp32 GEMM refuses them.
+TEST(GemmInputs, Bf16BitsOutsideTheBf16ModeAreRefused) {
+  std::vector<uint16_t> a(4, 0x3f80);
+  std::vector<float> b(4, 1.0f), c(4, 0.0f);
+  EXPECT_THROW(gemm(false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c.data(), 2),
+               std::exception);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsUnderBf16,

@@ -2,7 +2,9 @@
 // (GPTLayout::bf16_gemm_inputs, decision 33). The GEMMs round them to those values anyway, so the
 // losses, outputs and gradients are bitwise those of fp32 records: in every recompute mode, with
 // the zero-bubble split, in a block's halves, and under tensor and sequence parallelism. The
-// records shrink by exactly half of those tensors.
+// records shrink by exactly half of those tensors. Likewise the bf16 copies of the weights
+// (GPTLayout::bf16_weight_copies: converted once per forward, not per GEMM) change no bit, dense
+// or MoE, and cost exactly 2 bytes per GEMM weight.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -61,11 +63,13 @@ void noisy_init(GPT& m, uint64_t seed) {
   }
 }
 
-GPTLayout bf16_layout(Recompute r, bool bf16_inputs) {
+GPTLayout bf16_layout(Recompute r, bool bf16_inputs, bool weight_copies = true) {
   GPTLayout l;
   l.recompute = r;
   l.gemm = {kernels::Precision::BF16, kernels::Bf16Gemm::Emulated};
   l.bf16_gemm_inputs = bf16_inputs;
+  l.bf16_weight_copies =
+      weight_copies ? GPTLayout::WeightCopies::Always : GPTLayout::WeightCopies::Never;
   return l;
 }
 
@@ -101,7 +105,10 @@ Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward) 
       if (!m.has_embedding()) out.values.emplace_back(m.input_grad(), m.input_grad() + hidden);
     }
   }
-  for (int i = 0; i < m.params().size(); ++i) out.values.push_back(m.params().grad(i).to_vector());
+  for (ParamGroup g : {ParamGroup::Model, ParamGroup::Experts}) {
+    const ParameterSet& ps = m.params(g);
+    for (int i = 0; i < ps.size(); ++i) out.values.push_back(ps.grad(i).to_vector());
+  }
   return out;
 }
 
@@ -118,15 +125,20 @@ class Bf16Records : public ::testing::TestWithParam<Variant> {};
 TEST_P(Bf16Records, GiveTheNumbersOfFp32Records) {
   const Variant& v = GetParam();
   const GPTConfig cfg = small(0.1f);
-  auto layout = [&](bool bf16_inputs) {
-    GPTLayout l = bf16_layout(v.recompute, bf16_inputs);
+  auto layout = [&](bool bf16_inputs, bool weight_copies = true) {
+    GPTLayout l = bf16_layout(v.recompute, bf16_inputs, weight_copies);
     l.first_unit = v.first_unit, l.last_unit = v.last_unit;
     l.starts_mid_block = v.starts_mid, l.ends_mid_block = v.ends_mid;
     return l;
   };
-  const Outcome fp32 = run(cfg, layout(false), v.split_backward);
-  const Outcome bf16 = run(cfg, layout(true), v.split_backward);
-  expect_bitwise(fp32, bf16);
+  // Every GEMM input fp32 and every weight converted at each GEMM, against the bf16 records, the
+  // weight copies, and both.
+  const Outcome per_gemm = run(cfg, layout(false, false), v.split_backward);
+  for (auto [inputs, copies] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    SCOPED_TRACE(std::string("bf16 records ") + (inputs ? "on" : "off") + ", weight copies " +
+                 (copies ? "on" : "off"));
+    expect_bitwise(per_gemm, run(cfg, layout(inputs, copies), v.split_backward));
+  }
   // The records really are bf16 (recomputation keeps none of those tensors).
   Allocator a("a"), b("b");
   GPT with(cfg, 2, a, layout(true)), without(cfg, 2, b, layout(false));
@@ -188,6 +200,50 @@ TEST(Bf16Records, GiveTheNumbersOfFp32RecordsUnderSequenceParallelism) {
       expect_bitwise(fp32[static_cast<size_t>(r)], bf16[static_cast<size_t>(r)]);
     }
   }
+}
+
+// The weight copies: with the mixture of experts (each expert's weights read by several row
+// blocks), bitwise the per-GEMM conversions; 2 bytes per GEMM weight (4 C^2 per attention, 8 C^2
+// per dense MLP and per expert, V C for the head), each copy 64-byte aligned; none in fp32, on the
+// emulated path unless asked for (Auto), or without resident parameters (ZeRO-3).
+TEST(Bf16WeightCopies, GiveTheNumbersOfPerGemmConversionsWithExperts) {
+  GPTConfig cfg = small(0.1f);
+  cfg.moe.experts = 4;
+  cfg.moe.every = 2;  // block 1 is MoE, block 0 dense
+  expect_bitwise(run(cfg, bf16_layout(Recompute::None, true, false), false),
+                 run(cfg, bf16_layout(Recompute::None, true, true), false));
+}
+
+TEST(Bf16WeightCopies, CostTwoBytesPerGemmWeight) {
+  GPTConfig cfg = small(0.0f);
+  cfg.moe.experts = 4;
+  cfg.moe.every = 2;
+  auto param_bytes = [&](GPTLayout l) {
+    Allocator alloc("test");
+    GPT m(cfg, 1, alloc, l);
+    return static_cast<int64_t>(alloc.in_use(MemCategory::Parameters));
+  };
+  auto round64 = [](int64_t elems) { return (elems + 31) / 32 * 32 * 2; };  // bytes
+  const int64_t C = cfg.n_embd;
+  const int64_t expected = 2 * (round64(3 * C * C) + round64(C * C)) +  // two attentions
+                           2 * round64(4 * C * C) +                     // the dense MLP
+                           4 * 2 * round64(4 * C * C) +           // four experts, two weights each
+                           round64(int64_t{cfg.vocab_size} * C);  // the tied head
+  const GPTLayout with = bf16_layout(Recompute::None, true, true);
+  EXPECT_EQ(param_bytes(with) - param_bytes(bf16_layout(Recompute::None, true, false)), expected);
+  GPTLayout fp32;
+  GPTLayout fp32_copies = fp32;
+  fp32_copies.bf16_weight_copies = GPTLayout::WeightCopies::Always;
+  EXPECT_EQ(param_bytes(fp32_copies), param_bytes(fp32));  // fp32: no copies whatever the flag
+  GPTLayout emulated_auto = with;  // Auto: copies only where oneDNN reads them in place
+  emulated_auto.bf16_weight_copies = GPTLayout::WeightCopies::Auto;
+  EXPECT_EQ(param_bytes(emulated_auto), param_bytes(bf16_layout(Recompute::None, true, false)));
+  GPTLayout sharded = with;
+  sharded.full_params = false;  // ZeRO-3: the gathered buffers are read as they are
+  Allocator alloc("zero3");
+  GPT m(cfg, 1, alloc, sharded);
+  EXPECT_FALSE(m.params().has_bf16_copies());
+  EXPECT_FALSE(m.params(ParamGroup::Experts).has_bf16_copies());
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct Case {
   bool sp = false;
   int ep = 1, experts = 0;  // experts > 0: every block a mixture of experts, top-2
   float capacity = 0;
+  std::string weight_copies = "auto";  // --bf16-weight-copies (auto: off on the emulated path)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -104,6 +105,7 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   c.moe_experts = k.experts;
   c.moe_capacity_factor = k.capacity;
   c.bf16_gemm = "emulated";  // any CPU
+  c.bf16_weight_copies = k.weight_copies;
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* log = open_memstream(&buf, &len);
@@ -166,6 +168,10 @@ std::vector<Case> cases() {
       {"pp2_dp2_tp2_zero3", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4},
       {"pp2_dp2_tp2_zero3_bf16", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4, "bf16"},
       {"pp2_zb_h1_bf16", 1, 1, 2, 0, 2, 1, "zb-h1", "none", 4, "bf16"},
+      {"pp2_zb_h1_bf16_weight_copies", 1, 1, 2, 0, 2, 1, "zb-h1", "none", 4, "bf16", false, 1, 0,
+       0.0f, "on"},
+      {"moe_dp2_ep2_zero1_bf16_weight_copies", 2, 1, 1, 1, 0, 1, "1f1b", "none", 4, "bf16", false,
+       2, 4, 0.0f, "on"},
       {"tp2_sp", 1, 2, 1, 0, 0, 1, "1f1b", "none", 4, "fp32", true},
       {"dp2_tp2_sp_zero1_selective", 2, 2, 1, 1, 0, 1, "1f1b", "selective", 4, "fp32", true},
       {"pp2_tp2_sp_full", 1, 2, 2, 0, 2, 1, "1f1b", "full", 4, "fp32", true},

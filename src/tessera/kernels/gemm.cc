@@ -3,8 +3,10 @@
 #include <cblas.h>
 
 #include <cstring>
+#include <vector>
 
 #include "tessera/core/error.h"
+#include "tessera/kernels/bf16.h"
 
 namespace tessera::kernels {
 
@@ -20,16 +22,40 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc) {
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInput A, int lda,
+          GemmInput B, int ldb, float beta, float* C, int ldc) {
   const GemmMode& mode = current_gemm_mode();
-  if (mode.precision == Precision::BF16)
+  if (mode.precision == Precision::BF16) {
     gemm_bf16(mode.bf16, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  TESSERA_ASSERT(A.bf16 == nullptr && B.bf16 == nullptr,
+                 "a bf16 GEMM input outside the bf16 GEMM mode");
+  sgemm(trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
-void matmul_forward(float* out, const float* in, const float* weight, const float* bias,
+namespace {
+
+// dout as both backward GEMMs read it: under bf16, rounded once into per-thread scratch (bitwise
+// what each GEMM would round; outside the allocator's accounting), else as it is.
+GemmInput output_gradient(const float* dout, int64_t n) {
+  if (current_gemm_mode().precision != Precision::BF16) return dout;
+  thread_local std::vector<uint16_t> rounded;
+  rounded.resize(static_cast<size_t>(n));
+  f32_to_bf16(rounded.data(), dout, n);
+  return rounded.data();
+}
+
+void add_column_sums(float* dbias, const float* dout, int M, int N) {
+  for (int64_t i = 0; i < M; ++i) {
+    const float* d = dout + i * N;
+    for (int j = 0; j < N; ++j) dbias[j] += d[j];
+  }
+}
+
+}  // namespace
+
+void matmul_forward(float* out, GemmInput in, GemmInput weight, const float* bias,
                     const float* residual, int M, int K, int N) {
   // Seed the output with residual + bias and let the GEMM accumulate (beta = 1): one memory pass,
   // the same that BLAS would spend zeroing C for beta = 0.
@@ -51,42 +77,27 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
   gemm(false, false, M, N, K, 1.0f, in, K, weight, N, beta, out, N);
 }
 
-void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int M, int K, int N, bool accumulate_din) {
-  if (din != nullptr)
-    gemm(false, true, M, K, N, 1.0f, dout, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
-  if (dweight != nullptr) gemm(true, false, K, N, M, 1.0f, in, K, dout, N, 1.0f, dweight, N);
-  if (dbias != nullptr) {
-    for (int64_t i = 0; i < M; ++i) {
-      const float* d = dout + i * N;
-      for (int j = 0; j < N; ++j) dbias[j] += d[j];
-    }
+void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, GemmInput in,
+                     GemmInput weight, int M, int K, int N, bool accumulate_din) {
+  if (din != nullptr || dweight != nullptr) {
+    const GemmInput d = output_gradient(dout, static_cast<int64_t>(M) * N);
+    if (din != nullptr)
+      gemm(false, true, M, K, N, 1.0f, d, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
+    if (dweight != nullptr) gemm(true, false, K, N, M, 1.0f, in, K, d, N, 1.0f, dweight, N);
   }
+  if (dbias != nullptr) add_column_sums(dbias, dout, M, N);
 }
 
-void matmul_backward_weight_bf16(float* dweight, float* dbias, const float* dout,
-                                 const uint16_t* in16, int M, int K, int N) {
-  const GemmMode& mode = current_gemm_mode();
-  TESSERA_ASSERT(mode.precision == Precision::BF16,
-                 "a bf16-kept GEMM input outside the bf16 GEMM mode");
-  if (dweight != nullptr)
-    gemm_bf16_a16(mode.bf16, true, false, K, N, M, 1.0f, in16, K, dout, N, 1.0f, dweight, N);
-  if (dbias != nullptr) {
-    for (int64_t i = 0; i < M; ++i) {
-      const float* d = dout + i * N;
-      for (int j = 0; j < N; ++j) dbias[j] += d[j];
-    }
-  }
-}
-
-void matmul_nt_forward(float* out, const float* in, const float* weight, int M, int K, int N) {
+void matmul_nt_forward(float* out, GemmInput in, GemmInput weight, int M, int K, int N) {
   gemm(false, true, M, N, K, 1.0f, in, K, weight, K, 0.0f, out, N);
 }
 
-void matmul_nt_backward(float* din, float* dweight, const float* dout, const float* in,
-                        const float* weight, int M, int K, int N) {
-  if (din != nullptr) gemm(false, false, M, K, N, 1.0f, dout, N, weight, K, 0.0f, din, K);
-  if (dweight != nullptr) gemm(true, false, N, K, M, 1.0f, dout, N, in, K, 1.0f, dweight, K);
+void matmul_nt_backward(float* din, float* dweight, const float* dout, GemmInput in,
+                        GemmInput weight, int M, int K, int N) {
+  if (din == nullptr && dweight == nullptr) return;
+  const GemmInput d = output_gradient(dout, static_cast<int64_t>(M) * N);
+  if (din != nullptr) gemm(false, false, M, K, N, 1.0f, d, N, weight, K, 0.0f, din, K);
+  if (dweight != nullptr) gemm(true, false, N, K, M, 1.0f, d, N, in, K, 1.0f, dweight, K);
 }
 
 }  // namespace tessera::kernels

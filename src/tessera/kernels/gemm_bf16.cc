@@ -32,53 +32,32 @@ const float* rounded_copy(std::vector<float>& buf, const uint16_t* src, int rows
 
 // The emulated path: sgemm on bf16-rounded copies. Each product of two bf16 values has at most 16
 // significant bits, so it is exact in fp32; the only rounding left is fp32 accumulation.
-template <typename AType>  // float, or uint16_t (bf16 bits)
-void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                        const AType* A, int lda, const float* B, int ldb, float beta, float* C,
-                        int ldc) {
+void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInput A,
+                        int lda, GemmInput B, int ldb, float beta, float* C, int ldc) {
   // op(A) is [M, K]: A is stored [M, K], or [K, M] when transposed; likewise B.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const float* a = rounded_copy(rounded.a, A, a_rows, a_cols, lda);
-  const float* b = rounded_copy(rounded.b, B, b_rows, b_cols, ldb);
+  auto copy = [](std::vector<float>& buf, GemmInput x, int rows, int cols, int ld) {
+    return x.bf16 != nullptr ? rounded_copy(buf, x.bf16, rows, cols, ld)
+                             : rounded_copy(buf, x.f32, rows, cols, ld);
+  };
+  const float* a = copy(rounded.a, A, a_rows, a_cols, lda);
+  const float* b = copy(rounded.b, B, b_rows, b_cols, ldb);
   sgemm(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
-}
-
-// oneDNN on fp32 A (converted) or bf16 A (copied).
-void onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) {
-  gemm_bf16_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-            int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  gemm_bf16_onednn_a16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-template <typename AType>
-void gemm_bf16_any(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                   const AType* A, int lda, const float* B, int ldb, float beta, float* C,
-                   int ldc) {
-  if (M == 0 || N == 0 || K == 0) {  // nothing to round; sgemm keeps the beta contract (A unread)
-    sgemm(trans_a, trans_b, M, N, K, alpha, nullptr, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  if (resolve_bf16_gemm(path) == Bf16Gemm::OneDnn)
-    onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace
 
 void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-               const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  gemm_bf16_any(path, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-void gemm_bf16_a16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                   const uint16_t* A16, int lda, const float* B, int ldb, float beta, float* C,
-                   int ldc) {
-  gemm_bf16_any(path, trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
+               GemmInput A, int lda, GemmInput B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0 || K == 0) {  // nothing to round; sgemm keeps the beta contract (A unread)
+    sgemm(trans_a, trans_b, M, N, K, alpha, nullptr, lda, nullptr, ldb, beta, C, ldc);
+    return;
+  }
+  if (resolve_bf16_gemm(path) == Bf16Gemm::OneDnn)
+    gemm_bf16_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace tessera::kernels

@@ -82,21 +82,25 @@ Primitive make_primitive(ThreadState& st, const Shape& s) {
   return Primitive{a, b, c, dnnl::matmul(pd)};
 }
 
-// A [rows, cols] with leading dimension ld into the dense bf16 buffer: converted, or copied.
-void to_dense_bf16(std::vector<uint16_t>& dst, const float* A, int rows, int cols, int ld) {
-  dst.resize(static_cast<size_t>(rows) * cols);
-  f32_to_bf16_rows(dst.data(), A, rows, cols, ld);
-}
-void to_dense_bf16(std::vector<uint16_t>& dst, const uint16_t* A16, int rows, int cols, int ld) {
-  dst.resize(static_cast<size_t>(rows) * cols);
-  for (int r = 0; r < rows; ++r)
-    std::memcpy(dst.data() + static_cast<size_t>(r) * cols, A16 + static_cast<size_t>(r) * ld,
-                sizeof(uint16_t) * static_cast<size_t>(cols));
+// X [rows, cols] with leading dimension ld as dense bf16: fp32 converted into buf; bf16 read
+// where it is when already dense, else copied row by row into buf.
+const uint16_t* dense_bf16(std::vector<uint16_t>& buf, GemmInput x, int rows, int cols, int ld) {
+  if (x.bf16 != nullptr && ld == cols) return x.bf16;
+  buf.resize(static_cast<size_t>(rows) * cols);
+  if (x.bf16 == nullptr) {
+    f32_to_bf16_rows(buf.data(), x.f32, rows, cols, ld);
+  } else {
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(buf.data() + static_cast<size_t>(r) * cols, x.bf16 + static_cast<size_t>(r) * ld,
+                  sizeof(uint16_t) * static_cast<size_t>(cols));
+  }
+  return buf.data();
 }
 
-template <typename AType>  // float, or uint16_t (bf16 bits)
-void run_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const AType* A,
-                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+}  // namespace
+
+void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInput A,
+                      int lda, GemmInput B, int ldb, float beta, float* C, int ldc) {
   if (!state) state = std::make_unique<ThreadState>();
   ThreadState& st = *state;
   // As many OpenMP threads as OpenBLAS was given (train::set_compute_threads): ranks that are
@@ -105,31 +109,19 @@ void run_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
 
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  to_dense_bf16(st.a, A, a_rows, a_cols, lda);
-  to_dense_bf16(st.b, B, b_rows, b_cols, ldb);
+  const uint16_t* a = dense_bf16(st.a, A, a_rows, a_cols, lda);
+  const uint16_t* b = dense_bf16(st.b, B, b_rows, b_cols, ldb);
 
   const Shape shape{trans_a, trans_b, M, N, K, ldc, alpha, beta};
   auto it = st.primitives.find(shape);
   if (it == st.primitives.end()) it = st.primitives.emplace(shape, make_primitive(st, shape)).first;
   const Primitive& p = it->second;
-  dnnl::memory ma(p.a, st.engine, st.a.data());
-  dnnl::memory mb(p.b, st.engine, st.b.data());
+  // oneDNN takes a non-const handle; a matmul only reads its sources.
+  dnnl::memory ma(p.a, st.engine, const_cast<uint16_t*>(a));
+  dnnl::memory mb(p.b, st.engine, const_cast<uint16_t*>(b));
   dnnl::memory mc(p.c, st.engine, C);
   p.matmul.execute(st.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
   st.stream.wait();
-}
-
-}  // namespace
-
-void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  run_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-void gemm_bf16_onednn_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                          const uint16_t* A16, int lda, const float* B, int ldb, float beta,
-                          float* C, int ldc) {
-  run_onednn(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace tessera::kernels

@@ -22,24 +22,9 @@ constexpr float kInitStd = 0.02f;
 
 // A matmul input as the record keeps it: fp32, or the bf16 bits of the values a bf16 GEMM rounds
 // it to anyway (Block's bf16_gemm_inputs).
-struct KeptInput {
-  const float* f32 = nullptr;
-  const uint16_t* bf16 = nullptr;
-};
-KeptInput kept(const Tensor& t) {
-  if (t.dtype() == DType::BF16) return {nullptr, t.data<uint16_t>()};
-  return {t.f32(), nullptr};
-}
-
-// matmul_backward with its input as kept.
-void matmul_backward_kept(float* din, float* dweight, float* dbias, const float* dout, KeptInput in,
-                          const float* weight, int M, int K, int N) {
-  if (in.bf16 == nullptr) {
-    k::matmul_backward(din, dweight, dbias, dout, in.f32, weight, M, K, N);
-    return;
-  }
-  k::matmul_backward(din, nullptr, nullptr, dout, nullptr, weight, M, K, N);
-  k::matmul_backward_weight_bf16(dweight, dbias, dout, in.bf16, M, K, N);
+k::GemmInput kept(const Tensor& t) {
+  if (t.dtype() == DType::BF16) return t.data<uint16_t>();
+  return t.f32();
 }
 
 // Where the forward computes a tensor the record keeps: in the record (fp32), or in fp32 scratch
@@ -49,6 +34,13 @@ float* staging(const Tensor& rec, const Tensor& scratch) {
 }
 void keep_rounded(Tensor& rec, const float* staged, int64_t n) {
   if (rec.dtype() == DType::BF16) k::f32_to_bf16(rec.data<uint16_t>(), staged, n);
+}
+// A GEMM input the forward just computed (staged) and kept (rec): the kept bf16 bits when the
+// record holds those (what the bf16 GEMM would round staged to, so it is not rounded twice),
+// else staged.
+k::GemmInput as_kept(const Tensor& rec, const float* staged) {
+  if (rec.dtype() == DType::BF16) return rec.data<uint16_t>();
+  return staged;
 }
 }  // namespace
 
@@ -112,6 +104,8 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   }
   for (int i : {q_.ln1_w, q_.ln1_b, q_.ln2_w, q_.ln2_b})
     if (i >= 0) mark_sequence_partial(ps, i, split);
+  for (int i : {q_.attn_w, q_.aproj_w, q_.fc_w, q_.mproj_w})
+    if (i >= 0) ps.mark_gemm_weight(i);
   site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
   site_mlp_drop_ = stable_hash(h + "mlp.dropout");
@@ -232,6 +226,9 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
   const int64_t first_row = r.first_sample * r.T + rows.begin;
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
+  auto w = [&](int i) { return ps_.gemm_weight(i); };  // bf16 copies (refreshed here) or fp32
+  for (int i : {q_.attn_w, q_.aproj_w, q_.fc_w, q_.mproj_w})
+    if (i >= 0) ps_.refresh_bf16_copy(i);
   // Entering the tensor-parallel region (every token) from a LayerNorm output of this rank's rows.
   auto to_tp = [&](const float* ln) {
     return sequence_ ? gather_to_tp(split_, ln, ws.gathered.f32(), rows, C)
@@ -272,8 +269,8 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     k::layernorm_forward(ln1_out, r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
                          R, C, cfg_.ln_eps);
     keep_rounded(r.ln1, ln1_out, static_cast<int64_t>(R) * C);
-    const float* ln1 = to_tp(ln1_out);
-    k::matmul_forward(r.qkv.f32(), ln1, p(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
+    const k::GemmInput ln1 = sequence_ ? k::GemmInput(to_tp(ln1_out)) : as_kept(r.ln1, ln1_out);
+    k::matmul_forward(r.qkv.f32(), ln1, w(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
     float* atty = staging(r.atty, ws.datty);
     attention(atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
     keep_rounded(r.atty, atty, static_cast<int64_t>(BT) * Cl);
@@ -283,7 +280,8 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
                              mix_stream(r.step, site_resid_drop_), first_row);
       return;
     }
-    k::matmul_forward(ws.proj.f32(), atty, p(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
+    k::matmul_forward(ws.proj.f32(), as_kept(r.atty, atty), w(q_.aproj_w), nullptr, nullptr, BT, Cl,
+                      C);
     float* attn_out = from_tp(ws.proj.f32());  // reduce point
     residual_branch(x_attn_out, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
   }
@@ -308,8 +306,8 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
-    const float* ln2 = to_tp(ln2_out);
-    k::matmul_forward(r.fc.f32(), ln2, p(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
+    const k::GemmInput ln2 = sequence_ ? k::GemmInput(to_tp(ln2_out)) : as_kept(r.ln2, ln2_out);
+    k::matmul_forward(r.fc.f32(), ln2, w(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
     fch = staging(r.fch, ws.dfch);
     k::gelu_forward(fch, r.fc.f32(), static_cast<int64_t>(BT) * F);
     keep_rounded(r.fch, fch, static_cast<int64_t>(BT) * F);
@@ -324,7 +322,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     residual_branch(y, ws.proj.f32() + rows.begin * C, nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
     return;
   }
-  k::matmul_forward(ws.proj.f32(), fch, p(q_.mproj_w), nullptr, nullptr, BT, F, C);
+  k::matmul_forward(ws.proj.f32(), as_kept(r.fch, fch), w(q_.mproj_w), nullptr, nullptr, BT, F, C);
   float* mlp_out = from_tp(ws.proj.f32());  // reduce point
   residual_branch(y, mlp_out, p(q_.mproj_b), x_attn, r.mask_mlp, site_mlp_drop_);
 }
@@ -441,16 +439,16 @@ void Block::backward_weight(Record& r) const {
   // A matmul's input: the fp32 copy the BI pass kept, or the record's (fp32 or bf16).
   auto in = [](const Tensor& copy, const Tensor& rec) { return kept(copy.defined() ? copy : rec); };
   if (has_mlp() && !moe_) {  // an MoE block computed its MLP's gradients in backward already
-    matmul_backward_kept(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
-                         nullptr, BT, F, C);
-    matmul_backward_kept(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr,
-                         BT, C, F);
+    k::matmul_backward(nullptr, g(q_.mproj_w), g(q_.mproj_b), d.d_mproj.f32(), in(d.fch, r.fch),
+                       nullptr, BT, F, C);
+    k::matmul_backward(nullptr, g(q_.fc_w), g(q_.fc_b), d.d_fc.f32(), in(d.ln2, r.ln2), nullptr, BT,
+                       C, F);
   }
   if (!has_attention()) return;
-  matmul_backward_kept(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
-                       nullptr, BT, Cl, C);
-  matmul_backward_kept(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1),
-                       nullptr, BT, C, 3 * Cl);
+  k::matmul_backward(nullptr, g(q_.aproj_w), g(q_.aproj_b), d.d_aproj.f32(), in(d.atty, r.atty),
+                     nullptr, BT, Cl, C);
+  k::matmul_backward(nullptr, g(q_.attn_w), g(q_.attn_b), d.d_attn.f32(), in(d.ln1, r.ln1), nullptr,
+                     BT, C, 3 * Cl);
 }
 
 void Block::run_backward(const Record& r, float* dres, Workspace& ws,
@@ -462,6 +460,7 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   const int R = static_cast<int>(rows.size());
   const bool drop = r.p > 0.0f;
   auto p = [&](int i) { return ps_.param_data(i); };
+  auto w = [&](int i) { return ps_.gemm_weight(i); };  // as the forward read them
   // Weight gradients now, or (zero-bubble BI) the output gradient kept for W.
   auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
   auto keep = [&](Tensor Record::DeferredWeightGrads::*slot, const float* dout, int64_t width) {
@@ -485,16 +484,16 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   // A column-parallel layer's input for its weight gradient: the record keeps only this rank's
   // rows of the LayerNorm output under sequence parallelism, so it is all-gathered again (bf16
   // rows widened first, exact, into their place of the gathered buffer).
-  auto tp_input = [&](const Tensor& ln) -> KeptInput {
+  auto tp_input = [&](const Tensor& ln) -> k::GemmInput {
     if (!sequence_) return kept(ln);
     float* place = ws.gathered.f32() + rows.place() * C;
     if (ln.dtype() == DType::BF16)
       k::bf16_to_f32(place, ln.data<uint16_t>(), static_cast<int64_t>(R) * C);
     const float* slice = ln.dtype() == DType::BF16 ? place : ln.f32();
-    return {gather_to_tp(split_, slice, ws.gathered.f32(), rows, C), nullptr};
+    return gather_to_tp(split_, slice, ws.gathered.f32(), rows, C);
   };
   // A kept input's fp32 values for the zero-bubble copy (which exists only where they are fp32).
-  auto keep_input = [&](Tensor Record::DeferredWeightGrads::*slot, KeptInput in, int64_t width) {
+  auto keep_input = [&](Tensor Record::DeferredWeightGrads::*slot, k::GemmInput in, int64_t width) {
     if (defer && (defer->*slot).defined()) {
       TESSERA_ASSERT(in.f32 != nullptr, "a zero-bubble copy of a bf16-kept input");
       std::memcpy((defer->*slot).f32(), in.f32, sizeof(float) * static_cast<size_t>(BT * width));
@@ -522,13 +521,13 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
     } else {
       float* dfch = ws.dfch.f32();
       keep(&Record::DeferredWeightGrads::d_mproj, dy, C);
-      matmul_backward_kept(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, kept(r.fch), p(q_.mproj_w), BT,
-                           F, C);
+      k::matmul_backward(dfch, g(q_.mproj_w), g(q_.mproj_b), dy, kept(r.fch), w(q_.mproj_w), BT, F,
+                         C);
       k::gelu_backward(dfch, dfch, r.fc.f32(), static_cast<int64_t>(BT) * F);
       keep(&Record::DeferredWeightGrads::d_fc, dfch, F);
-      const KeptInput ln2 = tp_input(r.ln2);
+      const k::GemmInput ln2 = tp_input(r.ln2);
       keep_input(&Record::DeferredWeightGrads::ln2, ln2, C);
-      matmul_backward_kept(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, p(q_.fc_w), BT, C, F);
+      k::matmul_backward(dln, g(q_.fc_w), g(q_.fc_b), dfch, ln2, w(q_.fc_w), BT, C, F);
       k::layernorm_backward(dres, g_ln(q_.ln2_w), g_ln(q_.ln2_b), grad_from_tp(dln), x_attn,
                             p(q_.ln2_w), r.ln2_mean.f32(), r.ln2_rstd.f32(), R, C);
     }
@@ -544,16 +543,16 @@ void Block::run_backward(const Record& r, float* dres, Workspace& ws,
   }
   dy = grad_to_tp(dy);
   keep(&Record::DeferredWeightGrads::d_aproj, dy, C);
-  matmul_backward_kept(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, kept(r.atty),
-                       p(q_.aproj_w), BT, Cl, C);
+  k::matmul_backward(ws.datty.f32(), g(q_.aproj_w), g(q_.aproj_b), dy, kept(r.atty), w(q_.aproj_w),
+                     BT, Cl, C);
   k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
                         drop ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl, heads_local_,
                         r.p);
   keep(&Record::DeferredWeightGrads::d_attn, ws.dqkv.f32(), 3 * Cl);
-  const KeptInput ln1 = tp_input(r.ln1);
+  const k::GemmInput ln1 = tp_input(r.ln1);
   keep_input(&Record::DeferredWeightGrads::ln1, ln1, C);
-  matmul_backward_kept(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), ln1, p(q_.attn_w), BT, C,
-                       3 * Cl);
+  k::matmul_backward(dln, g(q_.attn_w), g(q_.attn_b), ws.dqkv.f32(), ln1, w(q_.attn_w), BT, C,
+                     3 * Cl);
   k::layernorm_backward(dres, g_ln(q_.ln1_w), g_ln(q_.ln1_b), grad_from_tp(dln), r.x, p(q_.ln1_w),
                         r.ln1_mean.f32(), r.ln1_rstd.f32(), R, C);
 }

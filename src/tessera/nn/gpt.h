@@ -74,6 +74,14 @@ struct GPTLayout {
   // Under bf16 GEMMs, keep the activations only bf16 GEMMs read in bf16 (Block's
   // bf16_gemm_inputs: the same numbers in half their bytes). false: every activation in fp32.
   bool bf16_gemm_inputs = true;
+  // Under bf16 GEMMs with resident parameters (full_params: not ZeRO-3), a bf16 copy of each GEMM
+  // weight, converted once per forward and read by its GEMMs and the backward's instead of a
+  // conversion per GEMM call (ParameterSet::gemm_weight): 2 more bytes per weight, bitwise the
+  // same results. Auto: where the bf16 GEMM reads bf16 in place (oneDNN); the emulated path widens
+  // a bf16 copy into fp32 scratch just as it rounds an fp32 weight there, so a copy would cost
+  // memory and save nothing (measured: docs/PERFORMANCE.md).
+  using WeightCopies = nn::WeightCopies;
+  WeightCopies bf16_weight_copies = WeightCopies::Auto;
 };
 
 // The two parameter sets of a model: everything but the experts, and the experts.

@@ -42,6 +42,13 @@ Recompute parse_recompute(const std::string& s) {
   throw ConfigError(detail::concat("--recompute must be none, selective or full, got '", s, "'"));
 }
 
+WeightCopies parse_weight_copies(const std::string& s) {
+  if (s == "auto") return WeightCopies::Auto;
+  if (s == "on") return WeightCopies::Always;
+  if (s == "off") return WeightCopies::Never;
+  throw ConfigError(detail::concat("--bf16-weight-copies must be auto, on or off, got '", s, "'"));
+}
+
 const char* to_string(Recompute r) {
   switch (r) {
     case Recompute::None:

@@ -50,6 +50,11 @@ enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "full", else ConfigError
 const char* to_string(Recompute r);
 
+// Whether a bf16 model keeps bf16 copies of its GEMM weights (GPTLayout::bf16_weight_copies).
+enum class WeightCopies { Auto, Always, Never };
+// "auto" | "on" | "off" (--bf16-weight-copies), else a ConfigError naming them.
+WeightCopies parse_weight_copies(const std::string& s);
+
 // Which part of a block a module (and a pipeline stage) holds: all of it, the attention half
 // (ln_1, attn, the first residual add) or the MLP half (ln_2, mlp, the second residual add).
 enum class BlockPart { Whole, Attention, Mlp };

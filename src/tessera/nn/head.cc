@@ -28,6 +28,7 @@ Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
   lnf_w_ = ps.add("ln_f.weight", {C}, Init::Ones, 0.0f, false);
   lnf_b_ = ps.add("ln_f.bias", {C}, Init::Zeros, 0.0f, false);
   for (int i : {lnf_w_, lnf_b_}) mark_sequence_partial(ps, i, split);  // ln_f sees its rows only
+  ps.mark_gemm_weight(wte_);
 }
 
 Head::Record Head::make_record(int max_batch, Allocator& alloc,
@@ -61,7 +62,8 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   const float* lnf = split_.sequence_parallel()
                          ? gather_to_tp(split_, lnf_rows, r.lnf.f32(), rows, C)
                          : copy_to_tp(split_, lnf_rows, static_cast<int64_t>(BT) * C);
-  if (V > 0) k::matmul_nt_forward(r.logits.f32(), lnf, ps_.param_data(wte_), BT, C, V);
+  ps_.refresh_bf16_copy(wte_);  // (a bf16 model's copy; its backward reads the same)
+  if (V > 0) k::matmul_nt_forward(r.logits.f32(), lnf, ps_.gemm_weight(wte_), BT, C, V);
   if (!r.have_targets) return 0.0;
   std::memcpy(r.targets.data<int32_t>(), b.targets, sizeof(int32_t) * BT);
   if (split_.size() == 1)
@@ -109,7 +111,7 @@ void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) co
                                    vocab_.begin, r.loss_scale, BT, V);
   if (V > 0) {
     k::matmul_nt_backward(scratch, defer_weights ? nullptr : ps_.grad_data(wte_), dlogits,
-                          r.lnf.f32(), ps_.param_data(wte_), BT, C, V);
+                          r.lnf.f32(), ps_.gemm_weight(wte_), BT, C, V);
   } else {
     std::memset(scratch, 0, sizeof(float) * static_cast<size_t>(BT) * C);
   }

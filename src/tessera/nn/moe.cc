@@ -49,6 +49,8 @@ MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, in
     p.fc_b = experts.add(e + "c_fc.bias", {F}, Init::Zeros, 0.0f, false);
     p.proj_w = experts.add(e + "c_proj.weight", {F, C}, Init::Normal, proj_std, true);
     p.proj_b = experts.add(e + "c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+    experts.mark_gemm_weight(p.fc_w);
+    experts.mark_gemm_weight(p.proj_w);
     experts_.push_back(p);
   }
   dispatch_label_ = "dispatch h." + std::to_string(layer);
@@ -176,23 +178,24 @@ std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks
 void MoeMlp::block_forward(const RowBlock& b, ExpertRows& side, float* out) const {
   const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
   auto ep = [&](int i) { return eps_.param_data(i); };
+  auto w = [&](int i) { return eps_.gemm_weight(i); };  // refreshed by forward
   const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
   float* fc = side.fc.f32() + b.begin * F;
   float* fch = side.fch.f32() + b.begin * F;
-  k::matmul_forward(fc, side.in.f32() + b.begin * C, ep(q.fc_w), ep(q.fc_b), nullptr, M, C, F);
+  k::matmul_forward(fc, side.in.f32() + b.begin * C, w(q.fc_w), ep(q.fc_b), nullptr, M, C, F);
   k::gelu_forward(fch, fc, b.rows * F);
-  k::matmul_forward(out + b.begin * C, fch, ep(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
+  k::matmul_forward(out + b.begin * C, fch, w(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
 }
 
 void MoeMlp::block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy,
                                  float* dfc, float* dx) const {
   const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
-  auto ep = [&](int i) { return eps_.param_data(i); };
+  auto w = [&](int i) { return eps_.gemm_weight(i); };  // as the forward read them
   const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
   float* df = dfc + b.begin * F;
-  k::matmul_backward(df, nullptr, nullptr, dy + b.begin * C, nullptr, ep(q.proj_w), M, F, C);
+  k::matmul_backward(df, nullptr, nullptr, dy + b.begin * C, nullptr, w(q.proj_w), M, F, C);
   k::gelu_backward(df, df, side.fc.f32() + b.begin * F, b.rows * F);
-  k::matmul_backward(dx + b.begin * C, nullptr, nullptr, df, nullptr, ep(q.fc_w), M, C, F);
+  k::matmul_backward(dx + b.begin * C, nullptr, nullptr, df, nullptr, w(q.fc_w), M, C, F);
 }
 
 void MoeMlp::block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
@@ -240,6 +243,10 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
 
   // The rows: those for the other ranks into the send buffer, this rank's own into local.in.
   PendingExchange counts = plan_rows(r);
+  for (const ExpertParams& q : experts_) {  // (a bf16 model's copies, read by every row block)
+    eps_.refresh_bf16_copy(q.fc_w);
+    eps_.refresh_bf16_copy(q.proj_w);
+  }
   const int64_t K_local = r.K - r.K_remote;
   float* send = ensure(ws.send, r.K_remote * C, "moe.send", ws.alloc);
   float* local_in = ensure(r.local.in, K_local * C, "moe.expert_input", r.alloc);

@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/kernels/bf16.h"
 
 namespace tessera::nn {
 
@@ -85,7 +86,8 @@ void ParameterSet::pad_to_multiple(int64_t floats) {
   numel_ = (numel_ + floats - 1) / floats * floats;
 }
 
-void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_grads) {
+void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_grads,
+                               bool bf16_copies) {
   TESSERA_ASSERT(!materialized(), "parameters materialized twice");
   if (full_params)
     flat_params_ =
@@ -98,7 +100,39 @@ void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_gra
     if (full_params) param_ptr_[i] = flat_params_.f32() + infos_[i].offset;
     if (full_grads) grad_ptr_[i] = flat_grads_.f32() + infos_[i].offset;
   }
+  gemm_weight_.resize(infos_.size(), false);
+  if (bf16_copies) {
+    constexpr int64_t kAlign = 32;  // bf16 elements: 64 bytes
+    std::vector<int64_t> at(infos_.size(), -1);
+    int64_t n = 0;
+    for (size_t i = 0; i < infos_.size(); ++i)
+      if (gemm_weight_[i]) {
+        at[i] = n;
+        n += (infos_[i].local_numel() + kAlign - 1) / kAlign * kAlign;
+      }
+    if (n > 0) {
+      bf16_copies_ = Tensor::zeros({n}, DType::BF16, MemCategory::Parameters,
+                                   "parameters.bf16_copies", &alloc);
+      bf16_ptr_.assign(infos_.size(), nullptr);
+      for (size_t i = 0; i < infos_.size(); ++i)
+        if (at[i] >= 0) bf16_ptr_[i] = bf16_copies_.data<uint16_t>() + at[i];
+    }
+  }
   materialized_ = true;
+}
+
+void ParameterSet::mark_gemm_weight(int i) {
+  TESSERA_ASSERT(!materialized(), "mark_gemm_weight() after materialize()");
+  TESSERA_ASSERT(i >= 0 && i < size(), "mark_gemm_weight(", i, ") of ", size(), " parameters");
+  gemm_weight_.resize(infos_.size(), false);
+  gemm_weight_[static_cast<size_t>(i)] = true;
+}
+
+void ParameterSet::refresh_bf16_copy(int i) const {
+  if (bf16_ptr_.empty() || bf16_ptr_[i] == nullptr) return;
+  TESSERA_ASSERT(param_ptr_[i] != nullptr, "a bf16 copy of ", infos_[i].name,
+                 " without its values");
+  kernels::f32_to_bf16(bf16_ptr_[i], param_ptr_[i], infos_[i].local_numel());
 }
 
 void ParameterSet::initial_values(uint64_t seed, int64_t begin, int64_t end, float* out) const {

@@ -12,6 +12,7 @@
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/gemm.h"
 
 namespace tessera::nn {
 
@@ -85,7 +86,10 @@ class ParameterSet {
   // both. Padding between parameters stays zero forever. ZeRO stages that shard parameters or
   // gradients leave the corresponding full buffer unallocated and point the parameters at their
   // own storage with set_param_data / set_grad_data.
-  void materialize(Allocator& alloc, bool full_params = true, bool full_grads = true);
+  // bf16_copies: also allocate the bf16 copies of the weights marked with mark_gemm_weight (a
+  // bf16 model whose parameters are resident: see gemm_weight).
+  void materialize(Allocator& alloc, bool full_params = true, bool full_grads = true,
+                   bool bf16_copies = false);
   void materialize(Allocator& alloc, const FlatLayout& f) {
     materialize(alloc, f.full_params, f.full_grads);
   }
@@ -120,6 +124,23 @@ class ParameterSet {
   float* grad_data(int i) const { return grad_ptr_[i]; }
   void set_param_data(int i, float* p) { param_ptr_[i] = p; }
   void set_grad_data(int i, float* g) { grad_ptr_[i] = g; }
+  // bf16 copies of the weights that GEMMs read (docs/ARCHITECTURE.md, decision 33). A module marks
+  // its GEMM weights before materialize(); a bf16 model whose parameters are resident (not ZeRO-3,
+  // whose gathered layer buffers come and go) asks materialize() for copies of them, in one buffer
+  // (category Parameters, 2 bytes per weight). The forward that reads a weight converts it into its
+  // copy first (refresh_bf16_copy) and its GEMMs, and the backward of that forward, read the copy
+  // (gemm_weight): a weight is converted once per forward instead of once per GEMM. Parameters do
+  // not change between a forward and its backward (the fp32 gradients would be wrong too).
+  void mark_gemm_weight(int i);
+  bool has_bf16_copies() const { return bf16_copies_.defined(); }
+  // A no-op without a copy. const: the copies are a cache of the values (the modules hold their
+  // parameter set const).
+  void refresh_bf16_copy(int i) const;
+  // What a GEMM reads of weight i: its bf16 copy when it has one, else the fp32 values.
+  kernels::GemmInput gemm_weight(int i) const {
+    if (!bf16_ptr_.empty() && bf16_ptr_[i] != nullptr) return bf16_ptr_[i];
+    return param_ptr_[i];
+  }
   // The parameters whose flat ranges lie in [begin, end), as an index range [first, last).
   std::pair<int, int> params_in(int64_t begin, int64_t end) const;
 
@@ -130,6 +151,9 @@ class ParameterSet {
   bool materialized_ = false;
   Tensor flat_params_, flat_grads_;
   std::vector<float*> param_ptr_, grad_ptr_;
+  std::vector<bool> gemm_weight_;  // marked by mark_gemm_weight
+  Tensor bf16_copies_;             // BF16: the marked weights' copies, 64-byte aligned each
+  std::vector<uint16_t*> bf16_ptr_;
 };
 
 }  // namespace tessera::nn

@@ -82,6 +82,7 @@ void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, 
     total.gradients += z.gradients;
     total.optimizer_state += z.optimizer_state;
   }
+  total.parameters += s.bf16_copy_bytes;
 }
 
 nn::BlockPart part_of(const parallel::UnitRange& units, int u) {

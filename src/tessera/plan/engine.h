@@ -42,6 +42,9 @@ struct StageSheet {
   // LayerNorm elements whose gradients are partial sums over the rows under sequence parallelism,
   // summed over the stage's dp x tp ranks after the data-parallel reduction.
   double sequence_partial_elems = 0;
+  // Bytes of bf16 weight copies next to the parameters (tessera under bf16 with resident
+  // parameters, not ZeRO-3: nn/parameters.h gemm_weight), counted with the parameters.
+  double bf16_copy_bytes = 0;
   // Activation memory: bytes kept per micro-batch until its backward (one record), the extra a
   // micro-batch waiting for its weight gradients keeps (zb-h1), and the stage's scratch.
   double record_bytes = 0, deferred_bytes = 0, workspace_bytes = 0;
@@ -81,6 +84,9 @@ struct EngineOptions {
   double grad_comm_bytes = 4, param_gather_bytes = 4, activation_comm_bytes = 4;
   // tessera under --precision bf16: blocks keep their GEMM-only inputs in bf16 (nn/block.h).
   bool bf16_gemm_inputs = false;
+  // tessera under --precision bf16 through oneDNN: a bf16 copy of every GEMM weight unless ZeRO-3
+  // (nn/gpt.h, GPTLayout::bf16_weight_copies).
+  bool bf16_weight_copies = false;
 };
 
 class Engine {

@@ -75,7 +75,11 @@ class TesseraEngine final : public Engine {
     const double hl = m.heads / t;
     const bool drop = m.dropout > 0;
 
-    // Parameters, unit by unit.
+    // Parameters, unit by unit; the bf16 copies of the GEMM weights (32-element aligned).
+    const bool copies = options.bf16_weight_copies && l.zero < 3;
+    auto copy = [&](double elems) {
+      if (copies) s.bf16_copy_bytes += 2 * pad_to(elems, 32);
+    };
     for (int u = units.first; u <= units.last; ++u) {
       double n = 0;
       double experts = 0;
@@ -86,21 +90,26 @@ class TesseraEngine final : public Engine {
         const nn::BlockPart part = part_of(units, u);
         if (part != nn::BlockPart::Mlp) s.sequence_partial_elems += 2 * C;        // ln_1
         if (part != nn::BlockPart::Attention) s.sequence_partial_elems += 2 * C;  // ln_2
-        if (part != nn::BlockPart::Mlp)  // ln_1, c_attn, attn.c_proj
+        if (part != nn::BlockPart::Mlp) {  // ln_1, c_attn, attn.c_proj
           n +=
               2 * align16(C) + align16(C * 3 * Cl) + align16(3 * Cl) + align16(Cl * C) + align16(C);
+          copy(C * 3 * Cl), copy(Cl * C);
+        }
         if (part == nn::BlockPart::Attention) {
           // no MLP
         } else if (m.moe.is_moe_layer(u - 1)) {  // ln_2, the router; the experts
           n += 2 * align16(C) + align16(C * m.moe.experts);
           experts =
               (m.moe.experts / l.ep) * (align16(C * F) + align16(F) + align16(F * C) + align16(C));
+          for (int e = 0; e < m.moe.experts / l.ep; ++e) copy(C * F), copy(F * C);
         } else {  // ln_2, c_fc, mlp.c_proj
           n += 2 * align16(C) + align16(C * Fl) + align16(Fl) + align16(Fl * C) + align16(C);
+          copy(C * Fl), copy(Fl * C);
         }
       } else {
         if (!s.has_embedding) n += align16(V0 * C);  // the last stage's own wte copy
         n += 2 * align16(C);
+        copy(V0 * C);                       // the head reads wte
         s.sequence_partial_elems += 2 * C;  // ln_f
       }
       const double padded = pad_to(n + experts, unit_align);

@@ -1,5 +1,8 @@
 #include "tessera/plan/from_train.h"
 
+#include "tessera/kernels/precision.h"
+#include "tessera/nn/gpt.h"
+
 namespace tessera::plan {
 
 ModelSpec model_of(const train::TrainConfig& c) {
@@ -41,6 +44,15 @@ EngineOptions engine_options_of(const train::TrainConfig& c) {
   o.param_gather_bytes =
       wire_bytes(train::comm_dtype(c.param_gather_dtype, c.precision, "--param-gather-dtype"));
   o.bf16_gemm_inputs = c.precision == "bf16";
+  // As nn::GPTLayout's Auto: bf16 weight copies where the GEMMs run through oneDNN (on this
+  // machine, for --bf16-gemm auto).
+  if (c.precision == "bf16") {
+    const kernels::Bf16Gemm g = kernels::parse_bf16_gemm(c.bf16_gemm);
+    const bool onednn = g == kernels::Bf16Gemm::OneDnn ||
+                        (g == kernels::Bf16Gemm::Auto && kernels::onednn_bf16_usable());
+    const nn::WeightCopies w = nn::parse_weight_copies(c.bf16_weight_copies);
+    o.bf16_weight_copies = w == nn::WeightCopies::Always || (w == nn::WeightCopies::Auto && onednn);
+  }
   o.activation_comm_bytes = wire_bytes(
       train::comm_dtype(c.activation_comm_dtype, c.precision, "--activation-comm-dtype"));
   return o;

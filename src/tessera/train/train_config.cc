@@ -20,7 +20,7 @@ namespace tessera::train {
   X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(bf16_weight_copies) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -201,6 +201,7 @@ void TrainConfig::validate() const {
   nn::parse_recompute(recompute);       // throws a ConfigError naming the accepted values
   kernels::parse_precision(precision);  // likewise
   kernels::parse_bf16_gemm(bf16_gemm);
+  nn::parse_weight_copies(bf16_weight_copies);
   float_dtype(grad_reduce_dtype, "--grad-reduce-dtype");
   float_dtype(export_dtype, "--export-dtype");
   comm_dtype(param_gather_dtype, precision, "--param-gather-dtype");

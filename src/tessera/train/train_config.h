@@ -67,6 +67,10 @@ struct TrainConfig {
   // emulated) | onednn | emulated.
   std::string precision = "fp32";  // fp32 | bf16
   std::string bf16_gemm = "auto";
+  // bf16 copies of the GEMM weights, converted once per forward instead of at every GEMM
+  // (nn::GPTLayout::bf16_weight_copies; 2 bytes per weight, no ZeRO-3): auto (where the GEMMs run
+  // through oneDNN) | on | off.
+  std::string bf16_weight_copies = "auto";
   // The dtype of the data-parallel gradient reduction (fp32 | bf16: half the bytes; gradients are
   // accumulated in fp32 before and after) and of the exported model.safetensors (fp32 | bf16;
   // checkpoints always hold the fp32 masters).

@@ -295,6 +295,7 @@ nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelO
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
   base.gemm = {kernels::parse_precision(cfg.precision), kernels::parse_bf16_gemm(cfg.bf16_gemm)};
+  base.bf16_weight_copies = nn::parse_weight_copies(cfg.bf16_weight_copies);
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic, activation_dtype(cfg)};
   base.first_unit = units.first;
   base.last_unit = units.last;
