@@ -23,7 +23,6 @@ struct GemmInput {
   GemmInput(std::nullptr_t) {}               // NOLINT(google-explicit-constructor)
   GemmInput(const float* p) : f32(p) {}      // NOLINT(google-explicit-constructor)
   GemmInput(const uint16_t* p) : bf16(p) {}  // NOLINT(google-explicit-constructor)
-  bool empty() const { return f32 == nullptr && bf16 == nullptr; }
 };
 
 // Row-major C[M,N] = alpha * op(A) . op(B) + beta * C, with leading dimensions (thin CBLAS wrap).
