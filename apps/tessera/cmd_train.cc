@@ -243,7 +243,8 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "save_every", v.save_every, "Save a checkpoint every N steps (0: only at the end)");
   flag(cmd, *f, "metrics", v.metrics, "Write metrics as JSON lines to this file");
   flag(cmd, *f, "eval_every", v.eval_every, "Validate every N steps (0: only at the end)");
-  flag(cmd, *f, "eval_batches", v.eval_batches, "Validation batches (of --micro-batch sequences)");
+  flag(cmd, *f, "eval_batches", v.eval_batches,
+       "Validation batches of --batch sequences (the same windows in every layout)");
   flag(cmd, *f, "sample_tokens", v.sample_tokens, "Tokens to generate at the end (0: none)");
   flag(cmd, *f, "prompt", v.prompt, "Prompt of the final sample");
   flag(cmd, *f, "temperature", v.temperature, "Sampling temperature");

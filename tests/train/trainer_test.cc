@@ -43,6 +43,28 @@ TEST(Trainer, LossFallsAndValidationBeatsUnigramEntropy) {
   EXPECT_LT(r.last_val_loss, r.unigram_entropy);
 }
 
+// Validation reads the same windows in every layout (--eval-batches batches of --batch
+// sequences): data parallelism and gradient accumulation, which shrink the micro-batch, report the
+// validation loss of one rank (it used to read eval_batches micro-batches: fewer windows).
+TEST(Trainer, ValidationLossDoesNotDependOnTheLayout) {
+  auto dir = temp_dir("val_layout");
+  TrainConfig c = tiny_config(dir);
+  c.steps = 3;
+  c.dropout = 0;
+  c.val_fraction = 0.2;
+  c.eval_every = 3;
+  c.eval_batches = 2;
+  const TrainResult one = run_training(c, nullptr);
+  ASSERT_GT(one.last_val_loss, 0);
+  c.dp = 2;
+  const TrainResult two = run_training(c, nullptr);
+  EXPECT_NEAR(two.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+  c.dp = 1;
+  c.micro_batch = c.batch / 4;
+  const TrainResult accumulated = run_training(c, nullptr);
+  EXPECT_NEAR(accumulated.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+}
+
 // MFU = model FLOP/s / (peak per rank x ranks): on the progress line and in the metrics, against
 // --peak-gflops when given, else against a GEMM measured at start.
 TEST(Trainer, ReportsModelFlopUtilisation) {

@@ -95,7 +95,7 @@ struct TrainConfig {
   int64_t save_every = 0;    // 0 = only at the end (when --save is given)
   std::string metrics;       // JSON-lines file
   int64_t eval_every = 100;
-  int eval_batches = 8;
+  int eval_batches = 8;     // validation: the first eval_batches x batch windows, in every layout
   int sample_tokens = 200;  // generated at the end; 0 disables
   std::string prompt = "\n";
   float temperature = 0.8f;

@@ -90,13 +90,17 @@ std::optional<fs::path> tokenizer_beside(const fs::path& p) {
 }
 
 // Mean cross-entropy per target token over the first `max_batches` batches of `windows`.
+// The mean loss per token over the first `windows_wanted` validation windows (all of them if
+// fewer), `batch` rows per forward. The windows do not depend on `batch`, so every layout
+// evaluates the same tokens.
 double evaluate(PipelineForward& model, const data::EvalWindows& windows, int batch,
-                int64_t max_batches, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
-  int64_t batches = std::min(max_batches, windows.num_batches(batch));
+                int64_t windows_wanted, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
+  const int64_t n = std::min(windows_wanted, windows.num_windows());
   double sum = 0;
   int64_t count = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    int64_t rows = windows.fetch_batch(b, batch, in.data(), tgt.data());
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t rows = std::min<int64_t>(batch, n - first);
+    windows.fetch(first, rows, in.data(), tgt.data());
     nn::Batch mb{in.data(), tgt.data(), static_cast<int>(rows), windows.seq_len(), 0};
     sum += model.loss_sum(mb, nn::StepContext{0, 0, false, 1.0f});
     count += rows * windows.seq_len();
@@ -730,7 +734,10 @@ TrainResult RankRun::stop(int64_t at_step, bool saved, int signo) {
 void RankRun::validate(int64_t at_step) {
   if (!val_) return;
   TraceSpan span("validation", "eval");
-  const double v = evaluate(*forward_, *val_, micro_, cfg_.eval_batches, in_, tgt_);
+  // --eval-batches batches of --batch sequences whatever the layout: every rank evaluates them
+  // all, micro-batch by micro-batch.
+  const double v = evaluate(*forward_, *val_, micro_,
+                            static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch, in_, tgt_);
   result_.last_val_loss = v;
   // With this rank's memory, so that a long run shows whether use and peaks stay flat
   // (scripts/soak.sh).
