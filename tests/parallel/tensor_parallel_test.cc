@@ -320,7 +320,7 @@ TEST(TensorParallelTraining, ValidatesAndSamplesLikeOneRank) {
   const TrainResult one = run_training(c, nullptr);
   EXPECT_FALSE(one.sample.empty());
   EXPECT_GT(one.last_val_loss, 0);
-  c.tp = 4;  // dp stays 1: validation evaluates batches of the per-rank size
+  c.tp = 4;
   for (const bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "tp 4 sp" : "tp 4");
     c.sp = sp;
