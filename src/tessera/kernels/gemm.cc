@@ -36,10 +36,14 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInpu
 
 namespace {
 
-// dout as both backward GEMMs read it: under bf16, rounded once into per-thread scratch (bitwise
-// what each GEMM would round; outside the allocator's accounting), else as it is.
+// dout as both backward GEMMs read it: through oneDNN, rounded once into per-thread scratch
+// (bitwise what each GEMM would round; outside the allocator's accounting) that both read in
+// place; else as it is (the emulated path copies every input into fp32 scratch anyway, so
+// pre-rounding would add a pass).
 GemmInput output_gradient(const float* dout, int64_t n) {
-  if (current_gemm_mode().precision != Precision::BF16) return dout;
+  const GemmMode& mode = current_gemm_mode();
+  if (mode.precision != Precision::BF16 || resolve_bf16_gemm(mode.bf16) != Bf16Gemm::OneDnn)
+    return dout;
   thread_local std::vector<uint16_t> rounded;
   rounded.resize(static_cast<size_t>(n));
   f32_to_bf16(rounded.data(), dout, n);

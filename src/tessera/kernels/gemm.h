@@ -50,7 +50,7 @@ void matmul_forward(float* out, GemmInput in, GemmInput weight, const float* bia
 //   din[M,K]     = or += dout . weight^T  (ASSIGNS unless accumulate_din; null skips it)
 //   dweight[K,N] += in^T . dout           (ACCUMULATES; null skips it)
 //   dbias[N]     += column sums of dout   (ACCUMULATES; null skips it)
-// The residual's gradient is dout itself; the caller keeps it. Under bf16 GEMMs dout is rounded
+// The residual's gradient is dout itself; the caller keeps it. Through oneDNN dout is rounded
 // once for both GEMMs (bitwise what each would round).
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, GemmInput in,
                      GemmInput weight, int M, int K, int N, bool accumulate_din = false);
@@ -59,7 +59,7 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
 void matmul_nt_forward(float* out, GemmInput in, GemmInput weight, int M, int K, int N);
 
 // Backward of matmul_nt_forward: din[M,K] ASSIGNED = dout . weight (null skips it);
-// dweight[N,K] += dout^T . in (ACCUMULATES; null skips it). dout is rounded once under bf16.
+// dweight[N,K] += dout^T . in (ACCUMULATES; null skips it). dout is rounded once through oneDNN.
 void matmul_nt_backward(float* din, float* dweight, const float* dout, GemmInput in,
                         GemmInput weight, int M, int K, int N);
 

@@ -21,7 +21,8 @@ namespace {
 constexpr float kInitStd = 0.02f;
 
 // A matmul input as the record keeps it: fp32, or the bf16 bits of the values a bf16 GEMM rounds
-// it to anyway (Block's bf16_gemm_inputs).
+// it to anyway (Block's bf16_gemm_inputs). The forward's GEMMs read it too, right after
+// keep_rounded, so nothing is rounded twice (fp32 records are where staging computed them).
 k::GemmInput kept(const Tensor& t) {
   if (t.dtype() == DType::BF16) return t.data<uint16_t>();
   return t.f32();
@@ -34,13 +35,6 @@ float* staging(const Tensor& rec, const Tensor& scratch) {
 }
 void keep_rounded(Tensor& rec, const float* staged, int64_t n) {
   if (rec.dtype() == DType::BF16) k::f32_to_bf16(rec.data<uint16_t>(), staged, n);
-}
-// A GEMM input the forward just computed (staged) and kept (rec): the kept bf16 bits when the
-// record holds those (what the bf16 GEMM would round staged to, so it is not rounded twice),
-// else staged.
-k::GemmInput as_kept(const Tensor& rec, const float* staged) {
-  if (rec.dtype() == DType::BF16) return rec.data<uint16_t>();
-  return staged;
 }
 }  // namespace
 
@@ -269,7 +263,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     k::layernorm_forward(ln1_out, r.ln1_mean.f32(), r.ln1_rstd.f32(), x, p(q_.ln1_w), p(q_.ln1_b),
                          R, C, cfg_.ln_eps);
     keep_rounded(r.ln1, ln1_out, static_cast<int64_t>(R) * C);
-    const k::GemmInput ln1 = sequence_ ? k::GemmInput(to_tp(ln1_out)) : as_kept(r.ln1, ln1_out);
+    const k::GemmInput ln1 = sequence_ ? k::GemmInput(to_tp(ln1_out)) : kept(r.ln1);
     k::matmul_forward(r.qkv.f32(), ln1, w(q_.attn_w), p(q_.attn_b), nullptr, BT, C, 3 * Cl);
     float* atty = staging(r.atty, ws.datty);
     attention(atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r);
@@ -280,8 +274,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
                              mix_stream(r.step, site_resid_drop_), first_row);
       return;
     }
-    k::matmul_forward(ws.proj.f32(), as_kept(r.atty, atty), w(q_.aproj_w), nullptr, nullptr, BT, Cl,
-                      C);
+    k::matmul_forward(ws.proj.f32(), kept(r.atty), w(q_.aproj_w), nullptr, nullptr, BT, Cl, C);
     float* attn_out = from_tp(ws.proj.f32());  // reduce point
     residual_branch(x_attn_out, attn_out, p(q_.aproj_b), x, r.mask_attn, site_resid_drop_);
   }
@@ -306,7 +299,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     moe_->forward(r.ln2.f32(), ws.proj.f32(), r.B, r.T, r.loss_scale, *r.moe, *ws.moe,
                   write_output && r.training);
   } else {
-    const k::GemmInput ln2 = sequence_ ? k::GemmInput(to_tp(ln2_out)) : as_kept(r.ln2, ln2_out);
+    const k::GemmInput ln2 = sequence_ ? k::GemmInput(to_tp(ln2_out)) : kept(r.ln2);
     k::matmul_forward(r.fc.f32(), ln2, w(q_.fc_w), p(q_.fc_b), nullptr, BT, C, F);
     fch = staging(r.fch, ws.dfch);
     k::gelu_forward(fch, r.fc.f32(), static_cast<int64_t>(BT) * F);
@@ -322,7 +315,7 @@ void Block::run_forward(const float* x, float* y, Record& r, Workspace& ws,
     residual_branch(y, ws.proj.f32() + rows.begin * C, nullptr, x_attn, r.mask_mlp, site_mlp_drop_);
     return;
   }
-  k::matmul_forward(ws.proj.f32(), as_kept(r.fch, fch), w(q_.mproj_w), nullptr, nullptr, BT, F, C);
+  k::matmul_forward(ws.proj.f32(), kept(r.fch), w(q_.mproj_w), nullptr, nullptr, BT, F, C);
   float* mlp_out = from_tp(ws.proj.f32());  // reduce point
   residual_branch(y, mlp_out, p(q_.mproj_b), x_attn, r.mask_mlp, site_mlp_drop_);
 }

@@ -91,12 +91,10 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     r.counts_in_norm = replicas_count;
     expert_params_.set_reduction(i, r);
   }
-  using Copies = GPTLayout::WeightCopies;
   const bool bf16_copies = layout.full_params &&
                            layout_.gemm.precision == kernels::Precision::BF16 &&
-                           (layout.bf16_weight_copies == Copies::Always ||
-                            (layout.bf16_weight_copies == Copies::Auto &&
-                             layout_.gemm.bf16 == kernels::Bf16Gemm::OneDnn));
+                           keeps_weight_copies(layout.bf16_weight_copies,
+                                               layout_.gemm.bf16 == kernels::Bf16Gemm::OneDnn);
   params_.materialize(alloc_, layout.full_params, layout.full_grads, bf16_copies);
   expert_params_.materialize(alloc_, layout.full_params, layout.full_grads, bf16_copies);
 

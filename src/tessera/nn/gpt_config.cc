@@ -49,6 +49,10 @@ WeightCopies parse_weight_copies(const std::string& s) {
   throw ConfigError(detail::concat("--bf16-weight-copies must be auto, on or off, got '", s, "'"));
 }
 
+bool keeps_weight_copies(WeightCopies w, bool onednn) {
+  return w == WeightCopies::Always || (w == WeightCopies::Auto && onednn);
+}
+
 const char* to_string(Recompute r) {
   switch (r) {
     case Recompute::None:

@@ -54,6 +54,9 @@ const char* to_string(Recompute r);
 enum class WeightCopies { Auto, Always, Never };
 // "auto" | "on" | "off" (--bf16-weight-copies), else a ConfigError naming them.
 WeightCopies parse_weight_copies(const std::string& s);
+// Whether a bf16 model whose parameters are resident keeps the copies, its GEMMs running through
+// oneDNN (onednn) or the emulated path: Auto means through oneDNN, which reads them in place.
+bool keeps_weight_copies(WeightCopies w, bool onednn);
 
 // Which part of a block a module (and a pipeline stage) holds: all of it, the attention half
 // (ln_1, attn, the first residual add) or the MLP half (ln_2, mlp, the second residual add).

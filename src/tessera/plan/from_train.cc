@@ -1,7 +1,7 @@
 #include "tessera/plan/from_train.h"
 
 #include "tessera/kernels/precision.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/gpt_config.h"
 
 namespace tessera::plan {
 
@@ -50,8 +50,8 @@ EngineOptions engine_options_of(const train::TrainConfig& c) {
     const kernels::Bf16Gemm g = kernels::parse_bf16_gemm(c.bf16_gemm);
     const bool onednn = g == kernels::Bf16Gemm::OneDnn ||
                         (g == kernels::Bf16Gemm::Auto && kernels::onednn_bf16_usable());
-    const nn::WeightCopies w = nn::parse_weight_copies(c.bf16_weight_copies);
-    o.bf16_weight_copies = w == nn::WeightCopies::Always || (w == nn::WeightCopies::Auto && onednn);
+    o.bf16_weight_copies =
+        nn::keeps_weight_copies(nn::parse_weight_copies(c.bf16_weight_copies), onednn);
   }
   o.activation_comm_bytes = wire_bytes(
       train::comm_dtype(c.activation_comm_dtype, c.precision, "--activation-comm-dtype"));

@@ -89,7 +89,6 @@ std::optional<fs::path> tokenizer_beside(const fs::path& p) {
   return std::nullopt;
 }
 
-// Mean cross-entropy per target token over the first `max_batches` batches of `windows`.
 // The mean loss per token over the first `windows_wanted` validation windows (all of them if
 // fewer), `batch` rows per forward. The windows do not depend on `batch`, so every layout
 // evaluates the same tokens.
