@@ -1,5 +1,7 @@
 // Fuzz target: a Hugging Face GPT-2 config.json (io/hf_config.h). A config that parses must
 // survive a write/read round trip unchanged.
+#include <nlohmann/json.hpp>
+
 #include "fuzz_util.h"
 #include "tessera/core/error.h"
 #include "tessera/io/hf_config.h"

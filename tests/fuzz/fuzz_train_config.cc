@@ -3,6 +3,7 @@
 // the value in the file (no silent wrap-around or overflow to infinity), and a config that
 // passes must survive a to_json / train_config_from_json round trip unchanged.
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
 #include "tessera/core/error.h"

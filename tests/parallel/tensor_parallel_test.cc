@@ -9,7 +9,6 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>

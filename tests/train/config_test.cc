@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/core/error.h"
 #include "tessera/train/train_config.h"
 

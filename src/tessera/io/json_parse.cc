@@ -1,5 +1,6 @@
 #include "tessera/io/json_parse.h"
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace tessera::io {

@@ -1,7 +1,7 @@
 // Parsing JSON that comes from outside (files, headers) with a bound on nesting depth.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string_view>
 
 namespace tessera::io {

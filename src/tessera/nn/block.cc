@@ -18,8 +18,6 @@ namespace tessera::nn {
 namespace k = tessera::kernels;
 
 namespace {
-constexpr float kInitStd = 0.02f;
-
 // A matmul input as the record keeps it: fp32, or the bf16 bits of the values a bf16 GEMM rounds
 // it to anyway (Block's bf16_gemm_inputs). The forward's GEMMs read it too, right after
 // keep_rounded, so nothing is rounded twice (fp32 records are where staging computed them).

@@ -12,7 +12,6 @@ namespace tessera::nn {
 namespace k = tessera::kernels;
 
 namespace {
-constexpr float kInitStd = 0.02f;
 // OpenAI's released GPT-2 code initialises wpe with std 0.01 (Hugging Face and nanoGPT use 0.02).
 constexpr float kWpeStd = 0.01f;
 }  // namespace

@@ -14,8 +14,6 @@ namespace tessera::nn {
 
 namespace k = tessera::kernels;
 namespace {
-constexpr float kInitStd = 0.02f;
-
 // t holds at least n elements afterwards (grown by a quarter when too small; contents not kept).
 float* ensure(Tensor& t, int64_t n, const char* name, Allocator* alloc) {
   if (!t.defined() || t.numel() < n)

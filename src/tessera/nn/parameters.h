@@ -18,6 +18,10 @@ namespace tessera::nn {
 
 enum class Init { Zeros, Ones, Normal };
 
+// GPT-2's standard deviation for normally initialised weights (the residual projections divide it
+// by sqrt(2 n_layer)).
+inline constexpr float kInitStd = 0.02f;
+
 // Which part of a parameter's global tensor this rank holds: along dimension `dim`, viewed as
 // `blocks` equal consecutive blocks, the rank holds [offset, offset + length) of each block.
 // dim == -1: the whole tensor (replicated). Example: the column shard r of c_attn.weight [C, 3C]

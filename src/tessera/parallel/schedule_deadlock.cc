@@ -5,7 +5,7 @@
 
 namespace tessera::parallel {
 
-using detail::concat;
+using ::tessera::detail::concat;
 
 std::string DeadlockReport::message() const {
   if (stuck.empty()) return "no deadlock: every rank runs to the end";

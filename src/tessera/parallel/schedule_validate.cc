@@ -10,7 +10,7 @@
 namespace tessera::parallel {
 namespace {
 
-using detail::concat;
+using ::tessera::detail::concat;
 
 // Where one kind of action of one (chunk, micro-batch) sits in a rank's list.
 struct Seen {

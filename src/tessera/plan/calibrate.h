@@ -14,7 +14,7 @@
 // Under mpirun, calibrate_mpi measures the MPI backend the same way (calibration.mpi).
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <ostream>
 
 #include "tessera/comm/communicator.h"

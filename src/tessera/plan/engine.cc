@@ -1,5 +1,7 @@
 #include "tessera/plan/engine.h"
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/core/error.h"
 #include "tessera/plan/work.h"
 

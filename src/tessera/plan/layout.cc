@@ -1,6 +1,7 @@
 #include "tessera/plan/layout.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
 #include "tessera/parallel/schedule_generators.h"

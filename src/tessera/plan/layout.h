@@ -4,7 +4,7 @@
 // parallel, then pipeline; expert-parallel groups are runs of data-parallel ranks.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 

@@ -1,7 +1,7 @@
 // `tessera plan`'s output: a prediction or a ranking as text for people and as JSON for scripts.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "tessera/plan/planner.h"

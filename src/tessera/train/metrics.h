@@ -4,7 +4,7 @@
 #pragma once
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 namespace tessera::train {
