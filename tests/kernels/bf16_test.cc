@@ -16,6 +16,7 @@
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/cpu_features.h"
+#include "tessera/kernels/gemm_peak.h"
 #include "tessera/kernels/precision.h"
 
 namespace tessera::kernels {
@@ -162,16 +163,47 @@ TEST(Precision, ResolvesThePathFromTheCpuAndTheBuild) {
   const bool usable = onednn_bf16_usable(&why);
   EXPECT_EQ(usable, onednn_built() && cpu_features().has_bf16_compute());
   EXPECT_EQ(usable, why.empty()) << why;
-  EXPECT_EQ(resolve_bf16_gemm(Bf16Gemm::Auto), usable ? Bf16Gemm::OneDnn : Bf16Gemm::Emulated);
   EXPECT_EQ(resolve_bf16_gemm(Bf16Gemm::Emulated), Bf16Gemm::Emulated);
   if (usable) {
     EXPECT_EQ(resolve_bf16_gemm(Bf16Gemm::OneDnn), Bf16Gemm::OneDnn);
-    EXPECT_NE(describe({Precision::BF16, Bf16Gemm::Auto}).find("oneDNN"), std::string::npos);
   } else {
     EXPECT_THROW(resolve_bf16_gemm(Bf16Gemm::OneDnn), ConfigError);
+    EXPECT_EQ(resolve_bf16_gemm(Bf16Gemm::Auto), Bf16Gemm::Emulated);
+    EXPECT_EQ(auto_bf16_gemm_rates().n, 0);  // nothing to choose between
   }
   EXPECT_NE(describe({Precision::BF16, Bf16Gemm::Emulated}).find("emulated"), std::string::npos);
   EXPECT_EQ(describe({}), "fp32 GEMMs (OpenBLAS)");
+}
+
+// Where both paths run, auto takes the one measured faster, once per process: every call gives the
+// same answer, and the start-up sentence gives the rates it chose by.
+TEST(Precision, AutoTakesTheFasterPathMeasuredOnce) {
+  if (!onednn_bf16_usable()) GTEST_SKIP() << "oneDNN's bf16 matmul does not run here";
+  const Bf16GemmRates r = auto_bf16_gemm_rates();
+  EXPECT_EQ(r.n, 512);
+  EXPECT_GT(r.onednn, 1e8);  // FLOP/s: any CPU with bf16 units does far more
+  EXPECT_GT(r.emulated, 1e8);
+  const Bf16Gemm chosen = resolve_bf16_gemm(Bf16Gemm::Auto);
+  EXPECT_EQ(chosen, r.onednn >= r.emulated ? Bf16Gemm::OneDnn : Bf16Gemm::Emulated);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resolve_bf16_gemm(Bf16Gemm::Auto), chosen);
+  const Bf16GemmRates again = auto_bf16_gemm_rates();
+  EXPECT_EQ(again.onednn, r.onednn);  // not measured again
+  EXPECT_EQ(again.emulated, r.emulated);
+
+  const std::string said = describe({Precision::BF16, chosen}, Bf16Gemm::Auto);
+  EXPECT_NE(said.find("--bf16-gemm auto"), std::string::npos) << said;
+  EXPECT_NE(said.find("GFLOP/s"), std::string::npos) << said;
+  EXPECT_NE(said.find(chosen == Bf16Gemm::OneDnn ? "through oneDNN" : "emulated"),
+            std::string::npos)
+      << said;
+  // An explicit choice says so; a caller's own reason replaces the rates.
+  EXPECT_NE(
+      describe({Precision::BF16, Bf16Gemm::Emulated}).find("chosen with --bf16-gemm emulated"),
+      std::string::npos);
+  const std::string kept = describe({Precision::BF16, Bf16Gemm::Emulated}, Bf16Gemm::Auto,
+                                    "the path of the run resumed");
+  EXPECT_NE(kept.find("the path of the run resumed"), std::string::npos) << kept;
+  EXPECT_EQ(kept.find("GFLOP/s"), std::string::npos) << kept;
 }
 
 TEST(Precision, ModeIsPerThreadAndScoped) {

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -78,10 +80,12 @@ TEST(Bf16Training, DiffersFromFp32ByLittleAndPathsAgree) {
   c.precision = "bf16";
   c.bf16_gemm = "emulated";
   const std::vector<double> emulated = run_training(c, nullptr).losses;
-  const double p = max_rel_loss_diff(bf16, emulated);
+  EXPECT_LE(max_rel_loss_diff(bf16, emulated), 1e-3);  // auto's path, whichever it is
+  if (!kernels::onednn_bf16_usable()) return;
+  c.bf16_gemm = "onednn";
+  const double p = max_rel_loss_diff(emulated, run_training(c, nullptr).losses);
   EXPECT_LE(p, 1e-3);
-  std::printf("[ bf16 emulated vs %s ] max relative loss difference: %.2e\n",
-              kernels::to_string(kernels::resolve_bf16_gemm(kernels::Bf16Gemm::Auto)), p);
+  std::printf("[ bf16 emulated vs onednn ] max relative loss difference: %.2e\n", p);
 }
 
 // The suite's small version of the 1% check (bench/precision/curves.sh runs the default job): 60
@@ -142,6 +146,54 @@ TEST(Bf16Training, CheckpointsHoldFp32MastersAndResumeInEitherPrecision) {
     EXPECT_NEAR(fp32.losses[i], whole.losses[3 + i], 2e-2 * whole.losses[3 + i])
         << "step " << 4 + i;
   }
+}
+
+// A checkpoint records the bf16 GEMM path its run took; resuming with --bf16-gemm auto keeps it, so
+// the continuation is bitwise even where auto would measure the other path faster (the run here
+// takes the path auto would not, where both run). A damaged record is an error naming it.
+TEST(Bf16Training, ResumeWithAutoKeepsTheCheckpointsGemmPath) {
+  const bool both = kernels::onednn_bf16_usable();
+  const std::string other =
+      both && kernels::resolve_bf16_gemm(kernels::Bf16Gemm::Auto) == kernels::Bf16Gemm::Emulated
+          ? "onednn"
+          : "emulated";
+  auto dir = temp_dir("bf16_resume_path");
+  TrainConfig c = bf16_config(dir);
+  c.steps = 6;
+  c.save = (dir / "a").string();
+  c.save_every = 3;
+  c.bf16_gemm = other;
+  const TrainResult whole = run_training(c, nullptr);
+  const auto state_file = dir / "a" / "step-00000003" / "state.json";
+  std::string state;
+  {
+    std::ifstream in(state_file);
+    state.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string recorded = "\"bf16_gemm_path\": \"" + other + "\"";
+  ASSERT_NE(state.find(recorded), std::string::npos) << state;
+
+  TrainConfig r = bf16_config(dir);
+  r.steps = 6;
+  r.resume = state_file.parent_path().string();
+  ASSERT_EQ(r.bf16_gemm, "auto");
+  const TrainResult rest = run_training(r, nullptr);
+  testing::expect_resumed(whole, rest, 3);
+  for (size_t i = 0; i < rest.losses.size(); ++i)  // bitwise (the paths differ by ~1e-6 here)
+    EXPECT_EQ(rest.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
+
+  state.replace(state.find(recorded), recorded.size(), "\"bf16_gemm_path\": \"fp8\"");
+  std::ofstream(state_file) << state;
+  try {
+    run_training(r, nullptr);
+    FAIL() << "a damaged bf16_gemm_path was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("'bf16_gemm_path' must be \"onednn\" or \"emulated\""),
+              std::string::npos)
+        << e.what();
+  }
+  r.bf16_gemm = "emulated";  // an explicit path does not read the record
+  EXPECT_NO_THROW(run_training(r, nullptr));
 }
 
 // --grad-reduce-dtype bf16 rounds each bucket once before the reduction: every ZeRO stage stays

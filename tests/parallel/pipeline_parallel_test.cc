@@ -123,9 +123,11 @@ TEST(PipelineTraining, ThreeDimensionalLayoutsMatchOneRank) {
     // near-zero gradient elements into whole steps. That is the noise floor of this comparison, not
     // of the layout: one rank alone, whole batch against micro-batches of one sequence, differs by
     // 7.6e-5 on h.5.attn.c_proj.weight after one step of a model of this shape (measured with
-    // `tessera train`, 2026-12-01). Losses and
-    // gradient norms keep the 1e-5 bound.
-    expect_same_run(one_rank(8), run_reference("run", c, dir), l.tp > 1 ? 1e-4 : 1e-5);
+    // `tessera train`, 2026-12-01). Without tensor parallelism the floor is lower but depends on
+    // the BLAS kernels: within 1e-5 on AMD Zen 3 and Zen 4, 1.02e-5 on an Intel Xeon
+    // with OpenBLAS's SkylakeX kernels (h.0.mlp.c_proj.weight, interleaved; 2026-12-03). Losses
+    // and gradient norms keep the 1e-5 bound.
+    expect_same_run(one_rank(8), run_reference("run", c, dir), l.tp > 1 ? 1e-4 : 2e-5);
   }
 }
 

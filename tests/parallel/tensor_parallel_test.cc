@@ -263,7 +263,10 @@ TEST(TensorParallelTraining, VocabularyNotDivisibleByTp) {
     c.zero = 1;
     c.dp = 1;
     SCOPED_TRACE("tp " + std::to_string(tp));
-    expect_same_run(ref, run_reference("tp" + std::to_string(tp), c, dir));
+    // Weights within 2e-5: the noise floor of AdamW's first steps on rounding-level gradient
+    // differences (pipeline_parallel_test.cc) reached 1.4e-5 on h.1.mlp.c_fc.bias, a small-norm
+    // tensor, on an Intel Xeon with OpenBLAS's SkylakeX kernels (2026-12-03; below 1e-5 on AMD).
+    expect_same_run(ref, run_reference("tp" + std::to_string(tp), c, dir), 2e-5);
   }
 }
 

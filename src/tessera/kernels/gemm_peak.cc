@@ -2,27 +2,62 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
+#include "tessera/kernels/bf16.h"
 #include "tessera/kernels/gemm.h"
 
 namespace tessera::kernels {
+namespace {
+
+// n x n values in [-1, 1): no denormals, no overflow.
+std::vector<float> test_matrix(int n, size_t stride) {
+  std::vector<float> m(static_cast<size_t>(n) * n);
+  for (size_t i = 0; i < m.size(); ++i)
+    m[i] = static_cast<float>((i * stride) % 2001) / 1000.0f - 1.0f;
+  return m;
+}
+
+template <class F>
+double seconds(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 double measure_gemm_peak(int n, int reps) {
-  const size_t elems = static_cast<size_t>(n) * n;
-  std::vector<float> a(elems), b(elems), c(elems);
-  for (size_t i = 0; i < elems; ++i) {  // values in [-1, 1): no denormals, no overflow
-    a[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
-    b[i] = static_cast<float>((i * 104729) % 2001) / 1000.0f - 1.0f;
-  }
+  const std::vector<float> a = test_matrix(n, 7919), b = test_matrix(n, 104729);
+  std::vector<float> c(a.size());
   double best = 1e30;
   for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up (oneDNN creates its primitive)
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds(
+        [&] { gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
     if (r > 0) best = std::min(best, s);
   }
   return 2.0 * n * static_cast<double>(n) * n / best;
+}
+
+Bf16GemmRates measure_bf16_gemm_rates(int n, int reps) {
+  const std::vector<float> af = test_matrix(n, 7919), bf = test_matrix(n, 104729);
+  std::vector<uint16_t> a(af.size()), b(bf.size());
+  f32_to_bf16(a.data(), af.data(), af.size());
+  f32_to_bf16(b.data(), bf.data(), bf.size());
+  std::vector<float> c(a.size());
+  double best[2] = {1e30, 1e30};
+  const Bf16Gemm paths[2] = {Bf16Gemm::OneDnn, Bf16Gemm::Emulated};
+  for (int r = 0; r <= reps; ++r)  // r = 0: warm-up (primitive, scratch buffers)
+    for (int p = 0; p < 2; ++p) {
+      const double s = seconds([&] {
+        gemm_bf16(paths[p], false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                  n);
+      });
+      if (r > 0) best[p] = std::min(best[p], s);
+    }
+  const double flops = 2.0 * n * static_cast<double>(n) * n;
+  return Bf16GemmRates{flops / best[0], flops / best[1], n};
 }
 
 }  // namespace tessera::kernels

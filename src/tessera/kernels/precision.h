@@ -5,10 +5,12 @@
 //   OneDnn    oneDNN's bf16 matmul (bf16 copies of the inputs, fp32 destination); needs a CPU with
 //             avx512_bf16 or amx_bf16 and a build with oneDNN (libdnnl-dev).
 //   Emulated  OpenBLAS sgemm on bf16-rounded fp32 copies of the inputs. A product of two bf16
-//   values
-//             is exact in fp32, so this is numerically a bf16 GEMM with fp32 accumulation (up to
-//             the order of the sums); it is slower than fp32 (the copies) and exists so that bf16
-//             runs work, and can be tested, on any CPU.
+//             values is exact in fp32, so this is numerically a bf16 GEMM with fp32 accumulation
+//             (up to the order of the sums); it runs at about fp32's speed (less the copies), on
+//             any CPU.
+// Auto takes the faster of the two, measured once per process: bf16 instructions are not always
+// faster than fp32 ones (on Intel Sapphire/Emerald Rapids without AMX, vdpbf16ps issues at half
+// the rate of fp32 FMAs, so oneDNN's bf16 matmul runs at 0.6x sgemm; on AMD Zen 4 it runs at 2x).
 //
 // The mode is per thread (ranks are threads): the model installs its own with GemmModeScope for
 // the duration of its forward and backward, and every GEMM of the kernels reads
@@ -35,9 +37,18 @@ const char* to_string(Bf16Gemm g);
 bool onednn_built();
 bool onednn_bf16_usable(std::string* why_not = nullptr);
 
-// Auto -> OneDnn when usable, else Emulated. OneDnn when not usable is a ConfigError naming the
-// missing feature.
+// Auto -> Emulated when oneDNN is not usable, else the faster path as measured on this machine
+// (measure_bf16_gemm_rates, ~30 ms, once per process; every later call gives the same answer).
+// OneDnn when not usable is a ConfigError naming the missing feature.
 Bf16Gemm resolve_bf16_gemm(Bf16Gemm requested);
+
+// The rates Auto chooses by, in FLOP/s (measured now if Auto has not been resolved yet); all 0
+// where oneDNN is not usable (nothing to choose).
+struct Bf16GemmRates {
+  double onednn = 0, emulated = 0;
+  int n = 0;  // the n x n x n GEMM they were measured on
+};
+Bf16GemmRates auto_bf16_gemm_rates();
 
 struct GemmMode {
   Precision precision = Precision::F32;
@@ -46,8 +57,13 @@ struct GemmMode {
 };
 
 // A sentence for start-up output: "fp32 GEMMs (OpenBLAS)", "bf16 GEMMs through oneDNN
-// (avx512_bf16), fp32 accumulation", "bf16 GEMMs emulated: ...".
-std::string describe(const GemmMode& m);
+// (avx512_bf16), fp32 accumulation", "bf16 GEMMs emulated (...)"; with why the path was taken
+// when `requested` (the --bf16-gemm given) was Auto: the rates measured, or `chosen_by` when the
+// caller chose the path otherwise (a resumed run keeps its checkpoint's path).
+std::string describe(const GemmMode& m, Bf16Gemm requested, const std::string& chosen_by = "");
+inline std::string describe(const GemmMode& m) {
+  return describe(m, m.bf16);
+}
 
 // The calling thread's mode (default fp32).
 const GemmMode& current_gemm_mode();

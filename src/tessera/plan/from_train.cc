@@ -45,11 +45,12 @@ EngineOptions engine_options_of(const train::TrainConfig& c) {
       wire_bytes(train::comm_dtype(c.param_gather_dtype, c.precision, "--param-gather-dtype"));
   o.bf16_gemm_inputs = c.precision == "bf16";
   // As nn::GPTLayout's Auto: bf16 weight copies where the GEMMs run through oneDNN (on this
-  // machine, for --bf16-gemm auto).
+  // machine, for --bf16-gemm auto: the faster path, measured).
   if (c.precision == "bf16") {
     const kernels::Bf16Gemm g = kernels::parse_bf16_gemm(c.bf16_gemm);
     const bool onednn = g == kernels::Bf16Gemm::OneDnn ||
-                        (g == kernels::Bf16Gemm::Auto && kernels::onednn_bf16_usable());
+                        (g == kernels::Bf16Gemm::Auto &&
+                         kernels::resolve_bf16_gemm(g) == kernels::Bf16Gemm::OneDnn);
     o.bf16_weight_copies =
         nn::keeps_weight_copies(nn::parse_weight_copies(c.bf16_weight_copies), onednn);
   }

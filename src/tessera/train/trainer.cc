@@ -115,6 +115,9 @@ struct RunPlan {
   data::TrainValSplit split;
   double unigram_entropy = 0;
   TraceClock::time_point trace_origin = TraceClock::now();
+  // --bf16-gemm resolved (choose_bf16_gemm), and why when not by auto's measurement here.
+  kernels::Bf16Gemm bf16_gemm = kernels::Bf16Gemm::Emulated;
+  std::string bf16_gemm_chosen_by;
 };
 
 RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
@@ -292,12 +295,12 @@ class RankRun {
   int64_t step_ = 0;
 };
 
-nn::GPTLayout model_layout(const TrainConfig& cfg, const parallel::DataParallelOptions& dpo,
-                           const parallel::Mesh& mesh, const parallel::UnitRange& units,
-                           nn::TensorParallelTraffic* traffic) {
+nn::GPTLayout model_layout(const TrainConfig& cfg, kernels::Bf16Gemm bf16_gemm,
+                           const parallel::DataParallelOptions& dpo, const parallel::Mesh& mesh,
+                           const parallel::UnitRange& units, nn::TensorParallelTraffic* traffic) {
   nn::GPTLayout base;
   base.recompute = nn::parse_recompute(cfg.recompute);
-  base.gemm = {kernels::parse_precision(cfg.precision), kernels::parse_bf16_gemm(cfg.bf16_gemm)};
+  base.gemm = {kernels::parse_precision(cfg.precision), bf16_gemm};
   base.bf16_weight_copies = nn::parse_weight_copies(cfg.bf16_weight_copies);
   if (cfg.tp > 1) base.tensor = nn::TensorSplit{&mesh.tp(), cfg.sp, traffic, activation_dtype(cfg)};
   base.first_unit = units.first;
@@ -353,9 +356,10 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   for (int c = 0; c < cfg.virtual_stages; ++c) {
     const parallel::UnitRange& units =
         split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
-    chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
-                                              model_layout(cfg, dpo_, mesh_, units, &tp_traffic_),
-                                              mesh_.dp(), mesh_.edp(), dpo_, groups));
+    chunks_.push_back(
+        std::make_unique<Chunk>(plan.mcfg, micro_, alloc_,
+                                model_layout(cfg, plan.bf16_gemm, dpo_, mesh_, units, &tp_traffic_),
+                                mesh_.dp(), mesh_.edp(), dpo_, groups));
     for (parallel::DataParallel* e : chunks_.back()->engines())
       e->create_optimizer([&](std::vector<optim::Segment> segs, int64_t n) {
         return make_optimizer(std::move(segs), n);
@@ -517,7 +521,9 @@ void RankRun::print_header() {
   say(log_, nullptr, line);
   say(log_, nullptr,
       std::string("precision: ") + kernels::to_string(first_model().layout().gemm.precision) +
-          ", " + kernels::describe(first_model().layout().gemm) +
+          ", " +
+          kernels::describe(first_model().layout().gemm, kernels::parse_bf16_gemm(cfg_.bf16_gemm),
+                            plan_.bf16_gemm_chosen_by) +
           "; fp32 master weights, gradients and optimizer state; gradients reduced in " +
           cfg_.grad_reduce_dtype +
           (cfg_.zero == 3
@@ -702,6 +708,8 @@ void RankRun::save(int64_t at_step) {
         {"layout",
          {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"ep", cfg_.ep}, {"zero", cfg_.zero}}},
         {"data", plan_.pd.description}};
+    if (cfg_.precision == "bf16")  // what a resume with --bf16-gemm auto keeps (choose_bf16_gemm)
+      c.state["bf16_gemm_path"] = kernels::to_string(plan_.bf16_gemm);
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     result_.checkpoint = dir.string();
     export_weights(c.model, plan_.mcfg, cfg_.save,
@@ -871,6 +879,30 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 }
 }  // namespace
 
+// --bf16-gemm resolved once per process before the ranks start (under mpirun, by rank 0 for all),
+// so that every rank runs the same path: auto measures the two (kernels/precision.h), except
+// that a resumed run keeps the path its checkpoint ran where this machine has it, so that it
+// continues bitwise. Compute threads are set first: auto measures with the ranks' thread count.
+void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan) {
+  set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
+  if (cfg.precision != "bf16") return;  // the path is never used
+  const kernels::Bf16Gemm requested = kernels::parse_bf16_gemm(cfg.bf16_gemm);
+  if (requested == kernels::Bf16Gemm::Auto && plan.ckpt &&
+      plan.ckpt->state.contains("bf16_gemm_path")) {
+    const nlohmann::json& v = plan.ckpt->state.at("bf16_gemm_path");
+    TESSERA_CHECK_AS(
+        IoError, v == "onednn" || v == "emulated", "checkpoint '", plan.ckpt->dir.string(),
+        "': state.json's 'bf16_gemm_path' must be \"onednn\" or \"emulated\", got ", v.dump());
+    const kernels::Bf16Gemm saved = kernels::parse_bf16_gemm(v.get<std::string>());
+    if (saved == kernels::Bf16Gemm::Emulated || kernels::onednn_bf16_usable()) {
+      plan.bf16_gemm = saved;
+      plan.bf16_gemm_chosen_by = "--bf16-gemm auto: the path of the run resumed";
+      return;
+    }
+  }
+  plan.bf16_gemm = kernels::resolve_bf16_gemm(requested);
+}
+
 // The communicators' options: --comm-timeout, and TESSERA_FAULT etc. checked before any work.
 comm::CommOptions comm_options(const TrainConfig& cfg) {
   comm::CommOptions o;
@@ -894,14 +926,23 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
     world->barrier().wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
+    if (world->rank() == 0) choose_bf16_gemm(cfg, *plan);
     // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
-    // processes of one machine; across machines the tracks are aligned to within clock skew).
-    int64_t origin = plan->trace_origin.time_since_epoch().count();
-    world->broadcast(&origin, 1, DType::I64).wait();
-    plan->trace_origin = TraceClock::time_point(TraceClock::duration(origin));
+    // processes of one machine; across machines the tracks are aligned to within clock skew);
+    // and rank 0's bf16 GEMM path.
+    int64_t shared[2] = {plan->trace_origin.time_since_epoch().count(),
+                         static_cast<int64_t>(plan->bf16_gemm)};
+    world->broadcast(shared, 2, DType::I64).wait();
+    plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
+    if (world->rank() != 0) {
+      set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
+      plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
+      plan->bf16_gemm_chosen_by = "rank 0's choice";
+    }
     return train_rank(cfg, *plan, *world, log);
   }
   RunPlan plan = make_plan(cfg, log);
+  choose_bf16_gemm(cfg, plan);
   if (cfg.world() == 1) {
     // One rank: no threads to start; a size-1 communicator short-circuits every collective.
     TrainResult result;
