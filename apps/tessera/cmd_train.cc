@@ -205,8 +205,8 @@ void register_train(CLI::App& root, int& exit_code) {
        "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; fp32 master weights, "
        "gradients, optimizer state, LayerNorm, softmax, loss and router)");
   flag(cmd, *f, "bf16_gemm", v.bf16_gemm,
-       "bf16 GEMM path: auto (oneDNN on a CPU with avx512_bf16 or amx_bf16, else emulated), "
-       "onednn, emulated (bf16-rounded inputs through OpenBLAS)");
+       "bf16 GEMM path: auto (the faster of the two, measured at start; emulated on a CPU without "
+       "avx512_bf16 or amx_bf16), onednn, emulated (bf16-rounded inputs through OpenBLAS)");
   flag(cmd, *f, "bf16_weight_copies", v.bf16_weight_copies,
        "bf16 copies of the GEMM weights, converted once per forward rather than at every GEMM "
        "(2 bytes per weight; not under ZeRO-3): auto (on where the GEMMs run through oneDNN), on, "

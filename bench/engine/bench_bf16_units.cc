@@ -31,31 +31,21 @@ constexpr long kIterations = 20'000'000;  // x 12 instructions: ~0.05-0.2 s per 
 #define TESSERA_FMA_YMM(i) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #i "\n"
 #define TESSERA_DPBF16_ZMM(i) "vdpbf16ps %%zmm30, %%zmm31, %%zmm" #i "\n"
 
-// FLOP/s of one of the loops (the registers' contents do not matter for the rate).
-double fma_zmm() {
-  const auto t0 = Clock::now();
-  for (long n = 0; n < kIterations; ++n)
-    asm volatile(TESSERA_REP12(TESSERA_FMA_ZMM)::
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-                       "xmm9", "xmm10", "xmm11");
-  return 12.0 * kIterations * 32 / std::chrono::duration<double>(Clock::now() - t0).count();
-}
-double fma_ymm() {
-  const auto t0 = Clock::now();
-  for (long n = 0; n < kIterations; ++n)
-    asm volatile(TESSERA_REP12(TESSERA_FMA_YMM)::
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-                       "xmm9", "xmm10", "xmm11");
-  return 12.0 * kIterations * 16 / std::chrono::duration<double>(Clock::now() - t0).count();
-}
-double dpbf16_zmm() {
-  const auto t0 = Clock::now();
-  for (long n = 0; n < kIterations; ++n)
-    asm volatile(TESSERA_REP12(TESSERA_DPBF16_ZMM)::
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-                       "xmm9", "xmm10", "xmm11");
-  return 12.0 * kIterations * 64 / std::chrono::duration<double>(Clock::now() - t0).count();
-}
+// FLOP/s of 12 independent chains of one instruction (the registers' contents do not matter for
+// the rate): a function per instruction, as the instruction text must be a literal.
+#define TESSERA_RATE_OF(name, op, flop_per_instruction)                                          \
+  double name() {                                                                                \
+    const auto t0 = Clock::now();                                                                \
+    for (long n = 0; n < kIterations; ++n)                                                       \
+      asm volatile(TESSERA_REP12(op)::                                                           \
+                       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", \
+                         "xmm9", "xmm10", "xmm11");                                              \
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();                   \
+    return 12.0 * kIterations * (flop_per_instruction) / s;                                      \
+  }
+TESSERA_RATE_OF(fma_zmm, TESSERA_FMA_ZMM, 32)        // 16 lanes x 2 FLOP
+TESSERA_RATE_OF(fma_ymm, TESSERA_FMA_YMM, 16)        // 8 lanes x 2 FLOP
+TESSERA_RATE_OF(dpbf16_zmm, TESSERA_DPBF16_ZMM, 64)  // 16 lanes x 2 products x 2 FLOP
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

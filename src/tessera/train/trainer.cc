@@ -882,7 +882,8 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 // --bf16-gemm resolved once per process before the ranks start (under mpirun, by rank 0 for all),
 // so that every rank runs the same path: auto measures the two (kernels/precision.h), except
 // that a resumed run keeps the path its checkpoint ran where this machine has it, so that it
-// continues bitwise. Compute threads are set first: auto measures with the ranks' thread count.
+// continues bitwise. The ranks' compute threads are set here too, before anything measures (the
+// MFU's peak is measured with them; auto's rates on one thread whatever they are).
 void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan) {
   set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   if (cfg.precision != "bf16") return;  // the path is never used
