@@ -1,6 +1,10 @@
 #include "tessera/nn/parameters.h"
 
+#include <cblas.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
 
 #include "tessera/core/error.h"
 
@@ -95,6 +99,36 @@ TEST(ParameterSet, InitialValuesOfAnyRangeMatchFullInitialisation) {
   EXPECT_EQ(ps.params_in(0, ps.numel()), (std::pair<int, int>{0, 4}));
   EXPECT_EQ(ps.params_in(64, ps.numel()), (std::pair<int, int>{2, 4}));
   EXPECT_EQ(ps.param_data(1), ps.flat_params().f32() + ps.infos()[1].offset);
+}
+
+// From 1M elements the rank's compute threads fill pieces of the range: bitwise what one thread
+// writes, with pieces that cut through parameters (a sharded one included) and their padding.
+TEST(ParameterSet, ThreadedInitialisationEqualsOneThreadBitwise) {
+  Allocator alloc("test");
+  ParameterSet ps;
+  ps.add("w", {700, 1001}, Init::Normal, 0.02f, true);
+  ps.add("g", {333}, Init::Ones, 0, false);
+  ps.add("v", {600, 2000}, Init::Normal, 0.02f, true, ShardSpec{1, 2, 100, 400});
+  ps.materialize(alloc);
+  ASSERT_GE(ps.numel(), int64_t{1} << 20);
+  const int saved = openblas_get_num_threads();
+  std::vector<std::vector<float>> by_threads;
+  for (int threads : {1, 2, 3}) {
+    openblas_set_num_threads(threads);
+    ps.initialize(7);
+    by_threads.push_back(ps.flat_params().to_vector());
+  }
+  // A range that does not start at 0 (a ZeRO-3 shard), on 2 threads.
+  openblas_set_num_threads(2);
+  const int64_t begin = 12345;
+  std::vector<float> part(static_cast<size_t>(ps.numel() - begin));
+  ps.initial_values(7, begin, ps.numel(), part.data());
+  openblas_set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(part.data(), by_threads[0].data() + begin, part.size() * 4), 0);
+  for (size_t t = 1; t < by_threads.size(); ++t)
+    EXPECT_EQ(std::memcmp(by_threads[t].data(), by_threads[0].data(), by_threads[0].size() * 4), 0)
+        << t + 1 << " threads";
+  EXPECT_NE(by_threads[0][5], 0.0f);  // the values are there
 }
 
 TEST(ParameterSet, ShardedStagesNeedNotAllocateFullBuffers) {

@@ -102,6 +102,7 @@ class ParameterSet {
   void initialize(uint64_t seed);
   // The initial values of flat positions [begin, end) (padding is 0) into out[0 .. end-begin):
   // what initialize() would write there. A ZeRO-3 rank initialises just its shard with it.
+  // Large ranges are filled by the rank's compute threads (its BLAS threads): bitwise the same.
   void initial_values(uint64_t seed, int64_t begin, int64_t end, float* out) const;
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
@@ -149,6 +150,8 @@ class ParameterSet {
   std::pair<int, int> params_in(int64_t begin, int64_t end) const;
 
  private:
+  void fill_initial_values(uint64_t seed, int64_t begin, int64_t end, float* out) const;
+
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> by_name_;
   int64_t numel_ = 0;
