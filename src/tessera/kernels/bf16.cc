@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "tessera/kernels/parallel_rows.h"
+
 namespace tessera::kernels {
 namespace {
 
@@ -45,11 +47,21 @@ void round_to_bf16(float* out, const float* in, int64_t n) {
 }
 
 void round_to_bf16_rows(float* out, const float* in, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) round_to_bf16(out + r * cols, in + r * ld, cols);
+  parallel_rows(rows, cols, [=](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) round_to_bf16(out + r * cols, in + r * ld, cols);
+  });
 }
 
 void f32_to_bf16_rows(uint16_t* out, const float* in, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(out + r * cols, in + r * ld, cols);
+  parallel_rows(rows, cols, [=](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) f32_to_bf16(out + r * cols, in + r * ld, cols);
+  });
+}
+
+void bf16_to_f32_rows(float* out, const uint16_t* in, int64_t rows, int64_t cols, int64_t ld) {
+  parallel_rows(rows, cols, [=](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) bf16_to_f32(out + r * cols, in + r * ld, cols);
+  });
 }
 
 }  // namespace tessera::kernels

@@ -19,8 +19,10 @@ void bf16_to_f32(float* out, const uint16_t* in, int64_t n);
 void round_to_bf16(float* out, const float* in, int64_t n);
 
 // The same on a row-major [rows, cols] matrix with leading dimension ld (>= cols) into a dense
-// [rows, cols] out (leading dimension cols).
+// [rows, cols] out (leading dimension cols); large ones on the rank's compute threads
+// (parallel_rows.h), bitwise the same.
 void round_to_bf16_rows(float* out, const float* in, int64_t rows, int64_t cols, int64_t ld);
 void f32_to_bf16_rows(uint16_t* out, const float* in, int64_t rows, int64_t cols, int64_t ld);
+void bf16_to_f32_rows(float* out, const uint16_t* in, int64_t rows, int64_t cols, int64_t ld);
 
 }  // namespace tessera::kernels

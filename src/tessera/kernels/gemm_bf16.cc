@@ -24,9 +24,7 @@ const float* rounded_copy(std::vector<float>& buf, const float* src, int rows, i
 const float* rounded_copy(std::vector<float>& buf, const uint16_t* src, int rows, int cols,
                           int ld) {
   buf.resize(static_cast<size_t>(rows) * cols);
-  for (int r = 0; r < rows; ++r)
-    bf16_to_f32(buf.data() + static_cast<int64_t>(r) * cols, src + static_cast<int64_t>(r) * ld,
-                cols);
+  bf16_to_f32_rows(buf.data(), src, rows, cols, ld);
   return buf.data();
 }
 

@@ -1,0 +1,21 @@
+// Elementwise work over the rows of a matrix, spread over the calling rank's compute threads (its
+// BLAS threads: train::set_compute_threads), so that a conversion beside a threaded GEMM does not
+// run on one core while the GEMM's other threads wait. Pieces are disjoint ranges of whole rows, so
+// for work that is elementwise the result is bitwise what one thread computes. Below
+// kParallelRowsMinElements (or with one compute thread) fn runs once on the calling thread: a
+// thread costs ~20-50 us to start, ~40k elements of conversion.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tessera::kernels {
+
+inline constexpr int64_t kParallelRowsMinElements = int64_t{1} << 20;
+
+// Calls fn(first_row, end_row) for pieces that cover [0, rows) once, in parallel; cols is the
+// elements per row (the work's size is rows x cols). Returns when every piece is done. fn must
+// not throw (a piece on another thread would end the process).
+void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace tessera::kernels
