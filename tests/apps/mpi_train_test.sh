@@ -5,8 +5,8 @@
 # pp=2 x dp=2 x tp=2 with ZeRO 1 and 3 (8 processes); each model-parallel run's final loss also
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
 # at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); a mixture
-# of experts with expert parallelism (ep=2, also with tp=2); and the
-# error for too few processes.
+# of experts with expert parallelism (ep=2, also with tp=2); bf16 at dp=2 x tp=2 (rank 0's GEMM
+# path in every process); and the error for too few processes.
 set -u
 bin=$1
 mpiexec=$2
@@ -135,6 +135,30 @@ for name in a:
 PY
   then echo "ok   mpirun $name: final parameters (every expert) match one rank"; else failures=$((failures + 1)); fi
 done
+# --precision bf16 under mpirun: rank 0 resolves --bf16-gemm auto and every process takes its
+# path; dp=2 x tp=2 ZeRO-1 (4 processes) ends at the thread run's final loss, and the checkpoint
+# records the path the start-up line names.
+checks=$((checks + 1))
+bf=(--precision bf16 --dp 2 --tp 2 --zero 1)
+if timeout 180 "$mpiexec" --oversubscribe -n 4 "$bin" train "${args[@]}" "${bf[@]}" \
+      --metrics "$dir/mpibf.jsonl" --save "$dir/mpibf" >"$dir/mpibf.log" 2>&1 &&
+    "$bin" train "${args[@]}" "${bf[@]}" --backend inproc --metrics "$dir/thrbf.jsonl" \
+      >"$dir/thrbf.log" 2>&1 &&
+    python3 -c "import sys; a = float(sys.argv[1].split()[-1]); b = float(sys.argv[2].split()[-1]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" \
+      "$(losses "$dir/thrbf.jsonl")" "$(losses "$dir/mpibf.jsonl")"; then
+  path=$(grep -ho '"bf16_gemm_path": "[a-z]*"' "$dir"/mpibf/step-*/state.json | head -1 | cut -d'"' -f4)
+  said="emulated"
+  [ "$path" = onednn ] && said="through oneDNN"
+  if [ -n "$path" ] && grep -q "^precision: bf16, bf16 GEMMs $said" "$dir/mpibf.log"; then
+    echo "ok   mpirun bf16 dp=2 tp=2: final loss equals the thread run's; path $path recorded"
+  else
+    echo "FAIL mpirun bf16: the checkpoint's path '$path' is not the start-up line's"
+    grep "^precision" "$dir/mpibf.log"; failures=$((failures + 1))
+  fi
+else
+  echo "FAIL mpirun bf16 dp=2 tp=2"; cat "$dir/mpibf.log" "$dir/thrbf.log" | tail -20
+  failures=$((failures + 1))
+fi
 # Too few processes for --dp x --tp: a ConfigError that says what is wrong, before any work.
 checks=$((checks + 1))
 if timeout 60 "$mpiexec" --oversubscribe -n 2 "$bin" train "${args[@]}" --tp 2 --dp 2 >"$dir/bad.log" 2>&1; then
