@@ -136,28 +136,28 @@ PY
   then echo "ok   mpirun $name: final parameters (every expert) match one rank"; else failures=$((failures + 1)); fi
 done
 # --precision bf16 under mpirun: rank 0 resolves --bf16-gemm auto and every process takes its
-# path; dp=2 x tp=2 ZeRO-1 (4 processes) ends at the thread run's final loss, and the checkpoint
-# records the path the start-up line names.
+# path; dp=2 x tp=2 ZeRO-1 (4 processes) records the path its start-up line names and ends at the
+# final loss of the same layout as threads on that path (given explicitly: auto measures, and a
+# second measurement may choose the other path where the two are close).
 checks=$((checks + 1))
 bf=(--precision bf16 --dp 2 --tp 2 --zero 1)
 if timeout 180 "$mpiexec" --oversubscribe -n 4 "$bin" train "${args[@]}" "${bf[@]}" \
-      --metrics "$dir/mpibf.jsonl" --save "$dir/mpibf" >"$dir/mpibf.log" 2>&1 &&
-    "$bin" train "${args[@]}" "${bf[@]}" --backend inproc --metrics "$dir/thrbf.jsonl" \
-      >"$dir/thrbf.log" 2>&1 &&
-    python3 -c "import sys; a = float(sys.argv[1].split()[-1]); b = float(sys.argv[2].split()[-1]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" \
-      "$(losses "$dir/thrbf.jsonl")" "$(losses "$dir/mpibf.jsonl")"; then
+    --metrics "$dir/mpibf.jsonl" --save "$dir/mpibf" >"$dir/mpibf.log" 2>&1; then
   path=$(grep -ho '"bf16_gemm_path": "[a-z]*"' "$dir"/mpibf/step-*/state.json | head -1 | cut -d'"' -f4)
   said="emulated"
   [ "$path" = onednn ] && said="through oneDNN"
-  if [ -n "$path" ] && grep -q "^precision: bf16, bf16 GEMMs $said" "$dir/mpibf.log"; then
-    echo "ok   mpirun bf16 dp=2 tp=2: final loss equals the thread run's; path $path recorded"
+  if [ -n "$path" ] && grep -q "^precision: bf16, bf16 GEMMs $said" "$dir/mpibf.log" &&
+      "$bin" train "${args[@]}" "${bf[@]}" --bf16-gemm "$path" --backend inproc \
+        --metrics "$dir/thrbf.jsonl" >"$dir/thrbf.log" 2>&1 &&
+      python3 -c "import sys; a = float(sys.argv[1].split()[-1]); b = float(sys.argv[2].split()[-1]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" \
+        "$(losses "$dir/thrbf.jsonl")" "$(losses "$dir/mpibf.jsonl")"; then
+    echo "ok   mpirun bf16 dp=2 tp=2: path $path recorded and named; final loss equals the thread run's"
   else
-    echo "FAIL mpirun bf16: the checkpoint's path '$path' is not the start-up line's"
+    echo "FAIL mpirun bf16: path '$path'; final losses $(losses "$dir/mpibf.jsonl" | awk '{print $NF}') (mpi) vs $(losses "$dir/thrbf.jsonl" 2>/dev/null | awk '{print $NF}') (threads)"
     grep "^precision" "$dir/mpibf.log"; failures=$((failures + 1))
   fi
 else
-  echo "FAIL mpirun bf16 dp=2 tp=2"; cat "$dir/mpibf.log" "$dir/thrbf.log" | tail -20
-  failures=$((failures + 1))
+  echo "FAIL mpirun bf16 dp=2 tp=2"; tail -20 "$dir/mpibf.log"; failures=$((failures + 1))
 fi
 # Too few processes for --dp x --tp: a ConfigError that says what is wrong, before any work.
 checks=$((checks + 1))
