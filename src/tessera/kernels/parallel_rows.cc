@@ -8,11 +8,9 @@
 
 namespace tessera::kernels {
 
-void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_rows_on_threads(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
   const int64_t threads =
-      rows * cols >= kParallelRowsMinElements
-          ? std::clamp<int64_t>(openblas_get_num_threads(), 1, std::max<int64_t>(rows, 1))
-          : 1;
+      std::clamp<int64_t>(openblas_get_num_threads(), 1, std::max<int64_t>(rows, 1));
   if (threads == 1) {
     if (rows > 0) fn(0, rows);
     return;

@@ -13,9 +13,20 @@ namespace tessera::kernels {
 
 inline constexpr int64_t kParallelRowsMinElements = int64_t{1} << 20;
 
+// The threaded case of parallel_rows (any size).
+void parallel_rows_on_threads(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
+
 // Calls fn(first_row, end_row) for pieces that cover [0, rows) once, in parallel; cols is the
 // elements per row (the work's size is rows x cols). Returns when every piece is done. fn must
-// not throw (a piece on another thread would end the process).
-void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn);
+// not throw (a piece on another thread would end the process). Small work (every bf16 GEMM's
+// conversion goes through here) is a direct call: no std::function, no thread count read.
+template <class Fn>
+void parallel_rows(int64_t rows, int64_t cols, Fn&& fn) {
+  if (rows * cols < kParallelRowsMinElements) {
+    if (rows > 0) fn(int64_t{0}, rows);
+    return;
+  }
+  parallel_rows_on_threads(rows, fn);
+}
 
 }  // namespace tessera::kernels

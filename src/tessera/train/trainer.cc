@@ -115,6 +115,7 @@ struct RunPlan {
   data::TrainValSplit split;
   double unigram_entropy = 0;
   TraceClock::time_point trace_origin = TraceClock::now();
+  int threads = 1;  // compute (BLAS) threads per rank, set before anything measures
   // --bf16-gemm resolved (choose_bf16_gemm), and why when not by auto's measurement here.
   kernels::Bf16Gemm bf16_gemm = kernels::Bf16Gemm::Emulated;
   std::string bf16_gemm_chosen_by;
@@ -502,8 +503,8 @@ void RankRun::restore_or_initialize() {
 }
 
 void RankRun::print_header() {
+  if (!log_) return;  // the lead rank prints
   const nn::GPTConfig& m = plan_.mcfg;
-  const int threads = set_compute_threads(cfg_.threads > 0 ? cfg_.threads : 0, cfg_.world());
   char line[700];
   std::snprintf(
       line, sizeof line,
@@ -515,7 +516,7 @@ void RankRun::print_header() {
                           static_cast<int64_t>(m.block_size) * m.n_embd) /
           1e6,
       cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp,
-      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), threads,
+      cfg_.zero, cfg_.recompute.c_str(), std::string(world_.backend()).c_str(), plan_.threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -882,10 +883,8 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 // --bf16-gemm resolved once per process before the ranks start (under mpirun, by rank 0 for all),
 // so that every rank runs the same path: auto measures the two (kernels/precision.h), except
 // that a resumed run keeps the path its checkpoint ran where this machine has it, so that it
-// continues bitwise. The ranks' compute threads are set here too, before anything measures (the
-// MFU's peak is measured with them; auto's rates on one thread whatever they are).
+// continues bitwise.
 void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan) {
-  set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   if (cfg.precision != "bf16") return;  // the path is never used
   const kernels::Bf16Gemm requested = kernels::parse_bf16_gemm(cfg.bf16_gemm);
   if (requested == kernels::Bf16Gemm::Auto && plan.ckpt &&
@@ -914,6 +913,8 @@ comm::CommOptions comm_options(const TrainConfig& cfg) {
 
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   cfg.validate();
+  // Before anything measures: the MFU's peak is measured with the ranks' threads.
+  const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   const comm::CommOptions copts = comm_options(cfg);
   const comm::Backend backend = comm::resolve_backend(comm::parse_backend(cfg.backend));
   if (backend == comm::Backend::Mpi) {
@@ -927,6 +928,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
     world->barrier().wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
+    plan->threads = threads;
     if (world->rank() == 0) choose_bf16_gemm(cfg, *plan);
     // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
     // processes of one machine; across machines the tracks are aligned to within clock skew);
@@ -935,14 +937,11 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
                          static_cast<int64_t>(plan->bf16_gemm)};
     world->broadcast(shared, 2, DType::I64).wait();
     plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
-    if (world->rank() != 0) {
-      set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
-      plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
-      plan->bf16_gemm_chosen_by = "rank 0's choice";
-    }
+    plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
     return train_rank(cfg, *plan, *world, log);
   }
   RunPlan plan = make_plan(cfg, log);
+  plan.threads = threads;
   choose_bf16_gemm(cfg, plan);
   if (cfg.world() == 1) {
     // One rank: no threads to start; a size-1 communicator short-circuits every collective.
