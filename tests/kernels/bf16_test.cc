@@ -16,7 +16,6 @@
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/cpu_features.h"
-#include "tessera/kernels/gemm_peak.h"
 #include "tessera/kernels/precision.h"
 
 namespace tessera::kernels {
