@@ -228,6 +228,9 @@ void register_train(CLI::App& root, int& exit_code) {
   flag(cmd, *f, "comm_timeout", v.comm_timeout,
        "Seconds a rank waits for its peers in any communication call before the run fails with "
        "an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)");
+  flag(cmd, *f, "io_timeout", v.io_timeout,
+       "Seconds the other ranks wait while rank 0 writes a checkpoint (or, under mpirun, prepares "
+       "the data and reads the checkpoint) before the run fails; never below --comm-timeout");
   flag(cmd, *f, "backend", v.backend,
        "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi")
       ->check(CLI::IsMember({"auto", "inproc", "mpi"}));

@@ -125,6 +125,24 @@ expect_text "exit: the receiving stage fails naming it" \
 expect_text "exit: the error printed is the exit" "^tessera: error: send .* world rank 1 exited here"
 latest_loads "$dir/t-exit" "exit"
 
+# A slow checkpoint (a large one on slow storage): rank 0 reaches the barrier after its save of
+# step 2 late. The others wait for it under --io-timeout, not --comm-timeout, and the run goes on;
+# with --io-timeout 1 the wait fails naming the checkpoint and the option, and step 2 resumes.
+slow="rank=0,op=2,comm=world,call=barrier,kind=delay:2500ms"
+run "slow save" 30 "$slow" -- "$bin" train "${common[@]}" "${layout[@]}" --backend inproc \
+  --metrics "$dir/slow.jsonl" --save "$dir/t-slow" --save-every 2
+expect_status "slow save (2.5 s against --comm-timeout 1)" 0
+expect_text "slow save: rank 0 was late at the barrier after the checkpoint" \
+  "TESSERA_FAULT=$slow fires on world rank 0 at its call 2, barrier #[0-9]+ on communicator 'world' rank 0/8: delaying it by 2500 ms"
+[ "$(loss_at "$dir/slow.jsonl" 8)" = "$(loss_at "$dir/ref.jsonl" 8)" ] &&
+  ok "slow save: the same step-8 loss" || fail "slow save: losses differ"
+run "slow save past --io-timeout" 10 "$slow" -- "$bin" train "${common[@]}" "${layout[@]}" \
+  --backend inproc --save "$dir/t-slow-io" --save-every 2 --io-timeout 1
+expect_status "slow save past --io-timeout" 1
+expect_text "slow save past --io-timeout: the error names the checkpoint and the option" \
+  "^tessera: error: barrier #[0-9]+ on communicator 'world' rank [1-7]/8: timed out after 1000 ms waiting for rank 0 to arrive \(rank 0 was writing checkpoint step 2 to '.*t-slow-io': --io-timeout bounds that wait, 1 s\)"
+latest_loads "$dir/t-slow-io" "slow save past --io-timeout"
+
 # A rank that calls another collective: the fingerprint check stops the whole group.
 run "mismatch" 10 "rank=2,op=3,comm=tp,kind=mismatch" -- "$bin" train "${common[@]}" "${layout[@]}" \
   --backend inproc
@@ -163,6 +181,9 @@ else
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}"
   expect_text "mpi mismatch: both ranks of the group name who called what" \
     "^tessera: error: collective mismatch on communicator 'dp\[0,1\]' rank [01]/2: rank 0 called barrier #[0-9]+; rank 1 called [a-z_]+ #[0-9]+" 2
+  run "mpi slow save" 30 "rank=0,op=2,comm=world,call=barrier,kind=delay:2500ms" -- "$mpiexec" \
+    --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}" --save "$dir/m-slow" --save-every 2
+  expect_status "mpi slow save: the others wait for the checkpoint under --io-timeout" 0
   run "mpi delay, no abort" 20 "rank=1,op=3,kind=delay:4s" -- "$mpiexec" "${noabort[@]}" \
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}"
   expect_text "mpi delay: the peers, then the late rank, time out" \

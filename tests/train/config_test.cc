@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
@@ -83,6 +84,27 @@ TEST(TrainConfig, ValidateNamesTheProblem) {
               std::string::npos);
   }
   TrainConfig{}.validate();
+}
+
+TEST(TrainConfig, IoTimeoutIsAPositiveNumberOfSeconds) {
+  for (const double bad : {0.0, -1.0, 86400.0 * 366, std::nan("")}) {
+    TrainConfig c;
+    c.io_timeout = bad;
+    try {
+      c.validate();
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--io-timeout must be a number of seconds in (0, 1 "
+                                           "year]"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  TrainConfig c;
+  c.io_timeout = 0.25;
+  c.validate();
+  EXPECT_EQ(train_config_from_json({{"io_timeout", 7.5}}).io_timeout, 7.5);
+  EXPECT_EQ(train_config_from_json(nlohmann::json::object()).io_timeout, 3600);  // older configs
 }
 
 TEST(TrainConfig, PrecisionNamesTheAcceptedValues) {

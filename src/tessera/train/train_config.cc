@@ -21,7 +21,7 @@ namespace tessera::train {
   X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
   X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
   X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(bf16_weight_copies) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) \
+  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(bf16_weight_copies) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) X(io_timeout) \
   X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
   X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
 // clang-format on
@@ -216,6 +216,8 @@ void TrainConfig::validate() const {
                    "--comm-timeout must be a number of seconds in [0, 1 year] (0: "
                    "TESSERA_COMM_TIMEOUT_S or 300 s), got ",
                    comm_timeout);
+  TESSERA_CHECK_AS(ConfigError, io_timeout > 0 && io_timeout <= 86400 * 365,
+                   "--io-timeout must be a number of seconds in (0, 1 year], got ", io_timeout);
   TESSERA_CHECK_AS(ConfigError, backend == "auto" || backend == "inproc" || backend == "mpi",
                    "--backend must be auto, inproc or mpi, got '", backend, "'");
   TESSERA_CHECK_AS(ConfigError, val_fraction >= 0 && val_fraction < 1,

@@ -86,6 +86,10 @@ struct TrainConfig {
   double peak_gflops = 0;
   // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
   double comm_timeout = 0;
+  // Deadline, in seconds, of the waits for one rank's file work: the others waiting while rank 0
+  // writes a checkpoint, or (under mpirun) prepares the data and reads the checkpoint first.
+  // Never shorter than the communication deadline.
+  double io_timeout = 3600;
 
   // Run.
   int threads = 0;           // BLAS threads per rank; 0 = cores / ranks

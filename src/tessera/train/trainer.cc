@@ -211,6 +211,16 @@ struct MoeStepStats {
   std::vector<double> mean_load;  // [E] load averaged over the layers
 };
 
+// A wait for one rank's file work (rank 0 writing a checkpoint, or under mpirun preparing the data
+// and reading the checkpoint before the others): --io-timeout, never shorter than --comm-timeout,
+// so that a large checkpoint on slow storage does not look like a hung peer.
+comm::BarrierOptions file_work_wait(const TrainConfig& cfg, const comm::CommOptions& copts) {
+  comm::BarrierOptions o;
+  o.timeout = std::max(comm::Timeout(static_cast<int64_t>(std::ceil(cfg.io_timeout * 1000))),
+                       copts.timeout);
+  return o;
+}
+
 // One rank of the job: its model (stage), data-parallel engine, data and reporting. A step is the
 // schedule of this rank run by the StepExecutor; the rest of the methods are the run around it.
 class RankRun {
@@ -718,7 +728,15 @@ void RankRun::save(int64_t at_step) {
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
     say(log_, pl_, "saved checkpoint " + dir.string());
   }
-  world_.barrier().wait();  // no rank runs ahead of a checkpoint that may fail
+  // No rank runs ahead of a checkpoint that may fail; the others wait while rank 0 writes.
+  const comm::BarrierOptions wait = file_work_wait(cfg_, world_.options());
+  try {
+    world_.barrier(wait).wait();
+  } catch (const comm::TimeoutError& e) {
+    throw comm::TimeoutError(detail::concat(
+        e.what(), " (rank 0 was writing checkpoint step ", at_step, " to '", cfg_.save,
+        "': --io-timeout bounds that wait, ", wait.timeout.count() / 1000.0, " s)"));
+  }
 }
 
 // A stop request (stop_request.h) counts once every rank has seen it: one small all-reduce per
@@ -845,7 +863,7 @@ TrainResult RankRun::run() {
   if (log_) progress_.emplace(log_, cfg_.log_every);
   pl_ = progress_ ? &*progress_ : nullptr;
   if (!cfg_.save.empty() && lead_) ensure_directory(cfg_.save, "--save");
-  if (!cfg_.save.empty()) world_.barrier().wait();
+  if (!cfg_.save.empty()) world_.barrier(file_work_wait(cfg_, world_.options())).wait();
   if (step_ == 0 && cfg_.eval_every > 0) validate(0);
 
   for (; step_ < cfg_.steps; ++step_) {
@@ -926,7 +944,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     // Rank 0 prepares the data (and fills the cache) before the others read it.
     std::optional<RunPlan> plan;
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
-    world->barrier().wait();
+    world->barrier(file_work_wait(cfg, copts)).wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
     plan->threads = threads;
     if (world->rank() == 0) choose_bf16_gemm(cfg, *plan);
