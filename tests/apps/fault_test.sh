@@ -181,9 +181,21 @@ else
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}"
   expect_text "mpi mismatch: both ranks of the group name who called what" \
     "^tessera: error: collective mismatch on communicator 'dp\[0,1\]' rank [01]/2: rank 0 called barrier #[0-9]+; rank 1 called [a-z_]+ #[0-9]+" 2
-  run "mpi slow save" 30 "rank=0,op=2,comm=world,call=barrier,kind=delay:2500ms" -- "$mpiexec" \
+  # Rank 0's barriers on 'world' under mpirun: 1 its data ready, 2 every rank's, 3 --save made,
+  # 4 after the save of step 2.
+  run "mpi slow save" 30 "rank=0,op=4,comm=world,call=barrier,kind=delay:2500ms" -- "$mpiexec" \
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}" --save "$dir/m-slow" --save-every 2
   expect_status "mpi slow save: the others wait for the checkpoint under --io-timeout" 0
+  # Rank 1 slow to start (reading a large checkpoint or corpus): the others, ready, wait for it
+  # under --io-timeout too.
+  run "mpi slow start" 30 "rank=1,op=2,comm=world,call=barrier,kind=delay:2500ms" -- \
+    "$mpiexec" --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}"
+  expect_status "mpi slow start: the others wait for a rank still reading under --io-timeout" 0
+  expect_text "mpi slow start: rank 1 was late at the start-up barrier" \
+    "fires on world rank 1 at its call 2, barrier #[0-9]+ on communicator 'world'"
+  # Rank 1's third call is the start-up broadcast: its peers time out in the split that follows,
+  # after their parts of its handshake were posted, so rank 1 gets through the handshake late and
+  # its blocking MPI_Comm_split is ended by the watchdog (before it, the rank hung there).
   run "mpi delay, no abort" 20 "rank=1,op=3,kind=delay:4s" -- "$mpiexec" "${noabort[@]}" \
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}"
   expect_text "mpi delay: the peers, then the late rank, time out" \

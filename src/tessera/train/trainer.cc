@@ -211,14 +211,13 @@ struct MoeStepStats {
   std::vector<double> mean_load;  // [E] load averaged over the layers
 };
 
-// A wait for one rank's file work (rank 0 writing a checkpoint, or under mpirun preparing the data
-// and reading the checkpoint before the others): --io-timeout, never shorter than --comm-timeout,
-// so that a large checkpoint on slow storage does not look like a hung peer.
-comm::BarrierOptions file_work_wait(const TrainConfig& cfg, const comm::CommOptions& copts) {
-  comm::BarrierOptions o;
-  o.timeout = std::max(comm::Timeout(static_cast<int64_t>(std::ceil(cfg.io_timeout * 1000))),
-                       copts.timeout);
-  return o;
+// The deadline of a wait for one rank's file work (rank 0 writing a checkpoint; under mpirun, rank
+// 0 preparing the data and reading the checkpoint before the others, then the others doing the
+// same): --io-timeout, never shorter than --comm-timeout, so that a large checkpoint on slow
+// storage does not look like a hung peer.
+comm::Timeout file_work_deadline(const TrainConfig& cfg, const comm::CommOptions& copts) {
+  return std::max(comm::Timeout(static_cast<int64_t>(std::ceil(cfg.io_timeout * 1000))),
+                  copts.timeout);
 }
 
 // One rank of the job: its model (stage), data-parallel engine, data and reporting. A step is the
@@ -729,7 +728,8 @@ void RankRun::save(int64_t at_step) {
     say(log_, pl_, "saved checkpoint " + dir.string());
   }
   // No rank runs ahead of a checkpoint that may fail; the others wait while rank 0 writes.
-  const comm::BarrierOptions wait = file_work_wait(cfg_, world_.options());
+  comm::BarrierOptions wait;
+  wait.timeout = file_work_deadline(cfg_, world_.options());
   try {
     world_.barrier(wait).wait();
   } catch (const comm::TimeoutError& e) {
@@ -863,7 +863,11 @@ TrainResult RankRun::run() {
   if (log_) progress_.emplace(log_, cfg_.log_every);
   pl_ = progress_ ? &*progress_ : nullptr;
   if (!cfg_.save.empty() && lead_) ensure_directory(cfg_.save, "--save");
-  if (!cfg_.save.empty()) world_.barrier(file_work_wait(cfg_, world_.options())).wait();
+  if (!cfg_.save.empty()) {  // rank 0 has made --save and written a probe file in it
+    comm::BarrierOptions made;
+    made.timeout = file_work_deadline(cfg_, world_.options());
+    world_.barrier(made).wait();
+  }
   if (step_ == 0 && cfg_.eval_every > 0) validate(0);
 
   for (; step_ < cfg_.steps; ++step_) {
@@ -944,10 +948,13 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     // Rank 0 prepares the data (and fills the cache) before the others read it.
     std::optional<RunPlan> plan;
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
-    world->barrier(file_work_wait(cfg, copts)).wait();
+    comm::BarrierOptions ready;  // waits for file work: rank 0's, then every rank's
+    ready.timeout = file_work_deadline(cfg, copts);
+    world->barrier(ready).wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
     plan->threads = threads;
     if (world->rank() == 0) choose_bf16_gemm(cfg, *plan);
+    world->barrier(ready).wait();
     // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
     // processes of one machine; across machines the tracks are aligned to within clock skew);
     // and rank 0's bf16 GEMM path.

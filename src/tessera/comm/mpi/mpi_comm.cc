@@ -3,10 +3,12 @@
 #include <mpi.h>
 
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
@@ -27,6 +29,37 @@ void check_mpi(int rc, const std::string& where) {
   MPI_Error_string(rc, msg, &len);
   throw CommError(where + ": MPI error: " + std::string(msg, len));
 }
+
+// Ends the process, as a crash would (status 1, no MPI_Finalize: mpirun sees it), when a blocking
+// MPI call it guards has not returned within the timeout; the message says which call.
+class Watchdog {
+ public:
+  template <class Message>
+  Watchdog(Timeout timeout, Message message)
+      : thread_([this, timeout, message = std::move(message)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
+          std::fprintf(stderr, "tessera: error: %s\n", message().c_str());
+          std::fflush(nullptr);
+          std::_Exit(1);
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_one();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
 
 // The prefix of the error messages about one operation (detail::op_context), formatted only when
 // an error needs it: it would cost more than a small message's whole transfer.
@@ -613,8 +646,18 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
   std::vector<int> all(2 * size_);
   check_mpi(MPI_Iallgather(ck, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &reqs[0]), where(d));
   wait_all(reqs, deadline, d, "the other ranks");
+  // Every rank reached the split, but one may have given up since (its deadline passed after it
+  // had posted its part) and left; MPI_Comm_split, which blocks without a deadline, would then
+  // wait for it forever. A watchdog ends this process if the split overruns another deadline.
   MPI_Comm out = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), where(d));
+  {
+    const Watchdog watchdog(timeout, [&] {
+      return where(d) + ": timed out after " + std::to_string(timeout.count()) +
+             " ms in MPI_Comm_split (every rank had reached the split, so one has left since: it "
+             "timed out or failed)";
+    });
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), where(d));
+  }
   if (out == MPI_COMM_NULL) return nullptr;
   CommOptions o = options();
   o.name = child_name;
