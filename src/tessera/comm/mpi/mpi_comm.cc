@@ -171,6 +171,12 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    // Blocking collectives with no deadline of their own (a rank that left would hang them).
+    const Watchdog watchdog(options().timeout, [this] {
+      return "creating communicator '" + name() + "' rank " + std::to_string(rank_) + "/" +
+             std::to_string(size_) + ": timed out after " +
+             std::to_string(options().timeout.count()) + " ms in MPI_Comm_dup (a rank has left)";
+    });
     check_mpi(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
     check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
   }
@@ -669,7 +675,14 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
 std::unique_ptr<Communicator> make_world(const CommOptions& opts) {
   runtime();
   MPI_Comm c;
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup(MPI_COMM_WORLD)");
+  {
+    const Timeout timeout = opts.timeout;  // resolved (launch.cc)
+    const Watchdog watchdog(timeout, [timeout] {
+      return "creating the world communicator: timed out after " + std::to_string(timeout.count()) +
+             " ms in MPI_Comm_dup(MPI_COMM_WORLD) (a process has left or never started)";
+    });
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup(MPI_COMM_WORLD)");
+  }
   return std::make_unique<MpiCommunicator>(c, opts);
 }
 
