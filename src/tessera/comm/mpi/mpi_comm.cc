@@ -267,12 +267,8 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
       std::this_thread::yield();
     }
   }
-  if (cancellable) {
-    for (auto& r : reqs)
-      if (r != MPI_REQUEST_NULL) {
-        MPI_Cancel(&r);
-        MPI_Wait(&r, MPI_STATUS_IGNORE);
-      }
+  if (cancellable) {  // bounded: a send cannot be cancelled, and MPI_Wait on it could block
+    for (auto& r : reqs) cancel_or_abandon(r, false);
   } else {
     abandoned_ = true;
   }
@@ -466,12 +462,8 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
           }
           ++k;
         }
-        for (auto* v : {&recvs, &sends})
-          for (auto& r : *v)
-            if (r != MPI_REQUEST_NULL) {
-              MPI_Cancel(&r);
-              MPI_Wait(&r, MPI_STATUS_IGNORE);
-            }
+        for (auto& r : recvs) cancel_or_abandon(r, false);
+        for (auto& r : sends) cancel_or_abandon(r, true);
         throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
                                           " ms waiting for rank(s) ", missing,
                                           " to reach this collective"));
