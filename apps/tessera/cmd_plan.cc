@@ -54,12 +54,21 @@ void run_calibrate(const PlanFlags& f) {
   const comm::Backend b = comm::resolve_backend(comm::Backend::Auto);
   if (b == comm::Backend::Mpi) {  // add the MPI backend's link to an existing description
     std::unique_ptr<comm::Communicator> world = comm::mpi_world();
+    if (world->rank() == 0) {  // before the measurement, which takes a while
+      TESSERA_CHECK_AS(ConfigError, !f.out.empty(),
+                       "under mpirun, --calibrate adds the MPI measurement to an existing file: "
+                       "give it with --out FILE");
+      TESSERA_CHECK_AS(ConfigError, std::filesystem::is_regular_file(f.out),
+                       "under mpirun, --calibrate adds the MPI measurement to an existing "
+                       "description, and '",
+                       f.out,
+                       "' is not a file: first run `tessera plan "
+                       "--calibrate --out ",
+                       f.out, "` without mpirun");
+    }
     nlohmann::json link =
         plan::calibrate_link(*world, f.quick, world->rank() == 0 ? &std::cout : nullptr);
     if (world->rank() != 0) return;
-    TESSERA_CHECK_AS(ConfigError, !f.out.empty(),
-                     "under mpirun, --calibrate adds the MPI measurement to an existing file: "
-                     "give it with --out FILE");
     plan::ClusterSpec c = plan::load_cluster(f.out);
     c.calibration["mpi"] = link;
     write_json(f.out, plan::to_json(c));
