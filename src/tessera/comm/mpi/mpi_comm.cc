@@ -3,23 +3,23 @@
 #include <mpi.h>
 
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "tessera/comm/reduce.h"
+#include "tessera/comm/watchdog.h"
 
 namespace tessera::comm::mpi {
 namespace {
 
 using detail::OpDesc;
 using detail::OpType;
+using detail::Watchdog;
 using Clock = std::chrono::steady_clock;
 
 void check_mpi(int rc, const std::string& where) {
@@ -29,37 +29,6 @@ void check_mpi(int rc, const std::string& where) {
   MPI_Error_string(rc, msg, &len);
   throw CommError(where + ": MPI error: " + std::string(msg, len));
 }
-
-// Ends the process, as a crash would (status 1, no MPI_Finalize: mpirun sees it), when a blocking
-// MPI call it guards has not returned within the timeout; the message says which call.
-class Watchdog {
- public:
-  template <class Message>
-  Watchdog(Timeout timeout, Message message)
-      : thread_([this, timeout, message = std::move(message)] {
-          std::unique_lock<std::mutex> lock(mutex_);
-          if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
-          std::fprintf(stderr, "tessera: error: %s\n", message().c_str());
-          std::fflush(nullptr);
-          std::_Exit(1);
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-    }
-    done_cv_.notify_one();
-    thread_.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::thread thread_;  // last: started once the members it uses exist
-};
 
 // The prefix of the error messages about one operation (detail::op_context), formatted only when
 // an error needs it: it would cost more than a small message's whole transfer.
