@@ -211,13 +211,19 @@ struct MoeStepStats {
   std::vector<double> mean_load;  // [E] load averaged over the layers
 };
 
-// The deadline of a wait for one rank's file work (rank 0 writing a checkpoint; under mpirun, rank
-// 0 preparing the data and reading the checkpoint before the others, then the others doing the
-// same): --io-timeout, never shorter than --comm-timeout, so that a large checkpoint on slow
-// storage does not look like a hung peer.
-comm::Timeout file_work_deadline(const TrainConfig& cfg, const comm::CommOptions& copts) {
-  return std::max(comm::Timeout(static_cast<int64_t>(std::ceil(cfg.io_timeout * 1000))),
-                  copts.timeout);
+// Milliseconds of a deadline given in (possibly fractional) seconds, rounded up.
+comm::Timeout timeout_of_seconds(double seconds) {
+  return comm::Timeout(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+// A wait for one rank's file work (rank 0 writing a checkpoint; under mpirun, rank 0 preparing the
+// data and reading the checkpoint before the others, then the others doing the same):
+// --io-timeout, never shorter than --comm-timeout, so that a large checkpoint on slow storage does
+// not look like a hung peer.
+comm::BarrierOptions file_work_wait(const TrainConfig& cfg, const comm::CommOptions& copts) {
+  comm::BarrierOptions o;
+  o.timeout = std::max(timeout_of_seconds(cfg.io_timeout), copts.timeout);
+  return o;
 }
 
 // One rank of the job: its model (stage), data-parallel engine, data and reporting. A step is the
@@ -728,8 +734,7 @@ void RankRun::save(int64_t at_step) {
     say(log_, pl_, "saved checkpoint " + dir.string());
   }
   // No rank runs ahead of a checkpoint that may fail; the others wait while rank 0 writes.
-  comm::BarrierOptions wait;
-  wait.timeout = file_work_deadline(cfg_, world_.options());
+  const comm::BarrierOptions wait = file_work_wait(cfg_, world_.options());
   try {
     world_.barrier(wait).wait();
   } catch (const comm::TimeoutError& e) {
@@ -863,11 +868,8 @@ TrainResult RankRun::run() {
   if (log_) progress_.emplace(log_, cfg_.log_every);
   pl_ = progress_ ? &*progress_ : nullptr;
   if (!cfg_.save.empty() && lead_) ensure_directory(cfg_.save, "--save");
-  if (!cfg_.save.empty()) {  // rank 0 has made --save and written a probe file in it
-    comm::BarrierOptions made;
-    made.timeout = file_work_deadline(cfg_, world_.options());
-    world_.barrier(made).wait();
-  }
+  // Rank 0 has made --save and written a probe file in it.
+  if (!cfg_.save.empty()) world_.barrier(file_work_wait(cfg_, world_.options())).wait();
   if (step_ == 0 && cfg_.eval_every > 0) validate(0);
 
   for (; step_ < cfg_.steps; ++step_) {
@@ -928,8 +930,7 @@ void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan) {
 // The communicators' options: --comm-timeout, and TESSERA_FAULT etc. checked before any work.
 comm::CommOptions comm_options(const TrainConfig& cfg) {
   comm::CommOptions o;
-  if (cfg.comm_timeout > 0)
-    o.timeout = comm::Timeout(static_cast<int64_t>(std::ceil(cfg.comm_timeout * 1000)));
+  if (cfg.comm_timeout > 0) o.timeout = timeout_of_seconds(cfg.comm_timeout);
   return comm::resolve_options(o);
 }
 
@@ -948,8 +949,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
     // Rank 0 prepares the data (and fills the cache) before the others read it.
     std::optional<RunPlan> plan;
     if (world->rank() == 0) plan.emplace(make_plan(cfg, log));
-    comm::BarrierOptions ready;  // waits for file work: rank 0's, then every rank's
-    ready.timeout = file_work_deadline(cfg, copts);
+    const comm::BarrierOptions ready = file_work_wait(cfg, copts);  // rank 0's, then everyone's
     world->barrier(ready).wait();
     if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
     plan->threads = threads;
