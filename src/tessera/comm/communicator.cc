@@ -66,27 +66,27 @@ void Communicator::validate(const OpDesc& d) const {
   if (d.type == OpType::Broadcast && (d.root < 0 || d.root >= n))
     fail(detail::concat("root ", d.root, " is not a rank of a communicator of size ", n));
   if (d.type == OpType::Send || d.type == OpType::Recv) {
-    if (d.root < 0 || d.root >= n || d.root == rank())
-      fail(detail::concat("peer ", d.root, " is not another rank of a communicator of size ", n));
+    if (d.peer < 0 || d.peer >= n || d.peer == rank())
+      fail(detail::concat("peer ", d.peer, " is not another rank of a communicator of size ", n));
     if (d.tag < 0) fail("tags must be non-negative");
   }
   if (d.type == OpType::SendRecv) {
-    for (auto [peer, half] : {std::pair{d.root, "send"}, std::pair{d.recv_peer, "receive"}})
+    for (auto [peer, half] : {std::pair{d.peer, "send"}, std::pair{d.recv_peer, "receive"}})
       if (peer < -1 || peer >= n)
         fail(detail::concat(half, " peer ", peer, " is not a rank of a communicator of size ", n,
                             " (or -1 to skip the ", half, ")"));
-    if ((d.root == rank()) != (d.recv_peer == rank()))
+    if ((d.peer == rank()) != (d.recv_peer == rank()))
       fail(
           "a rank exchanges with itself only in one call: send_peer == rank() requires "
           "recv_peer == rank() and vice versa");
     if (d.tag < 0 || d.recv_tag < 0) fail("tags must be non-negative");
     const size_t es = dtype_size(d.dtype);
-    const size_t sb = d.root >= 0 ? d.count * es : 0, rb = d.recv_peer >= 0 ? d.recv_count * es : 0;
+    const size_t sb = d.peer >= 0 ? d.count * es : 0, rb = d.recv_peer >= 0 ? d.recv_count * es : 0;
     if (sb && d.send == nullptr) fail("null send buffer");
     if (rb && d.recv == nullptr) fail("null recv buffer");
     const auto s0 = reinterpret_cast<uintptr_t>(d.send), r0 = reinterpret_cast<uintptr_t>(d.recv);
     if (sb && rb && s0 < r0 + rb && r0 < s0 + sb) fail("the send and recv buffers overlap");
-    if (d.root == rank() && (d.count != d.recv_count || d.tag != d.recv_tag))
+    if (d.peer == rank() && (d.count != d.recv_count || d.tag != d.recv_tag))
       fail(detail::concat("exchanging with itself, this rank sends ", d.count,
                           " elements with tag ", d.tag, " but receives ", d.recv_count,
                           " with tag ", d.recv_tag));
@@ -119,7 +119,7 @@ void Communicator::run_local(const OpDesc& d) {
       copy(d.send_counts[0]);
       break;
     case OpType::SendRecv:
-      if (d.root == 0) exchange_with_self(d);  // validated: the peers are 0 or both -1
+      if (d.peer == 0) exchange_with_self(d);  // validated: the peers are 0 or both -1
       break;
     default:
       break;  // Broadcast (in place), Barrier: nothing to do
@@ -367,14 +367,14 @@ std::vector<size_t> Communicator::exchange_counts(std::span<const size_t> send_c
 Work Communicator::send(const void* buf, size_t count, DType dtype, int peer,
                         const SendOptions& o) {
   OpDesc d = make_desc(OpType::Send, buf, nullptr, count, dtype, o);
-  d.root = peer;
+  d.peer = peer;
   d.tag = o.tag;
   return submit(std::move(d), o.async);
 }
 
 Work Communicator::recv(void* buf, size_t count, DType dtype, int peer, const RecvOptions& o) {
   OpDesc d = make_desc(OpType::Recv, nullptr, buf, count, dtype, o);
-  d.root = peer;
+  d.peer = peer;
   d.tag = o.tag;
   return submit(std::move(d), o.async);
 }
@@ -383,7 +383,7 @@ Work Communicator::send_recv(const void* send, size_t send_count, int send_peer,
                              size_t recv_count, int recv_peer, DType dtype,
                              const SendRecvOptions& o) {
   OpDesc d = make_desc(OpType::SendRecv, send, recv, send_count, dtype, o);
-  d.root = send_peer;
+  d.peer = send_peer;
   d.tag = o.send_tag;
   d.recv_count = recv_count;
   d.recv_peer = recv_peer;

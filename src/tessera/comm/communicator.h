@@ -147,7 +147,7 @@ class Communicator {
   std::string where(const detail::OpDesc& d) const {
     return detail::op_context(d, name(), rank(), size());
   }
-  // A send_recv of a rank with itself (d.root == d.recv_peer == rank()): copies send to recv.
+  // A send_recv of a rank with itself (d.peer == d.recv_peer == rank()): copies send to recv.
   static void exchange_with_self(const detail::OpDesc& d);
 
  private:

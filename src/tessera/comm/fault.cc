@@ -126,7 +126,7 @@ void make_mismatched(OpDesc& d) {
     case OpType::Send:
     case OpType::Recv:
     case OpType::SendRecv:
-      if (d.type == OpType::SendRecv && d.root < 0) {
+      if (d.type == OpType::SendRecv && d.peer < 0) {
         if (d.recv_count > 0) --d.recv_count;
       } else if (d.count > 0) {
         --d.count;

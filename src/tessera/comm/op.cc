@@ -104,19 +104,19 @@ std::string OpDesc::describe() const {
   if (type == OpType::Send || type == OpType::Recv) {
     std::ostringstream os;
     os << op_name(type) << " (" << dtype_name(dtype) << " x " << count << ", tag " << tag
-       << (type == OpType::Send ? ", to rank " : ", from rank ") << root << ")";
+       << (type == OpType::Send ? ", to rank " : ", from rank ") << peer << ")";
     return os.str();
   }
   if (type == OpType::SendRecv) {
     std::ostringstream os;
     os << op_name(type) << " (";
-    if (root >= 0)
-      os << dtype_name(dtype) << " x " << count << " to rank " << root << " tag " << tag;
-    if (root >= 0 && recv_peer >= 0) os << ", ";
+    if (peer >= 0)
+      os << dtype_name(dtype) << " x " << count << " to rank " << peer << " tag " << tag;
+    if (peer >= 0 && recv_peer >= 0) os << ", ";
     if (recv_peer >= 0)
       os << dtype_name(dtype) << " x " << recv_count << " from rank " << recv_peer << " tag "
          << recv_tag;
-    if (root < 0 && recv_peer < 0) os << "nothing";
+    if (peer < 0 && recv_peer < 0) os << "nothing";
     os << ")";
     return os.str();
   }

@@ -36,9 +36,10 @@ struct OpDesc {
   size_t count = 0;
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
-  int root = -1;  // Broadcast root; Send/Recv peer; SendRecv: the peer sent to (-1: no send)
+  int root = -1;  // Broadcast: the root (and nothing else)
+  int peer = -1;  // Send: the destination; Recv: the source; SendRecv: the peer sent to (-1: none)
   int tag = 0;    // Send/Recv; SendRecv: the tag of the message sent
-  // SendRecv: the receiving half (the sending half is send, count, root and tag).
+  // SendRecv: the receiving half (the sending half is send, count, peer and tag).
   size_t recv_count = 0;
   int recv_peer = -1;  // -1: no receive
   int recv_tag = 0;

@@ -383,7 +383,7 @@ void InprocCommunicator::send(const OpDesc& d) {
   if (bytes) std::memcpy(m.data.data(), d.send, bytes);
   if (g_->world->poisoned.load(std::memory_order_acquire))
     throw PeerFailedError(where(d) + " aborted: " + g_->world->poison_reason());
-  Mailbox& mb = g_->mail[d.root];
+  Mailbox& mb = g_->mail[d.peer];
   {
     std::lock_guard lk(mb.mu);
     mb.q.push_back(std::move(m));
@@ -433,25 +433,25 @@ void InprocCommunicator::recv(const OpDesc& d) {
   WorldState& w = *g_->world;
   std::unique_lock lk(mb.mu);
   for (int iter = 0;; ++iter) {
-    if (take(lk, d, d.root, d.tag, d.count, d.recv)) return;
+    if (take(lk, d, d.peer, d.tag, d.count, d.recv)) return;
     if (w.poisoned.load(std::memory_order_acquire))
       throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
-    if (w.exited[g_->world_ranks[d.root]].load(std::memory_order_acquire)) {
+    if (w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire)) {
       // The message may have arrived just before the peer exited: look once more.
-      if (take(lk, d, d.root, d.tag, d.count, d.recv)) return;
-      throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
+      if (take(lk, d, d.peer, d.tag, d.count, d.recv)) return;
+      throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
                                            " returned from its function without sending"));
     }
     if (Clock::now() >= deadline)
       throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                        " ms waiting for rank ", d.root, " to send"));
+                                        " ms waiting for rank ", d.peer, " to send"));
     mb.idle(lk, iter, deadline, w.oversubscribed);
   }
 }
 
 void InprocCommunicator::send_recv(const OpDesc& d) {
-  if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
-  const bool sending = d.root >= 0, receiving = d.recv_peer >= 0;
+  if (d.peer == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
+  const bool sending = d.peer >= 0, receiving = d.recv_peer >= 0;
   WorldState& w = *g_->world;
   std::atomic<bool> consumed{false};
   if (sending) {
@@ -462,7 +462,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
     m.count = d.count;
     m.lent = d.send;
     m.consumed = &consumed;
-    Mailbox& out = g_->mail[d.root];
+    Mailbox& out = g_->mail[d.peer];
     {
       std::lock_guard lk(out.mu);
       out.q.push_back(std::move(m));
@@ -489,15 +489,15 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
                                                " returned from its function without sending"));
         continue;
       }
-      if (!sent && w.exited[g_->world_ranks[d.root]].load(std::memory_order_acquire) &&
+      if (!sent && w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire) &&
           !consumed.load(std::memory_order_acquire))
-        throw PeerFailedError(detail::concat(where(d), ": rank ", d.root,
+        throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
                                              " returned from its function without receiving"));
       if (Clock::now() >= deadline) {
         std::string missing;
         if (!got) missing = detail::concat("rank ", d.recv_peer, " to send");
         if (!sent)
-          missing += detail::concat(got ? "" : " and for ", "rank ", d.root,
+          missing += detail::concat(got ? "" : " and for ", "rank ", d.peer,
                                     " to receive this rank's message");
         throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                           " ms waiting for ", missing));
@@ -512,7 +512,7 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
 
 void InprocCommunicator::withdraw(const OpDesc& d, std::atomic<bool>& consumed) {
   {
-    Mailbox& out = g_->mail[d.root];
+    Mailbox& out = g_->mail[d.peer];
     std::lock_guard lk(out.mu);
     for (auto it = out.q.begin(); it != out.q.end(); ++it)
       if (it->consumed == &consumed) {

@@ -350,7 +350,7 @@ void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
 // deadlock), and polls both against the deadline. The send goes straight from the user's buffer:
 // the call returns when MPI is done with it.
 void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w) {
-  if (d.root == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
+  if (d.peer == rank_) return exchange_with_self(d);  // validated: recv_peer == rank_ too
   const MPI_Datatype type = mpi_type(d.dtype);
   MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
   MPI_Status st;
@@ -358,8 +358,8 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
     check_mpi(
         MPI_Irecv(d.recv, to_int(d.recv_count, w), type, d.recv_peer, d.recv_tag, comm_, &reqs[0]),
         w);
-  if (d.root >= 0) {
-    const int rc = MPI_Isend(d.send, to_int(d.count, w), type, d.root, d.tag, comm_, &reqs[1]);
+  if (d.peer >= 0) {
+    const int rc = MPI_Isend(d.send, to_int(d.count, w), type, d.peer, d.tag, comm_, &reqs[1]);
     if (rc != MPI_SUCCESS) cancel_or_abandon(reqs[0], false);
     check_mpi(rc, w);
   }
@@ -385,7 +385,7 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
         std::string missing;
         if (reqs[0] != MPI_REQUEST_NULL) missing = detail::concat("rank ", d.recv_peer, " to send");
         if (reqs[1] != MPI_REQUEST_NULL)
-          missing += detail::concat(missing.empty() ? "" : " and for ", "rank ", d.root,
+          missing += detail::concat(missing.empty() ? "" : " and for ", "rank ", d.peer,
                                     " to receive this rank's message");
         cancel_or_abandon(reqs[0], false);
         cancel_or_abandon(reqs[1], true);
@@ -567,26 +567,26 @@ void MpiCommunicator::execute(const OpDesc& d) {
       p.data.assign(static_cast<const unsigned char*>(d.send),
                     static_cast<const unsigned char*>(d.send) + d.count * es);
       p.what = w.str();
-      check_mpi(MPI_Isend(p.data.data(), count, type, d.root, d.tag, comm_, &p.req), w);
+      check_mpi(MPI_Isend(p.data.data(), count, type, d.peer, d.tag, comm_, &p.req), w);
       pending_.push_back(std::move(p));
       reap_sends(&d);
       return;
     }
     case OpType::Recv: {
       MPI_Status st;
-      check_mpi(MPI_Irecv(d.recv, count, type, d.root, d.tag, comm_, &reqs[0]), w);
+      check_mpi(MPI_Irecv(d.recv, count, type, d.peer, d.tag, comm_, &reqs[0]), w);
       int flag = 0;
       for (long iter = 0;; ++iter) {
         const int rc = MPI_Test(&reqs[0], &flag, &st);
-        if (rc != MPI_SUCCESS) check_received(rc, st, d, d.root, d.count, w);
+        if (rc != MPI_SUCCESS) check_received(rc, st, d, d.peer, d.count, w);
         if (flag) break;
         if ((iter & 255) == 255) {
           if (Clock::now() >= deadline)
-            wait_all(reqs, deadline, d, detail::concat("rank ", d.root, " to send"), true);
+            wait_all(reqs, deadline, d, detail::concat("rank ", d.peer, " to send"), true);
           std::this_thread::yield();
         }
       }
-      check_received(MPI_SUCCESS, st, d, d.root, d.count, w);
+      check_received(MPI_SUCCESS, st, d, d.peer, d.count, w);
       return;
     }
     case OpType::SendRecv:
