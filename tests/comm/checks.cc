@@ -1,9 +1,11 @@
 // Backend-independent correctness checks (used by test_comm and test_comm_mpi).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 
 #include "helpers.h"
 
@@ -415,6 +417,109 @@ void check_send_recv_exchange(Communicator& c, size_t count) {
     }
   }
   c.barrier().wait();
+}
+
+void check_traffic(Communicator& c, DType t) {
+  const int n = c.size(), me = c.rank();
+  const double es = static_cast<double>(dtype_size(t)), nn = n;
+  const size_t count = 10;
+  c.reset_traffic();
+  Communicator::Traffic want;  // this rank's bytes, by the convention of communicator.h
+  auto check = [&](const char* after) {
+    const Communicator::Traffic& got = c.traffic();
+    const std::pair<const char*, std::pair<double, double>> fields[] = {
+        {"all_reduce", {got.all_reduce, want.all_reduce}},
+        {"all_gather", {got.all_gather, want.all_gather}},
+        {"reduce_scatter", {got.reduce_scatter, want.reduce_scatter}},
+        {"broadcast", {got.broadcast, want.broadcast}},
+        {"all_to_all", {got.all_to_all, want.all_to_all}},
+        {"point_to_point", {got.point_to_point, want.point_to_point}},
+        {"total", {got.total(), want.total()}}};
+    for (const auto& [name, v] : fields)
+      if (std::abs(v.first - v.second) > 1e-9 * std::max(1.0, v.second)) {
+        std::ostringstream os;
+        os << "traffic on rank " << me << "/" << n << " (" << dtype_name(t) << ") after " << after
+           << ": " << name << " = " << v.first << " bytes, expected " << v.second;
+        throw std::runtime_error(os.str());
+      }
+  };
+  const bool reduces = t != DType::U8 && t != DType::U16 && t != DType::F16;
+  Buf in(t, count * n), out(t, count * n);
+  for (size_t i = 0; i < count * n; ++i) in.set(i, value(me, i));
+  if (reduces) {
+    c.all_reduce(in.p(), out.p(), count, t).wait();
+    want.all_reduce += n == 1 ? 0 : 2 * (nn - 1) / nn * count * es;
+    check("all_reduce");
+    c.reduce_scatter(in.p(), out.p(), count, t).wait();
+    want.reduce_scatter += n == 1 ? 0 : (nn - 1) * count * es;
+    check("reduce_scatter");
+  }
+  c.all_gather(in.p(), out.p(), count, t).wait();
+  want.all_gather += n == 1 ? 0 : (nn - 1) / nn * (nn * count * es);
+  check("all_gather");
+  BroadcastOptions bo;
+  bo.root = n - 1;
+  c.broadcast(out.p(), count, t, bo).wait();
+  want.broadcast += n == 1 ? 0 : (nn - 1) / nn * count * es;  // the root counts the same
+  check("broadcast");
+  c.all_to_all(in.p(), out.p(), count, t).wait();
+  want.all_to_all += n == 1 ? 0 : (nn - 1) * count * es;
+  check("all_to_all");
+  // Rank i sends i + j + 1 elements to rank j: blocks differ by pair, and both sides agree.
+  std::vector<size_t> sc(n), rc(n);
+  size_t total = 0, to_others = 0;
+  for (int p = 0; p < n; ++p) {
+    sc[p] = rc[p] = static_cast<size_t>(me + p + 1);
+    total += sc[p];
+    if (p != me) to_others += sc[p];
+  }
+  Buf vin(t, total), vout(t, total);
+  c.all_to_allv(vin.p(), sc, vout.p(), rc, t).wait();
+  want.all_to_all += static_cast<double>(to_others) * es;  // the block to itself is not sent
+  check("all_to_allv");
+  if (c.exchange_counts(sc) != rc) throw std::runtime_error("exchange_counts: wrong counts");
+  want.all_to_all += n == 1 ? 0 : (nn - 1) * 8;  // an all_to_all of one I64 per rank
+  check("exchange_counts");
+  c.barrier().wait();
+  check("barrier");
+  {
+    auto child = c.split(0, me);
+    if (child->traffic().total() != 0) throw std::runtime_error("a split's child starts at 0");
+  }
+  check("split");
+  if (n > 1) {
+    const int right = (me + 1) % n, left = (me + n - 1) % n;
+    Buf msg(t, count), got(t, count);
+    SendOptions so;
+    so.tag = 9;
+    c.send(msg.p(), count, t, right, so).wait();
+    want.point_to_point += count * es;
+    check("send");
+    RecvOptions ro;
+    ro.tag = 9;
+    c.recv(got.p(), count, t, left, ro).wait();
+    check("recv");  // receiving sends nothing
+    // Send 3 to the right, receive 3 from the left: the send half counts.
+    c.send_recv(msg.p(), 3, right, got.p(), 3, left, t).wait();
+    want.point_to_point += 3 * es;
+    check("send_recv");
+    // Pipeline edges: rank 0 only sends to rank 1, rank 1 only receives from rank 0.
+    if (me == 0) {
+      c.send_recv(msg.p(), 4, 1, nullptr, 0, -1, t).wait();
+      want.point_to_point += 4 * es;
+    } else if (me == 1) {
+      c.send_recv(nullptr, 0, -1, got.p(), 4, 0, t).wait();
+    }
+    check("send_recv with a skipped half");
+  }
+  // An exchange with itself is a copy: nothing is sent.
+  Buf self_in(t, count), self_out(t, count);
+  c.send_recv(self_in.p(), count, me, self_out.p(), count, me, t).wait();
+  check("send_recv with itself");
+  c.barrier().wait();  // every rank is done before the next test's calls
+  c.reset_traffic();
+  want = Communicator::Traffic{};
+  check("reset_traffic");
 }
 
 }  // namespace tessera::comm::test

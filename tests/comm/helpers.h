@@ -71,5 +71,11 @@ void check_send_recv(Communicator& c, size_t count);
 // send_recv: a ring, pairs with unequal counts (and a rank paired with itself), a pipeline with
 // skipped halves, a no-op, and messages shared with send/recv; every dtype kind.
 void check_send_recv_exchange(Communicator& c, size_t count);
+// Communicator::traffic(): one call of every kind (collectives, all_to_allv with counts that
+// differ by pair, exchange_counts, send/recv, send_recv with both halves, a skipped send and,
+// on one rank, an exchange with itself, barrier, split), each checked against the bytes its
+// counter must gain on this rank; then reset_traffic(). Works on a size-1 communicator (every
+// counter stays 0).
+void check_traffic(Communicator& c, DType t);
 
 }  // namespace tessera::comm::test

@@ -73,6 +73,14 @@ TEST_F(Mpi, AllOpsLarge) {
   check_send_recv_exchange(c, kLarge);
 }
 
+// The frontend counts the bytes of every op the same way on MPI (Communicator::traffic()).
+TEST_F(Mpi, TrafficCountsEveryOpKind) {
+  check_traffic(world(), DType::F32);
+  check_traffic(world(), DType::BF16);
+  auto one = world().split(world().rank(), 0);  // size 1: nothing is sent
+  check_traffic(*one, DType::F32);
+}
+
 TEST_F(Mpi, SplitAndConcurrentCollectives) {
   Communicator& w = world();
   auto half = w.split(w.rank() % 2, w.rank());

@@ -100,6 +100,45 @@ void Communicator::validate(const OpDesc& d) const {
   if (needs_data && d.type != OpType::Send && d.recv == nullptr) fail("null recv buffer");
 }
 
+void Communicator::count_traffic(const OpDesc& d) {
+  const double n = size(), es = static_cast<double>(dtype_size(d.dtype));
+  const double bytes = static_cast<double>(d.count) * es;
+  switch (d.type) {
+    case OpType::AllReduce:
+      traffic_.all_reduce += 2 * (n - 1) / n * bytes;
+      return;
+    case OpType::AllGather:
+      traffic_.all_gather += (n - 1) * bytes;  // (n-1)/n x n x count
+      return;
+    case OpType::ReduceScatter:
+      traffic_.reduce_scatter += (n - 1) * bytes;
+      return;
+    case OpType::Broadcast:
+      traffic_.broadcast += (n - 1) / n * bytes;
+      return;
+    case OpType::AllToAll:
+      traffic_.all_to_all += (n - 1) * bytes;
+      return;
+    case OpType::AllToAllV: {
+      size_t elems = 0;
+      for (int p = 0; p < size(); ++p)
+        if (p != rank()) elems += d.send_counts[p];
+      traffic_.all_to_all += static_cast<double>(elems) * es;
+      return;
+    }
+    case OpType::Send:
+      traffic_.point_to_point += bytes;
+      return;
+    case OpType::SendRecv:
+      if (d.peer >= 0 && d.peer != rank()) traffic_.point_to_point += bytes;
+      return;
+    case OpType::Recv:
+    case OpType::Barrier:
+    case OpType::Split:
+      return;
+  }
+}
+
 void Communicator::run_local(const OpDesc& d) {
   const size_t es = dtype_size(d.dtype);
   auto copy = [&](size_t elems) {
@@ -150,6 +189,7 @@ Work Communicator::submit(OpDesc d, bool async) {
         where(d),
         " not run: the communicator is unusable after an earlier failure: ", what_of(failure_)))));
   }
+  count_traffic(d);  // accepted: run now or queued
   if (!async && queue_.empty() && !busy_) {
     lk.unlock();
     try {

@@ -122,6 +122,39 @@ class Communicator {
   // Number of collectives issued so far (the next one gets seq_issued() + 1).
   uint64_t seq_issued() const { return seq_; }
 
+  // Bytes this rank has sent on this communicator, one counter per kind of op: every layer above
+  // reads its communication volume here instead of counting its own. The convention is the ring
+  // accounting of nccl-tests' bus bytes (a counter divided by the time is the busbw), with
+  // n = size() and b = the dtype's size in bytes:
+  //   all_reduce      2(n-1)/n x count x b
+  //   all_gather      (n-1)/n x the gathered buffer, n x count x b
+  //   reduce_scatter  (n-1)/n x the input, n x count x b
+  //   broadcast       (n-1)/n x count x b on every rank, the root included. Every broadcast moves
+  //                   at least (n-1) x count x b in all (each other rank receives the buffer once);
+  //                   the ring convention shares that out evenly, as it does for all_gather, so
+  //                   the ranks' counters agree and add up to it whatever the root and algorithm.
+  //                   (nccl-tests' busbw factor for broadcast, 1, is the load of the busiest link;
+  //                   counted per rank it would add up to n x count x b, more than is sent.)
+  //   all_to_all      the blocks sent to the other ranks: (n-1) x count x b; all_to_allv: the
+  //                   send_counts of the other ranks x b; exchange_counts is an all_to_all of I64
+  //   point_to_point  send: the message; send_recv: its send half (0 when skipped or when a rank
+  //                   exchanges with itself); recv: nothing
+  // barrier and split count nothing, nor does any call on a size-1 communicator. A call is
+  // counted when it is submitted, on the calling thread, asynchronous calls included (traffic()
+  // covers them as soon as they return); calls rejected at submission (invalid arguments, a
+  // communicator already unusable, an injected throw) send nothing and count nothing, while a call
+  // that fails later (a timeout) has been counted. A communicator returned by split counts its
+  // own calls from zero. Read and reset from the thread that calls into this communicator.
+  struct Traffic {
+    double all_reduce = 0, all_gather = 0, reduce_scatter = 0, broadcast = 0, all_to_all = 0,
+           point_to_point = 0;
+    double total() const {
+      return all_reduce + all_gather + reduce_scatter + broadcast + all_to_all + point_to_point;
+    }
+  };
+  const Traffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = Traffic{}; }
+
  protected:
   explicit Communicator(CommOptions opts);
   // Runs one operation to completion on the calling thread; throws on failure. `d` is validated,
@@ -154,6 +187,7 @@ class Communicator {
   Work submit(detail::OpDesc d, bool async);
   void run_local(const detail::OpDesc& d);  // size-1 short-circuit
   void validate(const detail::OpDesc& d) const;
+  void count_traffic(const detail::OpDesc& d);  // adds d's bytes to traffic_ (size() > 1)
   void progress_loop();
   void drain();  // waits until the async queue is empty
   std::exception_ptr record_failure(std::exception_ptr e, const detail::OpDesc& d);
@@ -167,6 +201,7 @@ class Communicator {
   CommOptions opts_;
   std::shared_ptr<detail::FaultInjector> faults_;
   uint64_t seq_ = 0;
+  Traffic traffic_;  // written by submit on the calling thread only
   std::exception_ptr failure_;  // first failure; guarded by mu_
 
   struct Task {
