@@ -81,6 +81,7 @@ static std::string rank_list(const std::vector<int>& r) {
 void wait_counters(const WaitCtx& ctx, const Counter* c, uint64_t target, int only,
                    std::string_view phase) {
   Group& g = *ctx.g;
+  const WorldState& w = *g.world;
   const int lo = only >= 0 ? only : 0;
   const int hi = only >= 0 ? only + 1 : g.n;
   int first_missing = lo;
@@ -94,18 +95,8 @@ void wait_counters(const WaitCtx& ctx, const Counter* c, uint64_t target, int on
     first_missing = hi;
     return true;
   };
-  if (ready()) return;
-  const int spins = g.world->oversubscribed ? 64 : 20000;
-  for (int i = 0; i < spins; ++i) {
-    TESSERA_CPU_RELAX();
-    if (ready()) return;
-  }
-  WorldState& w = *g.world;
-  for (int iter = 0;; ++iter) {
-    if (ready()) return;
-    if (w.poisoned.load(std::memory_order_acquire))
-      throw PeerFailedError(ctx.describe() + " aborted: " + w.poison_reason());
-    // A peer that returned from its function will never arrive.
+  // A peer that returned from its function will never arrive.
+  auto peer_left = [&]() {
     for (int p = first_missing; p < hi; ++p) {
       if (w.exited[g.world_ranks[p]].load(std::memory_order_acquire) &&
           c[p].v.load(std::memory_order_acquire) < target)
@@ -114,19 +105,24 @@ void wait_counters(const WaitCtx& ctx, const Counter* c, uint64_t target, int on
                                              ") returned from its function "
                                              "without completing this call"));
     }
-    auto now = std::chrono::steady_clock::now();
-    if (now >= ctx.deadline) {
-      std::vector<int> missing;
-      for (int p = lo; p < hi; ++p)
-        if (c[p].v.load(std::memory_order_acquire) < target) missing.push_back(p);
-      if (missing.empty()) return;
-      throw TimeoutError(detail::concat(ctx.describe(), ": timed out after ",
-                                        ctx.desc ? ctx.desc->timeout.count() : 0,
-                                        " ms waiting for ", rank_list(missing), " ", phase));
+    return false;
+  };
+  auto missing = [&]() {
+    std::vector<int> m;
+    for (int p = lo; p < hi; ++p)
+      if (c[p].v.load(std::memory_order_acquire) < target) m.push_back(p);
+    return m.empty() ? std::string() : detail::concat(rank_list(m), " ", phase);
+  };
+  // Spin (fewer pauses when there are more ranks than cores), then yield 200 times, then sleep.
+  auto idle = [&](int iter) {
+    if (iter == 0) {
+      const int spins = w.oversubscribed ? 64 : 20000;
+      for (int i = 0; i < spins && !ready(); ++i) TESSERA_CPU_RELAX();
+      return;
     }
-    if (iter < 200) {
+    if (iter <= 200) {
       std::this_thread::yield();
-      continue;
+      return;
     }
     g.sleepers.fetch_add(1, std::memory_order_seq_cst);
     {
@@ -134,14 +130,14 @@ void wait_counters(const WaitCtx& ctx, const Counter* c, uint64_t target, int on
       bool ok = true;
       for (int p = first_missing; p < hi; ++p)
         if (c[p].v.load(std::memory_order_seq_cst) < target) ok = false;
-      if (!ok) {
-        auto slice = std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(2),
-                                                                   ctx.deadline - now);
-        g.cv.wait_for(lk, slice);
-      }
+      const auto now = std::chrono::steady_clock::now();
+      if (!ok && now < ctx.deadline)
+        g.cv.wait_for(lk, std::min<std::chrono::steady_clock::duration>(
+                              std::chrono::milliseconds(2), ctx.deadline - now));
     }
     g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  };
+  wait_until(ctx, ready, peer_left, missing, idle);
 }
 
 }  // namespace tessera::comm::inproc

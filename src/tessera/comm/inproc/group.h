@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/comm/errors.h"
 #include "tessera/comm/op.h"
 #include "tessera/comm/options.h"
 
@@ -129,9 +130,44 @@ struct WaitCtx {
   std::string describe() const;  // "all_reduce #3 (F32 x 8, sum) on communicator 'world' rank 1/4"
 };
 
-// Waits until counters[p].v >= target for every rank p of the group (skipping `skip`, if >= 0),
-// or only for `only` when only >= 0. Throws PeerFailedError (poisoned world, exited peer) or
-// TimeoutError naming the missing ranks.
+// The wait loop of the inproc backend: every wait that fails when it cannot complete (counters of
+// collectives and split, point-to-point receives and send_recv) runs this loop and no other.
+// Returns once `done()` is true (checked first, so a wait that need not wait costs one call).
+// Otherwise, in this order, until it is:
+//   - a poisoned world fails the wait: PeerFailedError "<ctx> aborted: <poison reason>";
+//   - `peer_left()` throws PeerFailedError when an awaited peer has returned from its function
+//     (after a last look for what it may have left behind); it returns true when it found
+//     something, and done() is then checked again at once;
+//   - past the deadline, `missing()` says what the wait still waits for; empty, it has all
+//     arrived at the last moment and the wait returns; else TimeoutError "<ctx>: timed out after
+//     <timeout> ms waiting for <missing()>";
+//   - `idle(iter)` (iter = 0, 1, ...) waits a little: it spins at first, then yields, then sleeps
+//     on a condition variable in slices of at most 2 ms, never past the deadline.
+// The cleanup waits of a rank that has already failed (quiesce, withdraw) are bounded and never
+// fail, and do not use this loop: they must not stop at the poison flag.
+template <typename Done, typename PeerLeft, typename Missing, typename Idle>
+void wait_until(const WaitCtx& ctx, Done&& done, PeerLeft&& peer_left, Missing&& missing,
+                Idle&& idle) {
+  const WorldState& w = *ctx.g->world;
+  for (int iter = 0;; ++iter) {
+    if (done()) return;
+    if (w.poisoned.load(std::memory_order_acquire))
+      throw PeerFailedError(ctx.describe() + " aborted: " + w.poison_reason());
+    if (peer_left()) continue;
+    if (std::chrono::steady_clock::now() >= ctx.deadline) {
+      const std::string m = missing();
+      if (m.empty()) return;
+      throw TimeoutError(detail::concat(ctx.describe(), ": timed out after ",
+                                        ctx.desc ? ctx.desc->timeout.count() : 0,
+                                        " ms waiting for ", m));
+    }
+    idle(iter);
+  }
+}
+
+// Waits until counters[p].v >= target for every rank p of the group, or only for `only` when
+// only >= 0 (wait_until). Throws PeerFailedError (poisoned world, exited peer) or TimeoutError
+// naming the missing ranks and the `phase` ("waiting for ranks 1,2 to arrive").
 void wait_counters(const WaitCtx& ctx, const Counter* counters, uint64_t target, int only = -1,
                    std::string_view phase = "to arrive");
 

@@ -429,24 +429,21 @@ bool InprocCommunicator::take(std::unique_lock<std::mutex>& lk, const OpDesc& d,
 
 void InprocCommunicator::recv(const OpDesc& d) {
   Mailbox& mb = g_->mail[rank_];
-  const auto deadline = Clock::now() + d.timeout;
-  WorldState& w = *g_->world;
+  const WaitCtx ctx{g_.get(), rank_, &d, {}, Clock::now() + d.timeout};
+  const WorldState& w = *g_->world;
+  bool got = false;
   std::unique_lock lk(mb.mu);
-  for (int iter = 0;; ++iter) {
-    if (take(lk, d, d.peer, d.tag, d.count, d.recv)) return;
-    if (w.poisoned.load(std::memory_order_acquire))
-      throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
-    if (w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire)) {
-      // The message may have arrived just before the peer exited: look once more.
-      if (take(lk, d, d.peer, d.tag, d.count, d.recv)) return;
-      throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
-                                           " returned from its function without sending"));
-    }
-    if (Clock::now() >= deadline)
-      throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                        " ms waiting for rank ", d.peer, " to send"));
-    mb.idle(lk, iter, deadline, w.oversubscribed);
-  }
+  wait_until(
+      ctx, [&] { return got || (got = take(lk, d, d.peer, d.tag, d.count, d.recv)); },
+      [&] {
+        if (!w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire)) return false;
+        // The message may have arrived just before the peer exited: look once more.
+        if ((got = take(lk, d, d.peer, d.tag, d.count, d.recv))) return true;
+        throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
+                                             " returned from its function without sending"));
+      },
+      [&] { return detail::concat("rank ", d.peer, " to send"); },
+      [&](int iter) { mb.idle(lk, iter, ctx.deadline, w.oversubscribed); });
 }
 
 void InprocCommunicator::send_recv(const OpDesc& d) {
@@ -471,39 +468,40 @@ void InprocCommunicator::send_recv(const OpDesc& d) {
     out.cv.notify_all();
   }
   Mailbox& mb = g_->mail[rank_];
-  const auto deadline = Clock::now() + d.timeout;
+  const WaitCtx ctx{g_.get(), rank_, &d, {}, Clock::now() + d.timeout};
   bool got = !receiving;
+  // Receivers set `consumed` under this mailbox's lock, which is held while it is read here.
+  auto sent = [&] { return !sending || consumed.load(std::memory_order_acquire); };
   try {
     std::unique_lock lk(mb.mu);
-    for (int iter = 0;; ++iter) {
-      if (!got) got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
-      // Receivers set `consumed` under this mailbox's lock, which is held here.
-      const bool sent = !sending || consumed.load(std::memory_order_acquire);
-      if (got && sent) return;
-      if (w.poisoned.load(std::memory_order_acquire))
-        throw PeerFailedError(where(d) + " aborted: " + w.poison_reason());
-      if (!got && w.exited[g_->world_ranks[d.recv_peer]].load(std::memory_order_acquire)) {
-        got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
-        if (!got)
-          throw PeerFailedError(detail::concat(where(d), ": rank ", d.recv_peer,
-                                               " returned from its function without sending"));
-        continue;
-      }
-      if (!sent && w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire) &&
-          !consumed.load(std::memory_order_acquire))
-        throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
-                                             " returned from its function without receiving"));
-      if (Clock::now() >= deadline) {
-        std::string missing;
-        if (!got) missing = detail::concat("rank ", d.recv_peer, " to send");
-        if (!sent)
-          missing += detail::concat(got ? "" : " and for ", "rank ", d.peer,
-                                    " to receive this rank's message");
-        throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                          " ms waiting for ", missing));
-      }
-      mb.idle(lk, iter, deadline, w.oversubscribed);
-    }
+    wait_until(
+        ctx,
+        [&] {
+          if (!got) got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
+          return got && sent();
+        },
+        [&] {
+          if (!got && w.exited[g_->world_ranks[d.recv_peer]].load(std::memory_order_acquire)) {
+            got = take(lk, d, d.recv_peer, d.recv_tag, d.recv_count, d.recv);
+            if (!got)
+              throw PeerFailedError(detail::concat(where(d), ": rank ", d.recv_peer,
+                                                   " returned from its function without sending"));
+            return true;
+          }
+          if (!sent() && w.exited[g_->world_ranks[d.peer]].load(std::memory_order_acquire))
+            throw PeerFailedError(detail::concat(where(d), ": rank ", d.peer,
+                                                 " returned from its function without receiving"));
+          return false;
+        },
+        [&] {
+          std::string missing;
+          if (!got) missing = detail::concat("rank ", d.recv_peer, " to send");
+          if (!sent())
+            missing += detail::concat(got ? "" : " and for ", "rank ", d.peer,
+                                      " to receive this rank's message");
+          return missing;
+        },
+        [&](int iter) { mb.idle(lk, iter, ctx.deadline, w.oversubscribed); });
   } catch (...) {
     if (sending) withdraw(d, consumed);
     throw;

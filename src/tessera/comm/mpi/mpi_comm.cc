@@ -133,6 +133,35 @@ int to_int(size_t v, const Where& where) {
   return static_cast<int>(v);
 }
 
+// The polling loop of the MPI backend, the only one: calls `test()`, which tests pending requests
+// (MPI progresses them inside the test) and returns true once the wait is over, until it does
+// (true) or `deadline` has passed (false). It looks at the clock every 256 tests, and yields the
+// core then. The bounded cleanup waits (unreceived sends at destruction, a cancelled receive)
+// use it directly; every wait that fails at its deadline goes through wait_until.
+template <typename Test>
+bool poll_until(Clock::time_point deadline, Test&& test) {
+  for (long iter = 0;; ++iter) {
+    if (test()) return true;
+    if ((iter & 255) == 255) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::yield();
+    }
+  }
+}
+
+// The wait-until-or-fail of the MPI backend: poll_until(deadline, test), and when the deadline
+// has passed, `give_up()`, which cancels or abandons what is still pending and returns what the
+// op was waiting for ("rank 1 to send"); then throws TimeoutError "<where>: timed out after
+// <timeout> ms waiting for <that>".
+template <typename Test, typename GiveUp>
+void wait_until(const Where& where, Timeout timeout, Clock::time_point deadline, Test&& test,
+                GiveUp&& give_up) {
+  if (poll_until(deadline, test)) return;
+  const std::string waiting_for = give_up();
+  throw TimeoutError(detail::concat(where.str(), ": timed out after ", timeout.count(),
+                                    " ms waiting for ", waiting_for));
+}
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, CommOptions opts) : Communicator(std::move(opts)), comm_(comm) {
@@ -157,10 +186,10 @@ class MpiCommunicator final : public Communicator {
     const auto until = Clock::now() + options().timeout;
     for (auto& p : pending_) {
       int done = 0;
-      while (!done && Clock::now() < until) {
+      poll_until(until, [&] {
         MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
-        if (!done) std::this_thread::yield();
-      }
+        return done != 0;
+      });
       if (!done) {
         abandoned_ = true;
         (void)new PendingSend(std::move(p));  // NOLINT: owned by MPI from now on
@@ -226,23 +255,22 @@ class MpiCommunicator final : public Communicator {
 void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline,
                                const OpDesc& d, std::string_view waiting_for, bool cancellable) {
   const Where w(*this, d);
-  int flag = 0;
-  for (long iter = 0;; ++iter) {
-    check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
-              w);
-    if (flag) return;
-    if ((iter & 255) == 255) {
-      if (Clock::now() >= deadline) break;
-      std::this_thread::yield();
-    }
-  }
-  if (cancellable) {  // bounded: a send cannot be cancelled, and MPI_Wait on it could block
-    for (auto& r : reqs) cancel_or_abandon(r, false);
-  } else {
-    abandoned_ = true;
-  }
-  throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
-                                    " ms waiting for ", waiting_for));
+  wait_until(
+      w, d.timeout, deadline,
+      [&] {
+        int flag = 0;
+        check_mpi(
+            MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE), w);
+        return flag != 0;
+      },
+      [&] {
+        if (cancellable) {  // bounded: a send cannot be cancelled, and MPI_Wait on it could block
+          for (auto& r : reqs) cancel_or_abandon(r, false);
+        } else {
+          abandoned_ = true;
+        }
+        return std::string(waiting_for);
+      });
 }
 
 // Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
@@ -335,12 +363,11 @@ void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
   if (req == MPI_REQUEST_NULL) return;
   if (!is_send) {
     MPI_Cancel(&req);
-    const auto until = Clock::now() + std::chrono::seconds(1);
     int done = 0;
-    while (!done && Clock::now() < until) {
+    poll_until(Clock::now() + std::chrono::seconds(1), [&] {
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-      if (!done) std::this_thread::yield();
-    }
+      return done != 0;
+    });
     if (done) return;
   }
   abandoned_ = true;  // the request may still use the user's buffer: leak the communicators
@@ -364,23 +391,25 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
     check_mpi(rc, w);
   }
   std::exception_ptr recv_error;  // a failed receive; the send is still completed first
-  for (long iter = 0;; ++iter) {
-    int flag = 0;
-    if (reqs[0] != MPI_REQUEST_NULL) {
-      const int rc = MPI_Test(&reqs[0], &flag, &st);
-      if (rc != MPI_SUCCESS || flag) {
-        reqs[0] = MPI_REQUEST_NULL;  // completed (an erroneous request is freed too)
-        try {
-          check_received(rc, st, d, d.recv_peer, d.recv_count, w);
-        } catch (...) {
-          recv_error = std::current_exception();
+  wait_until(
+      w, d.timeout, deadline,
+      [&] {
+        int flag = 0;
+        if (reqs[0] != MPI_REQUEST_NULL) {
+          const int rc = MPI_Test(&reqs[0], &flag, &st);
+          if (rc != MPI_SUCCESS || flag) {
+            reqs[0] = MPI_REQUEST_NULL;  // completed (an erroneous request is freed too)
+            try {
+              check_received(rc, st, d, d.recv_peer, d.recv_count, w);
+            } catch (...) {
+              recv_error = std::current_exception();
+            }
+          }
         }
-      }
-    }
-    if (reqs[1] != MPI_REQUEST_NULL) check_mpi(MPI_Test(&reqs[1], &flag, MPI_STATUS_IGNORE), w);
-    if (reqs[0] == MPI_REQUEST_NULL && reqs[1] == MPI_REQUEST_NULL) break;
-    if ((iter & 255) == 255) {
-      if (Clock::now() >= deadline) {
+        if (reqs[1] != MPI_REQUEST_NULL) check_mpi(MPI_Test(&reqs[1], &flag, MPI_STATUS_IGNORE), w);
+        return reqs[0] == MPI_REQUEST_NULL && reqs[1] == MPI_REQUEST_NULL;
+      },
+      [&] {
         if (recv_error) std::rethrow_exception(recv_error);
         std::string missing;
         if (reqs[0] != MPI_REQUEST_NULL) missing = detail::concat("rank ", d.recv_peer, " to send");
@@ -389,17 +418,13 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
                                     " to receive this rank's message");
         cancel_or_abandon(reqs[0], false);
         cancel_or_abandon(reqs[1], true);
-        throw TimeoutError(detail::concat(w.str(), ": timed out after ", d.timeout.count(),
-                                          " ms waiting for ", missing));
-      }
-      std::this_thread::yield();
-    }
-  }
+        return missing;
+      });
   if (recv_error) std::rethrow_exception(recv_error);
 }
 
 void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
-  const std::string w = where(d);
+  const Where w(*this, d);
   detail::Fingerprint mine = detail::fingerprint_of(d);
   std::vector<detail::Fingerprint> all(size_);
   all[rank_] = mine;
@@ -412,13 +437,16 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
     check_mpi(MPI_Isend(&mine, sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
     sends.push_back(r);
   }
-  int flag = 0;
-  for (long iter = 0;; ++iter) {
-    check_mpi(MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &flag, MPI_STATUSES_IGNORE),
-              w);
-    if (flag) break;
-    if ((iter & 255) == 255) {
-      if (Clock::now() >= deadline) {
+  wait_until(
+      w, d.timeout, deadline,
+      [&] {
+        int flag = 0;
+        check_mpi(
+            MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &flag, MPI_STATUSES_IGNORE),
+            w);
+        return flag != 0;
+      },
+      [&] {
         std::string missing;
         int k = 0;
         for (int p = 0; p < size_; ++p) {
@@ -433,13 +461,8 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
         }
         for (auto& r : recvs) cancel_or_abandon(r, false);
         for (auto& r : sends) cancel_or_abandon(r, true);
-        throw TimeoutError(detail::concat(w, ": timed out after ", d.timeout.count(),
-                                          " ms waiting for rank(s) ", missing,
-                                          " to reach this collective"));
-      }
-      std::this_thread::yield();
-    }
-  }
+        return detail::concat("rank(s) ", missing, " to reach this collective");
+      });
   wait_all(sends, deadline, d, "fingerprint sends", true);
   detail::check_fingerprints(all, name(), rank_);
 }
@@ -575,17 +598,18 @@ void MpiCommunicator::execute(const OpDesc& d) {
     case OpType::Recv: {
       MPI_Status st;
       check_mpi(MPI_Irecv(d.recv, count, type, d.peer, d.tag, comm_, &reqs[0]), w);
-      int flag = 0;
-      for (long iter = 0;; ++iter) {
-        const int rc = MPI_Test(&reqs[0], &flag, &st);
-        if (rc != MPI_SUCCESS) check_received(rc, st, d, d.peer, d.count, w);
-        if (flag) break;
-        if ((iter & 255) == 255) {
-          if (Clock::now() >= deadline)
-            wait_all(reqs, deadline, d, detail::concat("rank ", d.peer, " to send"), true);
-          std::this_thread::yield();
-        }
-      }
+      wait_until(
+          w, d.timeout, deadline,
+          [&] {
+            int flag = 0;
+            const int rc = MPI_Test(&reqs[0], &flag, &st);
+            if (rc != MPI_SUCCESS) check_received(rc, st, d, d.peer, d.count, w);
+            return flag != 0;
+          },
+          [&] {
+            cancel_or_abandon(reqs[0], false);
+            return detail::concat("rank ", d.peer, " to send");
+          });
       check_received(MPI_SUCCESS, st, d, d.peer, d.count, w);
       return;
     }
