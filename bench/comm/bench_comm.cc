@@ -8,6 +8,8 @@
 //      MPI_Alltoallv (the same uneven counts, alltoallv_count).
 // Run under `mpirun -np 2` (bench/comm/run.sh). Phases 1-2 run on MPI rank 0 while rank 1 sleeps,
 // so the two cores are free for the two threads. Without mpirun only phases 1-2 run.
+// --mpi-only skips phases 1-2; --ring-segment-bytes N sets CommOptions::ring_segment_bytes of
+// both backends (the ring all-reduce's segments).
 #include <mpi.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -52,9 +55,8 @@ void sleepy_barrier() {
   }
 }
 
-std::map<std::string, Summary> inproc_tables(const BenchOptions& o, int ranks) {
+std::map<std::string, Summary> inproc_tables(const BenchOptions& o, int ranks, CommOptions co) {
   std::map<std::string, Summary> out;
-  CommOptions co;
   co.timeout = std::chrono::seconds(120);
   run_inproc(
       ranks,
@@ -282,15 +284,17 @@ void print_ratio_table(const char* title, const Summary& in, const Summary& mb, 
   std::printf("%12s %12s %12s %12s %10s %10s %10s\n", "bytes", bus ? "inproc_busbw" : "inproc_GB/s",
               bus ? "mpi_busbw" : "mpi_GB/s", bus ? "raw_busbw" : "raw_GB/s", "inproc/mpi",
               "mpi/raw_t", "inproc/bw1");
-  const auto& bw = bus ? in.busbw : in.algbw;
-  for (auto& [b, x] : bw) {
+  std::set<size_t> sizes;  // with --mpi-only there are no inproc rows
+  for (const Summary* s : {&in, &mb})
+    for (auto& [b, us] : s->us) sizes.insert(b);
+  for (size_t b : sizes) {
     if (b < (size_t{1} << 20)) continue;
     auto get = [&](const Summary& s) {
       const auto& m = bus ? s.busbw : s.algbw;
       auto it = m.find(b);
       return it == m.end() ? 0.0 : it->second;
     };
-    const double m = get(mb), r = get(raw);
+    const double x = get(in), m = get(mb), r = get(raw);
     const double tr = raw.us.count(b) && raw.us.at(b) > 0 ? mb.us.at(b) / raw.us.at(b) : 0;
     std::printf("%12zu %12.3f %12.3f %12.3f %10.2f %10.3f %10.2f\n", b, x, m, r, m > 0 ? x / m : 0,
                 tr, bw1 > 0 ? x / bw1 : 0);
@@ -303,9 +307,15 @@ int main(int argc, char** argv) {
   BenchOptions o;
   o.ops = {"all_reduce", "send_recv", "all_to_allv"};
   o.min_iters = 15;  // medians of at least 15 iterations: this machine is shared and noisy
+  CommOptions co;
+  bool mpi_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--max-bytes" && i + 1 < argc) {
+    if (a == "--mpi-only") {
+      mpi_only = true;
+    } else if (a == "--ring-segment-bytes" && i + 1 < argc) {
+      co.ring_segment_bytes = std::stoull(argv[++i]);
+    } else if (a == "--max-bytes" && i + 1 < argc) {
       o.max_bytes = std::stoull(argv[++i]);
     } else if (a == "--min-bytes" && i + 1 < argc) {
       o.min_bytes = std::stoull(argv[++i]);
@@ -326,25 +336,26 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_comm [--ops all_reduce,send_recv,all_to_allv] [--min-bytes N] "
-                   "[--max-bytes N] [--iters N] [--min-iters N] (run via bench/comm/run.sh)\n");
+                   "[--max-bytes N] [--iters N] [--min-iters N] [--mpi-only] "
+                   "[--ring-segment-bytes N] (run via bench/comm/run.sh)\n");
       return 2;
     }
   }
   const bool mpi = launched_by_mpi() && mpi_available();
   std::unique_ptr<Communicator> world;
-  if (mpi) world = mpi_world();  // initialises MPI (MPI_THREAD_MULTIPLE)
+  if (mpi) world = mpi_world(co);  // initialises MPI (MPI_THREAD_MULTIPLE)
   const int me = world ? world->rank() : 0;
   const int n = world ? world->size() : 2;
 
   double bw1 = 0, bw2 = 0;
   std::map<std::string, Summary> in;
-  if (me == 0) {
-    std::cout << "# bench_comm: " << n << " ranks\n";
+  if (me == 0) std::cout << "# bench_comm: " << n << " ranks\n";
+  if (me == 0 && !(mpi && mpi_only)) {
     bw1 = measure_memcpy_gbs();
     bw2 = measure_memcpy_gbs_threads(n);
     std::cout << "# memory bandwidth, memcpy of 256 MiB (bytes copied per second): 1 thread " << bw1
               << " GB/s, " << n << " threads " << bw2 << " GB/s\n";
-    in = inproc_tables(o, n);
+    in = inproc_tables(o, n, co);
   }
   std::map<std::string, Summary> mb, raw;
   if (mpi) {

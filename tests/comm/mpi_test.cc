@@ -2,7 +2,9 @@
 // the same order. Skips (saying why) when built without MPI or not launched by mpiexec.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "helpers.h"
@@ -71,6 +73,69 @@ TEST_F(Mpi, AllOpsLarge) {
   check_all_to_all(c, block, false);
   check_send_recv(c, kLarge);
   check_send_recv_exchange(c, kLarge);
+}
+
+// The MPI ring all-reduce (64 KiB to 64 MiB) cuts its chunks into CommOptions::ring_segment_bytes:
+// the segment size changes how the chunks travel, never the order in which an element's values
+// are combined, so every size gives the same bits (values whose sums round differently in another
+// order, fp32 and bf16, sum and mean). Sizes: the default, smaller than a chunk and not dividing
+// it (1000 and 65536 bytes), not a whole number of elements (1002), and larger than a chunk.
+TEST_F(Mpi, RingSegmentSizeDoesNotChangeTheBits) {
+  const int n = world().size(), me = world().rank();
+  const size_t count = 100003;  // chunks of 33334-50002 elements: 200 KB in fp32 at n = 2
+  std::vector<std::vector<unsigned char>> first;
+  for (size_t seg :
+       {size_t{256} << 10, size_t{1000}, size_t{1002}, size_t{65536}, size_t{8} << 20}) {
+    CommOptions o;
+    o.timeout = 60s;
+    o.ring_segment_bytes = seg;
+    auto c = mpi_world(o);
+    std::vector<std::vector<unsigned char>> results;
+    for (DType t : {DType::F32, DType::BF16})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
+        std::vector<float> x(count);
+        for (size_t i = 0; i < count; ++i)  // magnitudes 2^-10 .. 2^10: rounding depends on order
+          x[i] = std::ldexp(1.0f + static_cast<float>((i * 7919 + me * 104729) % 1000) / 997.0f,
+                            static_cast<int>((i * 31 + me * 17) % 21) - 10) *
+                 ((i + me) % 3 ? 1.0f : -1.0f);
+        std::vector<unsigned char> buf(count * dtype_size(t));
+        for (size_t i = 0; i < count; ++i) {
+          if (t == DType::F32)
+            std::memcpy(buf.data() + 4 * i, &x[i], 4);
+          else
+            reinterpret_cast<bf16*>(buf.data())[i] = to_bf16(x[i]);
+        }
+        AllReduceOptions ao;
+        ao.op = op;
+        c->all_reduce(buf.data(), count, t, ao).wait();
+        // Close to the sum in double (bf16: within its rounding).
+        for (size_t i = 0; i < count; i += 997) {
+          double want = 0;
+          for (int r = 0; r < n; ++r) {
+            float v = std::ldexp(1.0f + static_cast<float>((i * 7919 + r * 104729) % 1000) / 997.0f,
+                                 static_cast<int>((i * 31 + r * 17) % 21) - 10) *
+                      ((i + r) % 3 ? 1.0f : -1.0f);
+            want += t == DType::BF16 ? from_bf16(to_bf16(v)) : v;
+          }
+          if (op == ReduceOp::Mean) want /= n;
+          float got;
+          if (t == DType::F32)
+            std::memcpy(&got, buf.data() + 4 * i, 4);
+          else
+            got = from_bf16(reinterpret_cast<bf16*>(buf.data())[i]);
+          ASSERT_NEAR(got, want, (t == DType::BF16 ? 2e-2 : 1e-5) * (std::abs(want) + 1e-2))
+              << "segment " << seg << " bytes, element " << i;
+        }
+        results.push_back(std::move(buf));
+      }
+    if (first.empty()) {
+      first = std::move(results);
+      continue;
+    }
+    for (size_t k = 0; k < results.size(); ++k)
+      EXPECT_TRUE(results[k] == first[k])
+          << "segment " << seg << " bytes: result " << k << " differs from the default's bits";
+  }
 }
 
 // The frontend counts the bytes of every op the same way on MPI (Communicator::traffic()).

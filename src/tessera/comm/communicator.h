@@ -201,7 +201,7 @@ class Communicator {
   CommOptions opts_;
   std::shared_ptr<detail::FaultInjector> faults_;
   uint64_t seq_ = 0;
-  Traffic traffic_;  // written by submit on the calling thread only
+  Traffic traffic_;             // written by submit on the calling thread only
   std::exception_ptr failure_;  // first failure; guarded by mu_
 
   struct Task {

@@ -89,7 +89,9 @@ struct CommOptions {
   // (bench/comm/bench_stream_stores; docs/PERFORMANCE.md). Left at kDefaultStreamMinBytes, the
   // environment variable TESSERA_COMM_STREAM_MIN_BYTES overrides it.
   size_t stream_min_bytes = kDefaultStreamMinBytes;
-  // Ring pipelining: each of the n chunks is cut into segments of at most this many bytes.
+  // Ring pipelining, on both backends: each of the n chunks of a ring all-reduce (inproc
+  // Algorithm::Ring; MPI from 64 KiB to 64 MiB) is cut into segments of at most this many bytes
+  // (at least one element). The segment size never changes the result's bits.
   size_t ring_segment_bytes = 256 * 1024;
   std::string name = "world";  // appears in error messages
   // Fault injection (fault.h, docs/RELIABILITY.md): one world rank misbehaves at one call. Left

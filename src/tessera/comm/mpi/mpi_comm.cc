@@ -121,11 +121,10 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 }
 
 // All-reduces of [kRingMinBytes, kRingMaxBytes) use ring_all_reduce, in segments of
-// kRingSegmentBytes; the others MPI_Iallreduce. docs/COMM.md ("MPI all-reduce of 64 KiB to
-// 64 MiB") says why, and docs/PERFORMANCE.md ("Collectives") has the measurements.
+// CommOptions::ring_segment_bytes; the others MPI_Iallreduce. docs/COMM.md ("MPI all-reduce of
+// 64 KiB to 64 MiB") says why, and docs/PERFORMANCE.md ("Collectives") has the measurements.
 constexpr size_t kRingMinBytes = 64 * 1024;
 constexpr size_t kRingMaxBytes = 64 * 1024 * 1024;
-constexpr size_t kRingSegmentBytes = 512 * 1024;
 
 int to_int(size_t v, const Where& where) {
   if (v > static_cast<size_t>(INT_MAX))
@@ -292,7 +291,9 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
   const int n = size_, r = rank_, right = (r + 1) % n, left = (r + n - 1) % n;
   auto begin = [&](int c) { return d.count * static_cast<size_t>(c) / static_cast<size_t>(n); };
   auto mod = [n](int x) { return ((x % n) + n) % n; };
-  const size_t seg = std::max<size_t>(1, kRingSegmentBytes / es);
+  // Segments of ring_segment_bytes (whole elements, at least one). Every element is reduced once
+  // per step, in the same order whatever the segment size: the bits depend on the rank count only.
+  const size_t seg = std::max<size_t>(1, options().ring_segment_bytes / es);
   const MPI_Datatype type = mpi_type(d.dtype);
   const ReduceOp op = d.op == ReduceOp::Mean ? ReduceOp::Sum : d.op;
   std::vector<unsigned char> tmp((d.count / n + 1) * es);
