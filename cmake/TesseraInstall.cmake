@@ -20,8 +20,9 @@ set(TESSERA_PUBLIC_HEADERS_kernels
 set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
-    activations.h block.h embedding.h gpt.h gpt_config.h head.h moe.h moe_exchange.h moe_router.h
-    parameters.h tensor_parallel.h unit_hooks.h unit_model.h wire.h)
+    activations.h attention.h block.h block_workspace.h embedding.h gelu_mlp.h gpt.h gpt_config.h
+    head.h linear.h mlp.h moe.h moe_exchange.h moe_mlp.h moe_router.h parameters.h
+    tensor_parallel.h unit_hooks.h unit_model.h wire.h)
 set(TESSERA_PUBLIC_HEADERS_optim adamw.h grad_clip.h lr_schedule.h optimizer.h sgd.h)
 set(TESSERA_PUBLIC_HEADERS_data
     bpe_tokenizer.h corpus.h dataset.h eval_windows.h prepare.h sampler.h token_file.h

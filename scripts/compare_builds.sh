@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains a grid of layouts with the `tessera` command built from two sources (a commit, and the
+# Trains a grid of 33 layouts with the `tessera` command built from two sources (a commit, and the
 # working tree) on this machine, and checks that each layout ends with bitwise the same weights
 # and optimizer state and prints the same losses. For refactors that must not change what is
 # computed: the bits depend on this CPU's BLAS kernels, so the two builds are compared side by
@@ -74,9 +74,12 @@ layouts=(
   "recompute-full-pp|--pp 2 --schedule zb-h1 --recompute full --batch 8 --micro-batch 2 --dropout 0.1"
   "moe-ep2|--dp 2 --ep 2 --moe-experts 4 --batch 8 --micro-batch 2"
   "moe-ep2-tp2-zero2|--dp 2 --ep 2 --tp 2 --sp --moe-experts 4 --moe-every 2 --zero 2 --bucket-mb 0.05 --batch 8 --micro-batch 2"
+  "moe-full-zb|--pp 2 --dp 2 --ep 2 --moe-experts 4 --schedule zb-h1 --recompute full --batch 8 --micro-batch 2 --dropout 0.1"
+  "tp2-sp-selective-zb|--tp 2 --sp --pp 2 --schedule zb-h1 --recompute selective --batch 8 --micro-batch 2 --dropout 0.1"
   "moe-pp2-capacity|--pp 2 --moe-experts 4 --moe-capacity-factor 1.25 --batch 8 --micro-batch 2 --dropout 0.1"
   "bf16-emulated-tp2|--tp 2 --precision bf16 --bf16-gemm emulated --batch 8 --micro-batch 4"
   "bf16-emulated-dp2-zero3|--dp 2 --zero 3 --precision bf16 --bf16-gemm emulated --batch 8 --micro-batch 2"
+  "bf16-full-tp2-sp|--tp 2 --sp --recompute full --precision bf16 --bf16-gemm emulated --batch 8 --micro-batch 4 --dropout 0.1"
   "bf16-pp2-zb|--pp 2 --schedule zb-h1 --precision bf16 --bf16-gemm emulated --batch 8 --micro-batch 2"
   "sgd-clip|--dp 2 --optimizer sgd --grad-clip 0.05 --batch 8 --micro-batch 2"
   "mpirun:dp2-tp2|--dp 2 --tp 2 --zero 1 --batch 8 --micro-batch 2"

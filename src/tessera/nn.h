@@ -4,12 +4,18 @@
 #pragma once
 
 #include "tessera/nn/activations.h"
+#include "tessera/nn/attention.h"
 #include "tessera/nn/block.h"
+#include "tessera/nn/block_workspace.h"
 #include "tessera/nn/embedding.h"
+#include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/head.h"
+#include "tessera/nn/linear.h"
+#include "tessera/nn/mlp.h"
 #include "tessera/nn/moe.h"
+#include "tessera/nn/moe_mlp.h"
 #include "tessera/nn/moe_router.h"
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"

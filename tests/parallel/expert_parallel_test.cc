@@ -77,13 +77,13 @@ LayerRun run_layer(const GPTConfig& cfg, ExpertSplit split, const std::vector<fl
                    std::chrono::milliseconds late = {}) {
   Allocator alloc("test");
   ParameterSet ps, eps;
-  MoeMlp moe(ps, eps, cfg, 1, split);
+  MixtureOfExperts moe(ps, eps, cfg, 1, split);
   ps.materialize(alloc);
   eps.materialize(alloc);
   init(ps, skew);
   init(eps, skew);
-  MoeMlp::Record rec = moe.make_record(B, alloc);
-  MoeMlp::Workspace ws = MoeMlp::make_workspace(alloc);
+  MixtureOfExperts::Record rec = moe.make_record(B, alloc);
+  MixtureOfExperts::Workspace ws = MixtureOfExperts::make_workspace(alloc);
   LayerRun r;
   r.out.resize(x.size());
   r.dx.resize(x.size());
@@ -237,7 +237,7 @@ TEST(ExpertParallelLayer, ExpertsMustSplitEvenly) {
   EXPECT_THROW(comm::run_inproc(3,
                                 [&](comm::Communicator& world) {
                                   ParameterSet ps, eps;
-                                  MoeMlp moe(ps, eps, config(0), 1, ExpertSplit{&world});
+                                  MixtureOfExperts moe(ps, eps, config(0), 1, ExpertSplit{&world});
                                 }),
                ConfigError);
 }

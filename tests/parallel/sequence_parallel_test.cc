@@ -24,6 +24,7 @@
 #include "tessera/kernels/dropout.h"
 #include "tessera/nn/block.h"
 #include "tessera/nn/embedding.h"
+#include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/head.h"
 #include "tessera/nn/tensor_parallel.h"
@@ -353,10 +354,11 @@ TEST(SequenceParallelMemory, BlockRecordHoldsOnlyTheRanksRows) {
       bytes[static_cast<size_t>(c.rank())] =
           static_cast<double>(alloc.in_use(MemCategory::Activations) - before);
       if (sequence) {
-        EXPECT_EQ(rec.ln1.numel(), bs / t * C);
+        EXPECT_EQ(rec.attention->ln1.numel(), bs / t * C);
         EXPECT_EQ(rec.x_attn.numel(), bs / t * C);
-        EXPECT_EQ(rec.mask_mlp.numel(), bs / t * C);
-        EXPECT_EQ(rec.qkv.numel(), bs * 3 * C / t);  // the tensor-parallel region: every token
+        EXPECT_EQ(static_cast<const GeluMlpRecord&>(*rec.mlp).mask.numel(), bs / t * C);
+        EXPECT_EQ(rec.attention->qkv.numel(),
+                  bs * 3 * C / t);  // the tensor-parallel region: every token
       }
     });
     return bytes[0];

@@ -114,15 +114,15 @@ void GPT::initialize(uint64_t seed) {
   expert_params_.initialize(seed);
 }
 
-std::vector<const MoeMlp*> GPT::moe_layers() const {
-  std::vector<const MoeMlp*> out;
+std::vector<const MixtureOfExperts*> GPT::moe_layers() const {
+  std::vector<const MixtureOfExperts*> out;
   for (const Block& b : blocks_)
     if (b.moe()) out.push_back(b.moe());
   return out;
 }
 
 void GPT::reset_moe_stats() {
-  for (const MoeMlp* m : moe_layers()) m->reset_stats();
+  for (const MixtureOfExperts* m : moe_layers()) m->reset_stats();
 }
 
 int GPT::tied_unit(int u) const {

@@ -213,7 +213,7 @@ class GPT : public UnitModel {
   double flops_per_token(int T) const;
 
   // The MoE blocks of this stage, and their statistics since the last reset.
-  std::vector<const MoeMlp*> moe_layers() const;
+  std::vector<const MixtureOfExperts*> moe_layers() const;
   void reset_moe_stats();
 
   // The first parameter, gradient or activation (of `rec`, default: the single record) holding a

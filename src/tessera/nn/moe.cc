@@ -27,8 +27,8 @@ void copy_rows(float* dst, const float* src, int64_t rows, int C) {
 }
 }  // namespace
 
-MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-               ExpertSplit split)
+MixtureOfExperts::MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg,
+                                   int layer, ExpertSplit split)
     : ps_(ps), eps_(experts), cfg_(cfg), m_(cfg.moe), layer_(layer), split_(split) {
   const int E = m_.experts, n = split.size();
   TESSERA_CHECK_AS(ConfigError, E > 0 && E % n == 0, "--moe-experts ", E,
@@ -56,13 +56,13 @@ MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, in
   reset_stats();
 }
 
-void MoeMlp::reset_stats() const {
+void MixtureOfExperts::reset_stats() const {
   stats_ = MoeStats{};
   stats_.layer = layer_;
   stats_.load.assign(static_cast<size_t>(m_.experts), 0);
 }
 
-MoeMlp::Record MoeMlp::make_record(int max_batch, Allocator& alloc) const {
+MixtureOfExperts::Record MixtureOfExperts::make_record(int max_batch, Allocator& alloc) const {
   const int64_t N = static_cast<int64_t>(max_batch) * cfg_.block_size, E = m_.experts;
   Record r;
   r.alloc = &alloc;
@@ -75,13 +75,13 @@ MoeMlp::Record MoeMlp::make_record(int max_batch, Allocator& alloc) const {
   return r;
 }
 
-MoeMlp::Workspace MoeMlp::make_workspace(Allocator& alloc) {
+MixtureOfExperts::Workspace MixtureOfExperts::make_workspace(Allocator& alloc) {
   Workspace ws;
   ws.alloc = &alloc;
   return ws;
 }
 
-PendingExchange MoeMlp::plan_rows(Record& r) const {
+PendingExchange MixtureOfExperts::plan_rows(Record& r) const {
   const int n = split_.size(), E = m_.experts, kk = m_.top_k, self = split_.rank();
   const int64_t A = static_cast<int64_t>(r.B) * r.T * kk;
   r.send_counts.assign(static_cast<size_t>(E), 0);
@@ -120,7 +120,7 @@ PendingExchange MoeMlp::plan_rows(Record& r) const {
                      dispatch_label_ + " (counts)");
 }
 
-void MoeMlp::plan_receive(Record& r) const {
+void MixtureOfExperts::plan_receive(Record& r) const {
   const int n = split_.size(), self = split_.rank();
   r.recv_rows.assign(static_cast<size_t>(n), 0);
   r.R = 0;
@@ -132,7 +132,7 @@ void MoeMlp::plan_receive(Record& r) const {
   }
 }
 
-std::vector<MoeMlp::RowBlock> MoeMlp::local_blocks(const Record& r) const {
+std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::local_blocks(const Record& r) const {
   std::vector<RowBlock> blocks;
   int64_t begin = 0;
   for (int el = 0; el < local_; ++el) {
@@ -143,7 +143,7 @@ std::vector<MoeMlp::RowBlock> MoeMlp::local_blocks(const Record& r) const {
   return blocks;
 }
 
-std::vector<MoeMlp::RowBlock> MoeMlp::remote_blocks(const Record& r) const {
+std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::remote_blocks(const Record& r) const {
   std::vector<RowBlock> blocks;
   int64_t begin = 0;
   for (int s = 0; s < split_.size(); ++s) {
@@ -157,7 +157,8 @@ std::vector<MoeMlp::RowBlock> MoeMlp::remote_blocks(const Record& r) const {
   return blocks;
 }
 
-std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks) const {
+std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::pieces(
+    const std::vector<RowBlock>& blocks) const {
   if (split_.size() == 1) return blocks;  // nothing to overlap: whole blocks, the largest GEMMs
   // Equal pieces of at most about 2^28 flops of expert forward (16 C^2 per row), and at least 256
   // rows, so that the pieces stay large GEMMs (bench/engine/bench_gemm_rows measures the rows
@@ -173,7 +174,7 @@ std::vector<MoeMlp::RowBlock> MoeMlp::pieces(const std::vector<RowBlock>& blocks
   return out;
 }
 
-void MoeMlp::block_forward(const RowBlock& b, ExpertRows& side, float* out) const {
+void MixtureOfExperts::block_forward(const RowBlock& b, ExpertRows& side, float* out) const {
   const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
   auto ep = [&](int i) { return eps_.param_data(i); };
   auto w = [&](int i) { return eps_.gemm_weight(i); };  // refreshed by forward
@@ -185,8 +186,8 @@ void MoeMlp::block_forward(const RowBlock& b, ExpertRows& side, float* out) cons
   k::matmul_forward(out + b.begin * C, fch, w(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
 }
 
-void MoeMlp::block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy,
-                                 float* dfc, float* dx) const {
+void MixtureOfExperts::block_backward_data(const RowBlock& b, const ExpertRows& side,
+                                           const float* dy, float* dfc, float* dx) const {
   const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
   auto w = [&](int i) { return eps_.gemm_weight(i); };  // as the forward read them
   const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
@@ -196,8 +197,8 @@ void MoeMlp::block_backward_data(const RowBlock& b, const ExpertRows& side, cons
   k::matmul_backward(dx + b.begin * C, nullptr, nullptr, df, nullptr, w(q.fc_w), M, C, F);
 }
 
-void MoeMlp::block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
-                                    const float* dfc) const {
+void MixtureOfExperts::block_backward_weights(const RowBlock& b, const ExpertRows& side,
+                                              const float* dy, const float* dfc) const {
   const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
   auto eg = [&](int i) { return eps_.grad_data(i); };
   const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
@@ -207,8 +208,8 @@ void MoeMlp::block_backward_weights(const RowBlock& b, const ExpertRows& side, c
                      side.in.f32() + b.begin * C, nullptr, M, C, F);
 }
 
-void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale, Record& r,
-                     Workspace& ws, bool count_stats) const {
+void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float loss_scale,
+                               Record& r, Workspace& ws, bool count_stats) const {
   const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd, F = 4 * C;
   const int64_t N = static_cast<int64_t>(B) * T;
   r.B = B, r.T = T, r.loss_scale = loss_scale, r.x = x;
@@ -308,8 +309,10 @@ void MoeMlp::forward(const float* x, float* out, int B, int T, float loss_scale,
   }
 }
 
-void MoeMlp::backward(const Record& r, const float* dout, float* dx, Workspace& ws) const {
-  TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "MoeMlp::backward of h.", layer_, " without a forward");
+void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
+                                Workspace& ws) const {
+  TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "MixtureOfExperts::backward of h.", layer_,
+                 " without a forward");
   const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd, F = 4 * C;
   const int64_t N = static_cast<int64_t>(r.B) * r.T, K_local = r.K - r.K_remote;
   auto p = [&](int i) { return ps_.param_data(i); };

@@ -1,4 +1,5 @@
-// The mixture-of-experts MLP of a block (docs/ARCHITECTURE.md, decision 30): a linear fp32 router
+// The mixture of experts inside an MoE block's MLP branch (nn/moe_mlp.h; docs/ARCHITECTURE.md,
+// decision 30), on its input x = ln_2's output of every token: a linear fp32 router
 // (moe_router.h) sends each token to its top-k of E experts, each a GPT-2 MLP
 // (c_fc, gelu, c_proj); the output is sum_j kept_j gate_j expert_{e_j}(x). Parameters:
 //   "h.<l>.mlp.router.weight"             [C, E]   (registered in the model's parameter set)
@@ -67,7 +68,7 @@ struct MoeStats {
   int64_t assignments = 0, dropped = 0;
 };
 
-class MoeMlp {
+class MixtureOfExperts {
  public:
   // The rows of one side of an expert's work: this rank's own assignments to its own experts
   // (local), or the rows received from the other ranks (remote).
@@ -107,8 +108,8 @@ class MoeMlp {
   };
 
   // Registers the router in `ps` and this rank's experts in `experts`.
-  MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-         ExpertSplit split);
+  MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
+                   ExpertSplit split);
 
   Record make_record(int max_batch, Allocator& alloc) const;
   static Workspace make_workspace(Allocator& alloc);

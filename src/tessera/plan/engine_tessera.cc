@@ -180,7 +180,7 @@ class TesseraEngine final : public Engine {
         ws += rest + att;
         if (any_moe) ws += moe_mlp_record - (all_moe ? rest_mlp_of(4) : 0);
       }
-      if (any_moe)  // the MoE layers' shared exchange scratch (MoeMlp::Workspace)
+      if (any_moe)  // the MoE layers' shared exchange scratch (MixtureOfExperts::Workspace)
         ws += grow * 4 * (2 * K * C + 2 * R * C + (K_local + R) * F) + grow * 4 * BT * E;
       s.workspace_bytes = ws;
     } else if (s.has_head) {

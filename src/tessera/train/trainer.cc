@@ -424,7 +424,7 @@ MoeStepStats RankRun::moe_step_stats() {
   std::vector<double> buf(static_cast<size_t>(L) * W, 0.0);
   if (mesh_.tp_rank() == 0)
     for (auto& c : chunks_)
-      for (const nn::MoeMlp* layer : c->model.moe_layers()) {
+      for (const nn::MixtureOfExperts* layer : c->model.moe_layers()) {
         const nn::MoeStats& s = layer->stats();
         double* b = buf.data() + static_cast<size_t>(s.layer) * W;
         b[0] += s.balance_sum, b[1] += s.sequences, b[2] += s.z_sum, b[3] += s.tokens;

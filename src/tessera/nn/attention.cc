@@ -1,0 +1,272 @@
+#include "tessera/nn/attention.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/dropout.h"
+#include "tessera/kernels/layernorm.h"
+#include "tessera/nn/kept_input.h"
+
+namespace tessera::nn {
+
+namespace k = tessera::kernels;
+
+Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
+                     Recompute recompute, bool bf16_gemm_inputs)
+    : ps_(ps),
+      cfg_(cfg),
+      layer_(layer),
+      split_(split),
+      recompute_(recompute),
+      bf16_gemm_inputs_(bf16_gemm_inputs) {
+  const int t = split.size(), r = split.rank();
+  const int64_t C = cfg.n_embd;
+  TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
+                   " must divide the number of attention heads (", cfg.n_head, ")");
+  heads_local_ = cfg.n_head / t;
+  c_local_ = C / t;  // n_head divides C, t divides n_head
+  const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  // c_attn by columns (the same columns of q, k and v: 3 blocks), c_proj by rows; ln_1 and the
+  // c_proj bias replicated (ln_1's gradients are partial sums under sequence parallelism).
+  auto part = [&](int dim, int64_t blocks, int64_t len) {
+    return t == 1 ? ShardSpec{} : ShardSpec{dim, blocks, r * len, len};
+  };
+  const std::string h = "h." + std::to_string(layer) + ".";
+  ln_w_ = ps.add(h + "ln_1.weight", {C}, Init::Ones, 0.0f, false);
+  ln_b_ = ps.add(h + "ln_1.bias", {C}, Init::Zeros, 0.0f, false);
+  c_attn_.weight = ps.add(h + "attn.c_attn.weight", {C, 3 * C}, Init::Normal, kInitStd, true,
+                          part(1, 3, c_local_));
+  c_attn_.bias =
+      ps.add(h + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.0f, false, part(0, 3, c_local_));
+  c_attn_.in = C, c_attn_.out = 3 * c_local_;
+  c_proj_.weight =
+      ps.add(h + "attn.c_proj.weight", {C, C}, Init::Normal, proj_std, true, part(0, 1, c_local_));
+  c_proj_.bias = ps.add(h + "attn.c_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  c_proj_.in = c_local_, c_proj_.out = C;
+  mark_sequence_partial(ps, ln_w_, split);
+  mark_sequence_partial(ps, ln_b_, split);
+  ps.mark_gemm_weight(c_attn_.weight);
+  ps.mark_gemm_weight(c_proj_.weight);
+  site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
+  site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
+}
+
+void Attention::allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
+                         std::vector<NamedActivation>* list, bool keep_probabilities,
+                         bool keep_rest, DType gemm_inputs) const {
+  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
+  ActivationAllocator a(alloc, BT, BT * heads_local_ * T, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
+  const std::string h = "h." + std::to_string(layer_) + ".";
+  const int64_t C = cfg_.n_embd;
+  if (keep_rest) {
+    r.ln1 = rows(h + "ln_1", C, gemm_inputs);
+    r.ln1_mean = rows(h + "ln_1.mean", 1);
+    r.ln1_rstd = rows(h + "ln_1.rstd", 1);
+    r.qkv = a(h + "qkv", 3 * c_local_);
+    r.atty = a(h + "atty", c_local_, gemm_inputs);
+    if (cfg_.dropout > 0.0f) r.mask = rows(h + "attn.resid_dropout.mask", C, DType::U8);
+  }
+  if (keep_probabilities) {
+    r.att = a(h + "att", 0);
+    if (cfg_.dropout > 0.0f) r.att_drop = a(h + "att.dropped", 0);
+  }
+}
+
+AttentionRecord Attention::make_record(int max_batch, Allocator& alloc,
+                                       std::vector<NamedActivation>* list) const {
+  AttentionRecord r;
+  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
+           bf16_gemm_inputs_ ? DType::BF16 : DType::F32);
+  return r;
+}
+
+void Attention::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
+  if (recompute_ == Recompute::None || ws.attention) return;
+  const bool selective = recompute_ == Recompute::Selective;
+  ws.attention = std::make_unique<AttentionRecord>();
+  // Selective: the probabilities only; Full: every activation, in fp32.
+  allocate(*ws.attention, max_batch, alloc, nullptr, true, !selective, DType::F32);
+  if (selective)
+    ws.atty = ActivationAllocator(alloc, static_cast<int64_t>(max_batch) * cfg_.block_size, 0,
+                                  nullptr)("block.recomputed_atty", c_local_);
+}
+
+TpRegion Attention::region(const BlockPass& mb, BlockWorkspace& ws) const {
+  return TpRegion(split_, mb.tokens(), cfg_.n_embd,
+                  ws.gathered.defined() ? ws.gathered.f32() : nullptr, ws.proj.f32());
+}
+
+BranchDropout Attention::dropout(const BlockPass& mb, const TpRegion& region,
+                                 const Tensor& mask) const {
+  BranchDropout d;
+  d.p = mb.p;
+  d.seed = mb.seed;
+  d.stream = mix_stream(mb.step, site_resid_drop_);
+  d.first_row = mb.first_sample * mb.T + region.rows.begin;
+  d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
+  return d;
+}
+
+void Attention::core(const BlockPass& mb, float* atty, float* att, float* att_drop,
+                     const float* qkv) const {
+  const bool drop = mb.p > 0.0f;
+  k::AttentionDropout ad{mb.p,
+                         mb.seed,
+                         mix_stream(mb.step, site_attn_drop_),
+                         mb.first_sample,
+                         split_.rank() * heads_local_,
+                         cfg_.n_head};
+  k::attention_forward(atty, att, drop ? att_drop : nullptr, qkv, mb.B, mb.T,
+                       static_cast<int>(c_local_), heads_local_, drop ? &ad : nullptr);
+}
+
+void Attention::run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                            BlockWorkspace& ws) const {
+  const int64_t BT = mb.tokens(), C = cfg_.n_embd;
+  const TpRegion tp = region(mb, ws);
+  const int R = static_cast<int>(tp.rows.size());
+  ps_.refresh_bf16_copy(c_attn_.weight);  // bf16 copies (refreshed here) or nothing
+  ps_.refresh_bf16_copy(c_proj_.weight);
+  // GEMM inputs the record may keep in bf16 are computed in the backward-only scratch first.
+  float* ln1 = staging(r.ln1, ws.dln);
+  k::layernorm_forward(ln1, r.ln1_mean.f32(), r.ln1_rstd.f32(), x, ps_.param_data(ln_w_),
+                       ps_.param_data(ln_b_), R, static_cast<int>(C), cfg_.ln_eps);
+  keep_rounded(r.ln1, ln1, R * C);
+  column_linear(tp, ps_, c_attn_, r.qkv.f32(), ln1, kept(r.ln1));
+  float* atty = staging(r.atty, ws.datty);
+  core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r.qkv.f32());
+  keep_rounded(r.atty, atty, BT * c_local_);
+  const BranchDropout drop = dropout(mb, tp, r.mask);
+  if (y == nullptr) {  // recomputing an attention half: the mask is what the backward needs
+    if (drop.p > 0.0f)
+      k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
+                           drop.first_row);
+    return;
+  }
+  row_linear(tp, ps_, c_proj_, y, kept(r.atty), x, drop);
+}
+
+void Attention::forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                        BlockWorkspace& ws) const {
+  switch (recompute_) {
+    case Recompute::None:
+      run_forward(mb, x, y, r, ws);
+      return;
+    case Recompute::Selective: {  // the probabilities go to the workspace and are dropped
+      AttentionRecord& scratch = *ws.attention;
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      run_forward(mb, x, y, r, ws);
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      return;
+    }
+    case Recompute::Full:  // everything goes to the workspace and is dropped
+      run_forward(mb, x, y, *ws.attention, ws);
+      return;
+  }
+}
+
+void Attention::recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const {
+  TESSERA_ASSERT(recompute_ == Recompute::Full && ws.attention, "recompute() of h.", layer_,
+                 ".attn without full recomputation");
+  run_forward(mb, x, y, *ws.attention, ws);
+}
+
+AttentionRecord::Deferred& Attention::deferred_for(const BlockPass& mb, AttentionRecord& r) const {
+  const int64_t BT = mb.tokens(), C = cfg_.n_embd;
+  if (!r.deferred || r.deferred->tokens != BT) {
+    auto d = std::make_shared<AttentionRecord::Deferred>();
+    d->tokens = BT;
+    auto make = [&](int64_t width, const char* name) {
+      return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
+    };
+    d->d_proj = make(C, "block.deferred.d_attn_proj");
+    d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
+    // The record has no whole ln_1 under full recomputation or sequence parallelism.
+    if (recompute_ == Recompute::Full || split_.sequence_parallel())
+      d->ln1 = make(C, "block.deferred.ln_1");
+    if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
+    r.deferred = std::move(d);
+  }
+  return *r.deferred;
+}
+
+void Attention::backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
+                         BlockWorkspace& ws, bool defer) const {
+  AttentionRecord::Deferred* d = defer ? &deferred_for(mb, r) : nullptr;
+  switch (recompute_) {
+    case Recompute::None:
+      run_backward(mb, x, r, dres, ws, d);
+      return;
+    case Recompute::Selective: {  // the probabilities again, from the kept qkv
+      AttentionRecord& scratch = *ws.attention;
+      core(mb, ws.atty.f32(), scratch.att.f32(),
+           scratch.att_drop.defined() ? scratch.att_drop.f32() : nullptr, r.qkv.f32());
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      run_backward(mb, x, r, dres, ws, d);
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      return;
+    }
+    case Recompute::Full: {  // the block recomputed the forward into the workspace
+      const AttentionRecord& full = *ws.attention;
+      run_backward(mb, x, full, dres, ws, d);
+      if (d)  // W needs atty, which lives in the shared scratch (ln_1: run_backward kept it)
+        std::memcpy(d->atty.f32(), full.atty.f32(),
+                    sizeof(float) * static_cast<size_t>(mb.tokens() * c_local_));
+      return;
+    }
+  }
+}
+
+void Attention::run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,
+                             float* dres, BlockWorkspace& ws,
+                             AttentionRecord::Deferred* defer) const {
+  const int B = mb.B, T = mb.T, BT = B * T, C = cfg_.n_embd;
+  const int Cl = static_cast<int>(c_local_);
+  const TpRegion tp = region(mb, ws);
+  const int R = static_cast<int>(tp.rows.size());
+  // Weight gradients now, or (zero-bubble BI) the output gradient kept for W.
+  auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
+  auto keep = [&](Tensor& slot, const float* from, int64_t width) {
+    if (defer && slot.defined())
+      std::memcpy(slot.f32(), from, sizeof(float) * static_cast<size_t>(BT * width));
+  };
+  const float* dy = row_linear_grad_output(tp, dres, dropout(mb, tp, r.mask));
+  if (defer) keep(defer->d_proj, dy, C);
+  k::matmul_backward(ws.datty.f32(), g(c_proj_.weight), g(c_proj_.bias), dy, kept(r.atty),
+                     ps_.gemm_weight(c_proj_.weight), BT, Cl, C);
+  k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
+                        mb.p > 0.0f ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl,
+                        heads_local_, mb.p);
+  if (defer) keep(defer->d_attn, ws.dqkv.f32(), 3 * Cl);
+  const k::GemmInput ln1 = column_linear_input(tp, r.ln1);
+  if (defer && defer->ln1.defined()) {
+    TESSERA_ASSERT(ln1.f32 != nullptr, "a zero-bubble copy of a bf16-kept input");
+    keep(defer->ln1, ln1.f32, C);
+  }
+  float* dln = ws.dln.f32();
+  k::matmul_backward(dln, g(c_attn_.weight), g(c_attn_.bias), ws.dqkv.f32(), ln1,
+                     ps_.gemm_weight(c_attn_.weight), BT, C, 3 * Cl);
+  k::layernorm_backward(dres, ps_.grad_data(ln_w_), ps_.grad_data(ln_b_),
+                        column_linear_grad_input(tp, dln), x, ps_.param_data(ln_w_),
+                        r.ln1_mean.f32(), r.ln1_rstd.f32(), R, C);
+}
+
+void Attention::backward_weight(const BlockPass& mb, AttentionRecord& r) const {
+  TESSERA_ASSERT(r.deferred != nullptr, "backward_weight of h.", layer_,
+                 ".attn without a deferred backward");
+  const AttentionRecord::Deferred& d = *r.deferred;
+  const int BT = static_cast<int>(mb.tokens()), C = cfg_.n_embd, Cl = static_cast<int>(c_local_);
+  // A matmul's input: the fp32 copy the BI pass kept, or the record's (fp32 or bf16).
+  auto in = [](const Tensor& copy, const Tensor& rec) { return kept(copy.defined() ? copy : rec); };
+  k::matmul_backward(nullptr, ps_.grad_data(c_proj_.weight), ps_.grad_data(c_proj_.bias),
+                     d.d_proj.f32(), in(d.atty, r.atty), nullptr, BT, Cl, C);
+  k::matmul_backward(nullptr, ps_.grad_data(c_attn_.weight), ps_.grad_data(c_attn_.bias),
+                     d.d_attn.f32(), in(d.ln1, r.ln1), nullptr, BT, C, 3 * Cl);
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,105 @@
+// GPT-2's attention branch of a block as a module: x_attn = x + dropout(attn(ln_1(x)) W_proj + b),
+// with HF names "h.<l>.ln_1.*", "h.<l>.attn.c_attn.*", "h.<l>.attn.c_proj.*". Causal multi-head
+// self-attention with dropout on the probabilities ("h.<l>.attn.attn_dropout") and on the branch
+// output ("h.<l>.attn.resid_dropout"). forward/backward run over a record the caller owns (one per
+// micro-batch in flight); parameter gradients ACCUMULATE.
+//
+// Tensor parallelism: this rank holds n_head / t heads, c_attn's columns of them (the same columns
+// of q, k and v) and c_proj's rows (column_linear / row_linear, nn/linear.h). Under sequence
+// parallelism ln_1, the dropout and the residual add run on this rank's rows; the record keeps only
+// those rows of ln_1's output and the backward all-gathers them again for c_attn's weight gradient.
+//
+// Recomputation: the record keeps everything (None), everything but the probabilities (Selective:
+// they go to the workspace and are recomputed from the kept qkv in the backward), or nothing
+// (Full: the block reruns the forward into the workspace before the backward, see Block).
+//
+// bf16 GEMM inputs (decision 33): ln_1's output and the attention output `atty`, read again only by
+// bf16 GEMMs, are kept in bf16 (computed in fp32 scratch first, so the numbers are those of fp32
+// records). The zero-bubble split keeps the two matmuls' output gradients (and the inputs the
+// record lacks) for backward_weight.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/nn/activations.h"
+#include "tessera/nn/block_workspace.h"
+#include "tessera/nn/linear.h"
+
+namespace tessera::nn {
+
+struct AttentionRecord {
+  // "rows": this rank's rows of the B*T tokens; "every token": B*T rows of this rank's columns.
+  // (B): BF16 under bf16 GEMM inputs, else F32. Empty where the recompute mode drops them.
+  Tensor ln1, ln1_mean, ln1_rstd;  // rows x C (B), rows, rows
+  Tensor qkv;                      // every token x 3 C_local (this rank's q, k and v columns)
+  Tensor att, att_drop;            // [B, heads_local, T, T] probabilities and their dropped copy
+  Tensor atty;                     // every token x C_local (heads concatenated) (B)
+  Tensor mask;                     // U8 rows x C: the branch output's dropout mask
+  // Zero-bubble split (BI now, W later): the two matmuls' output gradients, and their inputs where
+  // the record does not keep them whole (ln_1 under full recomputation or sequence parallelism,
+  // atty under full recomputation).
+  struct Deferred {
+    Tensor d_proj, d_attn, ln1, atty;
+    int64_t tokens = 0;  // the B * T they are sized for
+  };
+  std::shared_ptr<Deferred> deferred;
+};
+
+class Attention {
+ public:
+  Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
+            Recompute recompute, bool bf16_gemm_inputs);
+
+  // The activations this module's recompute mode keeps for a micro-batch of up to max_batch
+  // sequences; `list` (optional) collects the F32 ones by name.
+  AttentionRecord make_record(int max_batch, Allocator& alloc,
+                              std::vector<NamedActivation>* list = nullptr) const;
+  // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
+  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const;
+
+  // ASSIGNS y[rows, C] = x + dropout(attention(ln_1(x)) W_proj + b); x unchanged until backward.
+  void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+               BlockWorkspace& ws) const;
+  // Full recomputation: the forward again, into the workspace's record (y null: without the
+  // output projection and residual, only the dropout mask the backward needs).
+  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const;
+  // Given dres[rows, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the gradients. defer
+  // (zero-bubble BI): only ln_1's now; the matmuls' wait in r.deferred for backward_weight.
+  void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
+                BlockWorkspace& ws, bool defer) const;
+  void backward_weight(const BlockPass& mb, AttentionRecord& r) const;
+
+  int heads_local() const { return heads_local_; }
+  int64_t c_local() const { return c_local_; }
+
+ private:
+  void allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
+                std::vector<NamedActivation>* list, bool keep_probabilities, bool keep_rest,
+                DType gemm_inputs) const;
+  void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                   BlockWorkspace& ws) const;
+  void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r, float* dres,
+                    BlockWorkspace& ws, AttentionRecord::Deferred* defer) const;
+  // The attention core: atty, att and att_drop from qkv.
+  void core(const BlockPass& mb, float* atty, float* att, float* att_drop, const float* qkv) const;
+  AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
+  TpRegion region(const BlockPass& mb, BlockWorkspace& ws) const;
+  BranchDropout dropout(const BlockPass& mb, const TpRegion& region, const Tensor& mask) const;
+
+  const ParameterSet& ps_;
+  GPTConfig cfg_;
+  int layer_;
+  TensorSplit split_;
+  Recompute recompute_;
+  bool bf16_gemm_inputs_;
+  int heads_local_;
+  int64_t c_local_;
+  int ln_w_ = -1, ln_b_ = -1;
+  Linear c_attn_, c_proj_;
+  uint64_t site_attn_drop_, site_resid_drop_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,91 @@
+#include "tessera/nn/linear.h"
+
+#include "tessera/kernels/bf16.h"
+#include "tessera/kernels/dropout.h"
+#include "tessera/kernels/residual.h"
+#include "tessera/nn/kept_input.h"
+
+namespace tessera::nn {
+
+namespace k = tessera::kernels;
+
+TpRegion::TpRegion(const TensorSplit& s, int64_t n, int64_t w, float* g, float* p)
+    : split(s), rows(token_range(s, n)), tokens(n), width(w), gathered(g), proj(p) {}
+
+void column_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* y,
+                   const float* x_rows, k::GemmInput kept) {
+  const k::GemmInput x =
+      region.sequence()
+          ? k::GemmInput(gather_to_tp(region.split, x_rows, region.gathered, region.rows,
+                                      region.width))
+          : kept;  // copy_to_tp's forward is the identity
+  k::matmul_forward(y, x, ps.gemm_weight(l.weight), l.bias >= 0 ? ps.param_data(l.bias) : nullptr,
+                    nullptr, static_cast<int>(region.tokens), static_cast<int>(l.in),
+                    static_cast<int>(l.out));
+}
+
+k::GemmInput column_linear_input(const TpRegion& region, const Tensor& rows) {
+  if (!region.sequence()) return kept(rows);
+  const int64_t C = region.width;
+  float* place = region.gathered + region.rows.place() * C;
+  if (rows.dtype() == DType::BF16)
+    k::bf16_to_f32(place, rows.data<uint16_t>(), region.rows.size() * C);
+  const float* slice = rows.dtype() == DType::BF16 ? place : rows.f32();
+  return gather_to_tp(region.split, slice, region.gathered, region.rows, C);
+}
+
+float* column_linear_grad_input(const TpRegion& region, float* dx_tokens) {
+  if (!region.sequence())
+    return copy_to_tp_backward(region.split, dx_tokens, region.tokens * region.width);
+  return gather_to_tp_backward(region.split, dx_tokens,
+                               dx_tokens + region.rows.place() * region.width, region.rows,
+                               region.width);
+}
+
+void residual_branch(const TpRegion& region, float* out, float* y, const float* bias,
+                     const float* residual, const BranchDropout& drop) {
+  const int64_t R = region.rows.size(), C = region.width, n = R * C;
+  const bool dropping = drop.p > 0.0f;
+  if (!dropping && bias) {
+    k::bias_residual_forward(out, y, bias, residual, R, C);
+    return;
+  }
+  if (bias) k::bias_forward(y, y, bias, R, C);
+  if (!dropping) {
+    k::residual_forward(out, residual, y, n);
+    return;
+  }
+  k::dropout_forward_rows(y, drop.mask, y, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
+                          drop.first_row);
+  k::residual_forward(out, residual, y, n);
+}
+
+void row_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* out,
+                k::GemmInput x, const float* residual, const BranchDropout& drop) {
+  const int64_t C = region.width;
+  k::matmul_forward(region.proj, x, ps.gemm_weight(l.weight), nullptr, nullptr,
+                    static_cast<int>(region.tokens), static_cast<int>(l.in), static_cast<int>(C));
+  // The reduce point: the sum of the partial products, on this rank's rows.
+  float* y = region.sequence()
+                 ? reduce_scatter_from_tp(region.split, region.proj,
+                                          region.proj + region.rows.place() * C, region.rows, C)
+                 : reduce_from_tp(region.split, region.proj, region.tokens * C);
+  residual_branch(region, out, y, l.bias >= 0 ? ps.param_data(l.bias) : nullptr, residual, drop);
+}
+
+const float* row_linear_grad_output(const TpRegion& region, const float* dres,
+                                    const BranchDropout& drop) {
+  const int64_t C = region.width;
+  const float* dy = dres;
+  if (drop.p > 0.0f) {
+    float* dy_rows = region.proj + region.rows.place() * C;
+    k::dropout_backward(dy_rows, dres, drop.mask, region.row_elems(), drop.p);
+    dy = dy_rows;
+  }
+  // reduce_from_tp's backward is the identity: without sequence parallelism dy is complete on
+  // every rank.
+  if (!region.sequence()) return dy;
+  return reduce_scatter_from_tp_backward(region.split, dy, region.proj, region.rows, C);
+}
+
+}  // namespace tessera::nn

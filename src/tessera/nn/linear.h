@@ -1,0 +1,84 @@
+// The pieces a block's branches (nn/attention.h, nn/mlp.h) are built from: a column-parallel
+// linear layer, where a branch enters its tensor-parallel region, and a row-parallel one, where it
+// leaves it and adds "reduce, then bias, dropout and residual" once (Megatron-LM's
+// ColumnParallelLinear / RowParallelLinear with f and g, Shoeybi et al. 2019). Under sequence
+// parallelism (Korthikanti et al. 2022) the same helpers gather the input rows before the column
+// layer and reduce-scatter the output after the row layer, so a branch reads the same for every
+// layout; with one tensor-parallel rank every collective is the identity.
+//
+// Outside the region a rank holds its rows of the B*T tokens (token_range: all of them without
+// sequence parallelism); inside, every token and its share of the columns.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/core/tensor.h"
+#include "tessera/kernels/gemm.h"
+#include "tessera/nn/parameters.h"
+#include "tessera/nn/tensor_parallel.h"
+
+namespace tessera::nn {
+
+// A linear layer y = x W (+ b) in a ParameterSet: W [in, out] in Hugging Face Conv1D layout, this
+// rank's columns (column-parallel) or rows (row-parallel) of it; `in`, `out` the local widths.
+struct Linear {
+  int weight = -1;
+  int bias = -1;  // -1: none (or, for a row-parallel layer, added by row_linear after the reduce)
+  int64_t in = 0, out = 0;
+};
+
+// One micro-batch's tensor-parallel region: the group, this rank's rows of the `tokens` tokens
+// outside the region, the residual stream's width, and the stage's scratch of rows.padded() x
+// width floats each.
+struct TpRegion {
+  TpRegion(const TensorSplit& split, int64_t tokens, int64_t width, float* gathered, float* proj);
+  const TensorSplit& split;
+  TokenRange rows;
+  int64_t tokens;
+  int64_t width;
+  float* gathered;  // an all-gathered input (sequence parallelism; may be null otherwise)
+  float* proj;      // a row-parallel output before its reduce point; the output gradient after
+  bool sequence() const { return split.sequence_parallel(); }
+  // Elements of this rank's rows of the residual stream.
+  int64_t row_elems() const { return rows.size() * width; }
+};
+
+// The dropout of a branch's output before the residual add, on this rank's rows; its mask is
+// keyed by the global token (first_row + i), so the rows draw the single-device mask.
+struct BranchDropout {
+  float p = 0.0f;
+  uint64_t seed = 0, stream = 0;
+  int64_t first_row = 0;
+  uint8_t* mask = nullptr;  // U8 [rows, width]; needed when p > 0
+};
+
+// Column-parallel forward: ASSIGNS y[tokens, l.out] = to_tp(x) W + b. x is this rank's rows of the
+// input twice over: its fp32 values (x_rows) and what the caller keeps of them (kept: the same
+// fp32 values or their bf16 bits). Under sequence parallelism the fp32 rows are all-gathered into
+// region.gathered and the GEMM reads those; otherwise it reads `kept`.
+void column_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* y,
+                   const float* x_rows, kernels::GemmInput kept);
+// What the column-parallel layer's weight gradient reads: `rows` (this rank's rows of the input as
+// the record keeps them, fp32 or bf16) all-gathered again under sequence parallelism (bf16 rows
+// widened into their place first, exact), else `rows` itself.
+kernels::GemmInput column_linear_input(const TpRegion& region, const Tensor& rows);
+// Column-parallel backward of the input: dx_tokens[tokens, width] holds this rank's partial input
+// gradient of every token; returns this rank's rows of the sum over the group (in place).
+float* column_linear_grad_input(const TpRegion& region, float* dx_tokens);
+
+// Row-parallel forward with the branch's residual: out[rows, width] = residual + dropout(sum over
+// the group of (x W) + b) on this rank's rows (x [tokens, l.in]; the product goes to
+// region.proj). out may alias residual only when both are the same rows.
+void row_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* out,
+                kernels::GemmInput x, const float* residual, const BranchDropout& drop);
+// The tail of row_linear on a branch output y[rows, width] already reduced (a mixture of experts'
+// complete output): out = residual + dropout(y + b); y is overwritten. bias may be null.
+void residual_branch(const TpRegion& region, float* out, float* y, const float* bias,
+                     const float* residual, const BranchDropout& drop);
+// Row-parallel backward of the output: dres[rows, width] = dL/d out; returns dL/d (x W) of every
+// token (the dropout's backward on this rank's rows into region.proj, all-gathered under sequence
+// parallelism; dres itself without dropout or sequence parallelism).
+const float* row_linear_grad_output(const TpRegion& region, const float* dres,
+                                    const BranchDropout& drop);
+
+}  // namespace tessera::nn
