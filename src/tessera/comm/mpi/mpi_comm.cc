@@ -9,6 +9,7 @@
 #include <deque>
 #include <span>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tessera/comm/reduce.h"
@@ -53,9 +54,20 @@ void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
   detail::reduce_n(inout, srcs, 2, static_cast<size_t>(*len), DType::BF16, Op, 0);
 }
 
+// Ranks of this job on this machine, from the launcher's environment (Open MPI, MPICH); 1 when
+// it does not say.
+int local_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
+  return 1;
+}
+
 // MPI is initialised once per process (MPI_THREAD_MULTIPLE) and finalised at exit.
 struct Runtime {
   bool we_initialised = false;
+  // More ranks on this machine than hardware threads: a waiting rank needs to give its core to
+  // the peer it waits for (Open MPI's own rule for mpi_yield_when_idle).
+  bool oversubscribed = false;
   MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL, bf16_min = MPI_OP_NULL;
   Runtime() {
     int inited = 0, provided = 0;
@@ -72,6 +84,8 @@ struct Runtime {
           "the MPI library does not provide MPI_THREAD_MULTIPLE, which the tessera MPI backend "
           "requires (its communicators progress asynchronous calls on their own threads)");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    const unsigned hw = std::thread::hardware_concurrency();
+    oversubscribed = hw == 0 || static_cast<unsigned>(local_ranks()) > hw;
     MPI_Op_create(&bf16_op<ReduceOp::Sum>, 1, &bf16_sum);
     MPI_Op_create(&bf16_op<ReduceOp::Max>, 1, &bf16_max);
     MPI_Op_create(&bf16_op<ReduceOp::Min>, 1, &bf16_min);
@@ -132,18 +146,32 @@ int to_int(size_t v, const Where& where) {
   return static_cast<int>(v);
 }
 
+// How long a wait polls without yielding its core, unless the machine is oversubscribed. A
+// yield hands the core to any other runnable process for the rest of its time slice (about 3 ms
+// here): a wait that yields after 256 tests, as this loop once did, turned a 2 MiB all_to_allv of
+// 0.36 ms into 3.2 ms whenever another process shared the core, while raw MPI, which polls without
+// yielding, kept it (docs/PERFORMANCE.md, "all_to_allv of the MPI backend"). A wait longer than
+// this is waiting for a peer that is not running, and then yielding helps: with a busy process on
+// each core, raw MPI_Alltoallv took 16 ms where the yielding backend took 4.
+constexpr auto kSpinBeforeYield = std::chrono::milliseconds(1);
+
 // The polling loop of the MPI backend, the only one: calls `test()`, which tests pending requests
 // (MPI progresses them inside the test) and returns true once the wait is over, until it does
-// (true) or `deadline` has passed (false). It looks at the clock every 256 tests, and yields the
-// core then. The bounded cleanup waits (unreceived sends at destruction, a cancelled receive)
-// use it directly; every wait that fails at its deadline goes through wait_until.
+// (true) or `deadline` has passed (false). It looks at the clock every 256 tests; from
+// kSpinBeforeYield into the wait on (at once on an oversubscribed machine) it yields the core
+// then. The bounded cleanup waits (unreceived sends at destruction, a cancelled receive) use it
+// directly; every wait that fails at its deadline goes through wait_until.
 template <typename Test>
 bool poll_until(Clock::time_point deadline, Test&& test) {
-  for (long iter = 0;; ++iter) {
+  if (test()) return true;
+  const auto yield_from =
+      runtime().oversubscribed ? Clock::time_point::min() : Clock::now() + kSpinBeforeYield;
+  for (long iter = 1;; ++iter) {
     if (test()) return true;
     if ((iter & 255) == 255) {
-      if (Clock::now() >= deadline) return false;
-      std::this_thread::yield();
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      if (now >= yield_from) std::this_thread::yield();
     }
   }
 }
@@ -161,6 +189,27 @@ void wait_until(const Where& where, Timeout timeout, Clock::time_point deadline,
                                     " ms waiting for ", waiting_for));
 }
 
+// Scratch buffers that MPI requests of one call read or write. A request abandoned after a
+// timeout (MPI cannot take every posted request back) may still use its buffer later, so when the
+// communicator has abandoned a request by the end of the call the buffers are leaked with it
+// rather than freed (moving a vector keeps its storage where it is).
+template <typename... Buffers>
+class KeepIfAbandoned {
+ public:
+  KeepIfAbandoned(const bool& abandoned, Buffers&... buffers)
+      : abandoned_(abandoned), buffers_(buffers...) {}
+  KeepIfAbandoned(const KeepIfAbandoned&) = delete;
+  KeepIfAbandoned& operator=(const KeepIfAbandoned&) = delete;
+  ~KeepIfAbandoned() {
+    if (abandoned_)
+      std::apply([](auto&... b) { ((void)new auto(std::move(b)), ...); }, buffers_);  // NOLINT
+  }
+
+ private:
+  const bool& abandoned_;
+  std::tuple<Buffers&...> buffers_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, CommOptions opts) : Communicator(std::move(opts)), comm_(comm) {
@@ -175,7 +224,7 @@ class MpiCommunicator final : public Communicator {
              std::to_string(options().timeout.count()) + " ms in MPI_Comm_dup (a rank has left)";
     });
     check_mpi(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
-    check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_dup(comm_, &data_), "MPI_Comm_dup");
   }
   ~MpiCommunicator() override {
     stop_progress_thread();
@@ -197,7 +246,7 @@ class MpiCommunicator final : public Communicator {
     // Requests abandoned after a timeout may still be in flight: leak rather than free.
     if (abandoned_) return;
     MPI_Comm_free(&control_);
-    MPI_Comm_free(&ring_);
+    MPI_Comm_free(&data_);
     MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -224,6 +273,7 @@ class MpiCommunicator final : public Communicator {
                 std::string_view waiting_for, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
   void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
+  void all_to_allv(const OpDesc& d, Clock::time_point deadline, const Where& w);
   void send_recv(const OpDesc& d, Clock::time_point deadline, const Where& w);
   // A receive from `peer` completed with MPI return code `rc` and status `st`: throws
   // MismatchError when the message did not have `count` elements (or did not fit).
@@ -246,7 +296,9 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   MPI_Comm control_;  // fingerprints (debug mode)
-  MPI_Comm ring_;     // the messages of ring_all_reduce (never mixed with user send/recv)
+  // The messages of the collectives this backend runs itself over point to point (ring_all_reduce,
+  // all_to_allv), never mixed with user send/recv.
+  MPI_Comm data_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   bool abandoned_ = false;
 };
@@ -297,6 +349,7 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
   const MPI_Datatype type = mpi_type(d.dtype);
   const ReduceOp op = d.op == ReduceOp::Mean ? ReduceOp::Sum : d.op;
   std::vector<unsigned char> tmp((d.count / n + 1) * es);
+  const KeepIfAbandoned keep(abandoned_, tmp);
   // Posted ring messages cannot be taken back: a timeout abandons them.
   const std::string neighbours =
       left == right ? detail::concat("ring neighbour rank ", left)
@@ -316,7 +369,7 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
     for (size_t a = 0; a < rl; a += seg) {
       recvs.emplace_back(MPI_REQUEST_NULL);
       check_mpi(MPI_Irecv(landing + a * es, static_cast<int>(std::min(seg, rl - a)), type, left,
-                          step, ring_, &recvs.back()),
+                          step, data_, &recvs.back()),
                 w);
     }
     // Step 0 sends this rank's own input chunk; every later step a chunk it reduced or received.
@@ -324,7 +377,7 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
     for (size_t a = 0; a < sl; a += seg) {
       sends.emplace_back(MPI_REQUEST_NULL);
       check_mpi(MPI_Isend(send_from + (sb + a) * es, static_cast<int>(std::min(seg, sl - a)), type,
-                          right, step, ring_, &sends.back()),
+                          right, step, data_, &sends.back()),
                 w);
     }
     for (size_t i = 0; i < recvs.size(); ++i) {
@@ -339,6 +392,134 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
     }
     for (MPI_Request& s : sends) wait_one(s);
   }
+}
+
+// all_to_allv in one round of point-to-point messages on data_: to every other rank this rank
+// sends its counts (its send_counts and recv_counts, 2n numbers) and its block, and from every
+// other rank it receives the same, all posted at once; its own block is copied. Every rank then
+// holds every rank's counts and checks every pair, so a mismatch fails on every rank with the
+// same MismatchError. A block sent with another count than its receiver expects cannot overrun
+// the receive buffer: MPI truncates it (an error on that receive, which the check explains) or
+// delivers fewer elements; the receive buffer may then have been partly written.
+//
+// It replaced MPI_Ialltoall of the counts, MPI_Iallreduce of a mismatch flag and MPI_Ialltoallv:
+// three rounds, each of which waits for the slowest rank (docs/PERFORMANCE.md, "all_to_allv of
+// the MPI backend").
+void MpiCommunicator::all_to_allv(const OpDesc& d, Clock::time_point deadline, const Where& w) {
+  constexpr int kCountsTag = 30000, kBlocksTag = 30001;  // ring_all_reduce's tags are its steps
+  const int n = size_, me = rank_;
+  const size_t es = dtype_size(d.dtype);
+  const MPI_Datatype type = mpi_type(d.dtype);
+  // counts[p * 2n + j]: rank p's send_counts[j]; counts[p * 2n + n + j]: its recv_counts[j].
+  std::vector<int64_t> counts(2 * static_cast<size_t>(n) * n);
+  std::vector<unsigned char> copy;  // in place: the input, before the blocks overwrite it
+  const KeepIfAbandoned keep(abandoned_, counts, copy);
+  int64_t* mine = &counts[2 * static_cast<size_t>(n) * me];
+  size_t send_total = 0, recv_total = 0;
+  std::vector<size_t> send_at(n), recv_at(n);  // block offsets, in elements
+  for (int p = 0; p < n; ++p) {
+    to_int(d.send_counts[p], w);  // every block is one MPI message
+    to_int(d.recv_counts[p], w);
+    mine[p] = static_cast<int64_t>(d.send_counts[p]);
+    mine[n + p] = static_cast<int64_t>(d.recv_counts[p]);
+    send_at[p] = send_total;
+    recv_at[p] = recv_total;
+    send_total += d.send_counts[p];
+    recv_total += d.recv_counts[p];
+  }
+  const auto* in = static_cast<const unsigned char*>(d.send);
+  auto* out = static_cast<unsigned char*>(d.recv);
+  if (d.send == d.recv && send_total) {
+    copy.assign(in, in + send_total * es);
+    in = copy.data();
+  }
+  // Receives first: [0, n-1) counts, [n-1, 2n-2) blocks; then sends: counts, blocks.
+  const int m = n - 1;
+  std::vector<MPI_Request> reqs(4 * static_cast<size_t>(m), MPI_REQUEST_NULL);
+  std::vector<MPI_Status> st(reqs.size());
+  auto others = [&](int k) { return k < me ? k : k + 1; };  // the k-th other rank
+  for (int k = 0; k < m; ++k) {
+    const int p = others(k);
+    check_mpi(MPI_Irecv(&counts[2 * static_cast<size_t>(n) * p], 2 * n, MPI_INT64_T, p, kCountsTag,
+                        data_, &reqs[k]),
+              w);
+    check_mpi(MPI_Irecv(out + recv_at[p] * es, static_cast<int>(d.recv_counts[p]), type, p,
+                        kBlocksTag, data_, &reqs[m + k]),
+              w);
+  }
+  for (int k = 0; k < m; ++k) {
+    const int p = others(k);
+    check_mpi(MPI_Isend(mine, 2 * n, MPI_INT64_T, p, kCountsTag, data_, &reqs[2 * m + k]), w);
+    check_mpi(MPI_Isend(in + send_at[p] * es, static_cast<int>(d.send_counts[p]), type, p,
+                        kBlocksTag, data_, &reqs[3 * m + k]),
+              w);
+  }
+  // Its own block, while the messages travel (a mismatch with itself is found with the others).
+  if (d.send_counts[me] == d.recv_counts[me] && d.send_counts[me])
+    std::memcpy(out + recv_at[me] * es, in + send_at[me] * es, d.send_counts[me] * es);
+  bool truncated = false;  // a block receive failed: MPI_ERR_TRUNCATE, explained by the counts
+  wait_until(
+      w, d.timeout, deadline,
+      [&] {
+        int flag = 0;
+        const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, st.data());
+        if (rc == MPI_SUCCESS) return flag != 0;
+        if (rc != MPI_ERR_IN_STATUS || !flag) {  // not all complete: some may still be in flight
+          abandoned_ = true;
+          check_mpi(rc, w);
+        }
+        // All completed, some in error: a truncated block is a count mismatch; others are not.
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const int e = st[i].MPI_ERROR;
+          if (e == MPI_SUCCESS) continue;
+          int cls = 0;
+          MPI_Error_class(e, &cls);
+          if (cls == MPI_ERR_TRUNCATE && i >= static_cast<size_t>(m) &&
+              i < 2 * static_cast<size_t>(m))
+            truncated = true;
+          else
+            check_mpi(e, w);
+        }
+        return true;
+      },
+      [&] {
+        for (MPI_Request& r : reqs) {  // MPI_Testall left the ones that completed pending
+          int done = 0;
+          if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            r = MPI_REQUEST_NULL;  // completed in error (freed)
+        }
+        std::string recv_from, send_to;
+        for (int k = 0; k < m; ++k) {
+          const int p = others(k);
+          auto add = [p](std::string& s) {
+            if (!s.empty()) s += ',';
+            s += std::to_string(p);
+          };
+          if (reqs[k] != MPI_REQUEST_NULL || reqs[m + k] != MPI_REQUEST_NULL) add(recv_from);
+          if (reqs[2 * m + k] != MPI_REQUEST_NULL || reqs[3 * m + k] != MPI_REQUEST_NULL)
+            add(send_to);
+        }
+        for (int i = 0; i < 2 * m; ++i) cancel_or_abandon(reqs[i], false);
+        for (size_t i = 2 * m; i < reqs.size(); ++i) cancel_or_abandon(reqs[i], true);
+        std::string missing;
+        if (!recv_from.empty()) missing = detail::concat("rank(s) ", recv_from, " to send");
+        if (!send_to.empty())
+          missing += detail::concat(missing.empty() ? "" : " and for ", "rank(s) ", send_to,
+                                    " to receive this rank's counts and block");
+        return missing;
+      });
+  // Every pair, on every rank: rank i's send_counts[j] against rank j's recv_counts[i].
+  int worst = -1;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < n; ++i)
+      if (counts[2 * static_cast<size_t>(n) * i + j] !=
+          counts[2 * static_cast<size_t>(n) * j + n + i])
+        worst = j;
+  if (worst >= 0)
+    throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ", worst,
+                                       " expects different counts than its peers send it)"));
+  if (truncated)  // not explained by the counts: cannot happen unless MPI misbehaves
+    throw CommError(w.str() + ": a block was truncated although every count agrees");
 }
 
 void MpiCommunicator::check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer,
@@ -426,16 +607,16 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
 
 void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point deadline) {
   const Where w(*this, d);
-  detail::Fingerprint mine = detail::fingerprint_of(d);
-  std::vector<detail::Fingerprint> all(size_);
-  all[rank_] = mine;
+  std::vector<detail::Fingerprint> all(size_);  // every send reads all[rank_]
+  const KeepIfAbandoned keep(abandoned_, all);
+  all[rank_] = detail::fingerprint_of(d);
   std::vector<MPI_Request> sends, recvs;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     MPI_Request r;
     check_mpi(MPI_Irecv(&all[p], sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
     recvs.push_back(r);
-    check_mpi(MPI_Isend(&mine, sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
+    check_mpi(MPI_Isend(&all[rank_], sizeof(detail::Fingerprint), MPI_BYTE, p, 0, control_, &r), w);
     sends.push_back(r);
   }
   wait_until(
@@ -490,6 +671,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
   std::vector<unsigned char> tmp;
+  const KeepIfAbandoned keep(abandoned_, tmp);
   switch (d.type) {
     case OpType::AllReduce: {
       if (size_ > 1 && d.count * es >= kRingMinBytes && d.count * es < kRingMaxBytes) {
@@ -543,45 +725,9 @@ void MpiCommunicator::execute(const OpDesc& d) {
       wait_all(reqs, deadline, d, all_peers);
       return;
     }
-    case OpType::AllToAllV: {
-      // Check the counts first, so a mismatch fails on every rank instead of truncating.
-      std::vector<int64_t> mine(d.send_counts.begin(), d.send_counts.end()), theirs(size_);
-      check_mpi(MPI_Ialltoall(mine.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, comm_,
-                              &reqs[0]),
-                w);
-      wait_all(reqs, deadline, d, all_peers);
-      int bad = -1;
-      for (int p = 0; p < size_; ++p)
-        if (static_cast<size_t>(theirs[p]) != d.recv_counts[p]) bad = rank_;
-      int worst = -1;
-      check_mpi(MPI_Iallreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, all_peers);
-      if (worst >= 0)
-        throw MismatchError(detail::concat(w.str(), ": send and receive counts disagree (rank ",
-                                           worst,
-                                           " expects different counts than its peers send it)"));
-      std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
-      int so = 0, ro = 0;
-      for (int p = 0; p < size_; ++p) {
-        sc[p] = to_int(d.send_counts[p], w);
-        rc[p] = to_int(d.recv_counts[p], w);
-        sd[p] = so;
-        rd[p] = ro;
-        so += sc[p];
-        ro += rc[p];
-      }
-      const void* in = d.send;
-      if (d.send == d.recv && so) {
-        tmp.assign(static_cast<const unsigned char*>(d.send),
-                   static_cast<const unsigned char*>(d.send) + so * es);
-        in = tmp.data();
-      }
-      check_mpi(MPI_Ialltoallv(in, sc.data(), sd.data(), type, d.recv, rc.data(), rd.data(), type,
-                               comm_, &reqs[0]),
-                w);
-      wait_all(reqs, deadline, d, all_peers);
+    case OpType::AllToAllV:
+      all_to_allv(d, deadline, w);
       return;
-    }
     case OpType::Barrier:
       check_mpi(MPI_Ibarrier(comm_, &reqs[0]), w);
       wait_all(reqs, deadline, d, all_peers);
