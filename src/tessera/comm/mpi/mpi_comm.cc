@@ -148,11 +148,12 @@ int to_int(size_t v, const Where& where) {
 
 // How long a wait polls without yielding its core, unless the machine is oversubscribed. A
 // yield hands the core to any other runnable process for the rest of its time slice (about 3 ms
-// here): a wait that yields after 256 tests, as this loop once did, turned a 2 MiB all_to_allv of
-// 0.36 ms into 3.2 ms whenever another process shared the core, while raw MPI, which polls without
-// yielding, kept it (docs/PERFORMANCE.md, "all_to_allv of the MPI backend"). A wait longer than
-// this is waiting for a peer that is not running, and then yielding helps: with a busy process on
-// each core, raw MPI_Alltoallv took 16 ms where the yielding backend took 4.
+// here): with a busy process sharing a core, waits that yielded after 256 tests, as this loop
+// once did, made many 2 MiB all_to_allv iterations of 0.36 ms take 3.2 ms, while raw MPI, which
+// polls without yielding, kept its core (docs/PERFORMANCE.md, "all_to_allv of the MPI backend").
+// A wait longer than this is waiting for a peer that is not running, and then yielding helps: in
+// one run with a busy process on each core raw MPI_Alltoallv took 16 ms where the yielding
+// backend took 4-8.
 constexpr auto kSpinBeforeYield = std::chrono::milliseconds(1);
 
 // The polling loop of the MPI backend, the only one: calls `test()`, which tests pending requests
