@@ -18,11 +18,11 @@ set(TESSERA_PUBLIC_HEADERS_kernels
     precision.h residual.h softmax_xent.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_comm
-    bench.h communicator.h errors.h fault.h launch.h op.h options.h work.h)
+    bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
     activations.h attention.h block.h block_workspace.h embedding.h gelu_mlp.h gpt.h gpt_config.h
     head.h linear.h mlp.h moe.h moe_exchange.h moe_mlp.h moe_router.h parameters.h
-    tensor_parallel.h unit_hooks.h unit_model.h wire.h)
+    stage_model.h tensor_parallel.h unit_hooks.h unit_model.h)
 set(TESSERA_PUBLIC_HEADERS_optim adamw.h grad_clip.h lr_schedule.h optimizer.h sgd.h)
 set(TESSERA_PUBLIC_HEADERS_data
     bpe_tokenizer.h corpus.h dataset.h eval_windows.h prepare.h sampler.h token_file.h
@@ -31,12 +31,12 @@ set(TESSERA_PUBLIC_HEADERS_io atomic_file.h checkpoint.h checksum.h hf_config.h 
     tensor_set.h)
 # buckets.h and zero.h are the engine's internals that data_parallel.h needs: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_parallel
-    buckets.h data_parallel.h gather.h mesh.h pipeline_split.h schedule.h schedule_deadlock.h
-    schedule_generators.h schedule_replay.h schedule_simulate.h schedule_validate.h
-    unit_timeline.h zero.h)
+    buckets.h data_parallel.h gather.h mesh.h rank_engines.h unit_timeline.h zero.h zero_stage.h
+    pipeline/pipeline_split.h pipeline/schedule.h pipeline/schedule_deadlock.h
+    pipeline/schedule_generators.h pipeline/schedule_replay.h pipeline/schedule_simulate.h
+    pipeline/schedule_validate.h pipeline/step_executor.h)
 set(TESSERA_PUBLIC_HEADERS_train
-    generate.h metrics.h model_io.h pipeline_forward.h step_executor.h stop_request.h
-    train_config.h trainer.h)
+    generate.h metrics.h model_io.h pipeline_forward.h stop_request.h train_config.h trainer.h)
 # The planner: `tessera plan`'s model of memory and step time, usable from code.
 set(TESSERA_PUBLIC_HEADERS_plan
     calibrate.h cluster.h collectives.h engine.h from_train.h korthikanti.h layout.h model_spec.h
@@ -71,9 +71,11 @@ foreach(layer ${TESSERA_LAYERS})
     list(APPEND tessera_installed_headers tessera/${layer}/${h})
   endforeach()
   install(FILES ${tessera_src}/${layer}.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera)
-  list(TRANSFORM TESSERA_PUBLIC_HEADERS_${layer} PREPEND ${tessera_src}/${layer}/
-       OUTPUT_VARIABLE layer_headers)
-  install(FILES ${layer_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera/${layer})
+  foreach(h ${TESSERA_PUBLIC_HEADERS_${layer}})  # keeping subfolders (parallel/pipeline/)
+    get_filename_component(subdir ${h} DIRECTORY)
+    install(FILES ${tessera_src}/${layer}/${h}
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera/${layer}/${subdir})
+  endforeach()
 endforeach()
 list(APPEND tessera_installed_headers tessera/tessera.h)
 install(FILES ${tessera_src}/tessera.h ${PROJECT_BINARY_DIR}/include/tessera/version.h

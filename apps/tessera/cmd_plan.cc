@@ -153,9 +153,9 @@ void run(PlanFlags& f, int& exit_code) {
   set("tp", layout.tp, f.tp);
   set("pp", layout.pp, f.pp);
   set("ep", layout.ep, f.ep);
-  set("zero", layout.zero, f.zero);
+  if (f.has("zero")) layout.zero = parallel::zero_stage(f.zero);
   set("sp", layout.sp, f.sp);
-  set("schedule", layout.schedule, f.schedule);
+  if (f.has("schedule")) layout.schedule = parallel::parse_schedule(f.schedule);
   set("virtual_stages", layout.virtual_stages, f.virtual_stages);
   set("micro_batch", layout.micro_batch, f.micro_batch);
   if (f.has("recompute")) layout.recompute = nn::parse_recompute(f.recompute);

@@ -9,9 +9,9 @@
 #include "commands.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
-#include "tessera/parallel/schedule_generators.h"
-#include "tessera/parallel/schedule_simulate.h"
-#include "tessera/parallel/schedule_validate.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule_validate.h"
 #include "tessera/train/plot_timeline.h"
 #include "tessera/train/svg.h"
 #include "tessera/train/timeline.h"
@@ -31,11 +31,18 @@ std::string percent(double fraction) {
   return buf;
 }
 
+// The pipeline schedules' names, as --schedule takes them.
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (parallel::ScheduleKind k : parallel::pipeline_schedules()) names.push_back(to_string(k));
+  return names;
+}
+
 void run(const ScheduleFlags& f, int& exit_code) {
   std::vector<parallel::ActionCosts> rank_costs = parallel::parse_rank_costs(f.costs);
   for (parallel::ActionCosts& c : rank_costs) c.p2p = f.p2p;
-  const parallel::Schedule s =
-      parallel::make_schedule(f.schedule, f.pp, f.micro_batches, f.virtual_stages);
+  const parallel::Schedule s = parallel::make_schedule(parallel::parse_schedule(f.schedule), f.pp,
+                                                       f.micro_batches, f.virtual_stages);
   TESSERA_CHECK_AS(ConfigError,
                    rank_costs.size() == 1 || rank_costs.size() == static_cast<size_t>(f.pp),
                    "--costs '", f.costs, "' gives ", rank_costs.size(),
@@ -69,7 +76,7 @@ void run(const ScheduleFlags& f, int& exit_code) {
     const parallel::ActionCosts& c = rank_costs[r];
     if (rank_costs.size() > 1) cost_line += " rank " + std::to_string(r);
     cost_line += " F=" + train::format_number(c.forward) + " B=" + train::format_number(c.backward);
-    if (s.name == "zb-h1")
+    if (parallel::traits(s.kind).splits_backward)
       cost_line += " (BI=" + train::format_number(c.backward - c.weight) +
                    " W=" + train::format_number(c.weight) + ")";
     if (r + 1 < rank_costs.size()) cost_line += ";";
@@ -122,7 +129,7 @@ void register_schedule(CLI::App& root, int& exit_code) {
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--schedule", f->schedule, "gpipe, 1f1b, interleaved or zb-h1")
       ->required()
-      ->check(CLI::IsMember(parallel::schedule_names()));
+      ->check(CLI::IsMember(schedule_names()));
   cmd->add_option("--virtual-stages", f->virtual_stages,
                   "Model chunks per rank (interleaved only; needs micro-batches a multiple of pp)")
       ->check(CLI::Range(1, 64))

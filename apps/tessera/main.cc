@@ -7,6 +7,7 @@
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/blas_setup.h"
+#include "tessera/train/train_config.h"
 
 namespace tessera::app {
 namespace {
@@ -47,6 +48,13 @@ int main(int argc, char** argv) {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return root.exit(e);
+  } catch (const tessera::ConfigError& e) {
+    // Configuration keys as the flags that set them ("micro_batch" -> "--micro-batch").
+    std::fprintf(stderr, "tessera: error: %s\n", e.render(tessera::train::flag_of).c_str());
+    return leave(1);
+  } catch (const tessera::InternalError& e) {
+    std::fprintf(stderr, "tessera: %s\n", e.what());  // "internal error at file:line: ..."
+    return leave(2);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
     return leave(1);

@@ -161,7 +161,7 @@ void bench_recompute(const tessera::nn::GPTConfig& cfg, int B, int warmup, int s
   struct Mode {
     std::unique_ptr<tessera::Allocator> alloc;
     std::unique_ptr<tessera::nn::GPT> model;
-    std::unique_ptr<tessera::nn::GPT::Record> rec;
+    std::unique_ptr<tessera::nn::StageRecord> rec;
     std::vector<double> wall;
     double act_bytes_per_block = 0;
   };

@@ -6,8 +6,10 @@
 // called around every unit.
 #pragma once
 
+#include <tessera/comm.h>
 #include <tessera/nn.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -25,22 +27,25 @@ class AdapterGPT final : public tessera::nn::UnitModel {
 
   AdapterGPT(const tessera::nn::GPTConfig& cfg, int max_batch, tessera::Allocator& alloc,
              const tessera::nn::FlatLayout& flat, int bottleneck = 16)
-      : cfg_(cfg), max_batch_(max_batch), alloc_(alloc) {
+      : one_rank_(tessera::comm::one_rank()), cfg_(cfg), max_batch_(max_batch), alloc_(alloc) {
     using namespace tessera::nn;
     auto end_unit = [&] {
       ps_.pad_to_multiple(flat.unit_alignment);
       unit_begin_.push_back(ps_.numel());
     };
     unit_begin_.push_back(0);
-    embedding_.emplace(ps_, cfg);
+    // The whole width on this rank: the modules' tensor- and expert-parallel groups are a group
+    // of one.
+    const TensorSplit whole(*one_rank_);
+    embedding_.emplace(ps_, cfg, whole);
     end_unit();
-    h0_.emplace(ps_, cfg, 0, TensorSplit{}, Recompute::None);
+    h0_.emplace(ps_, cfg, 0, whole, ExpertSplit(*one_rank_), Recompute::None);
     end_unit();
     adapter_.emplace(ps_, "adapter", cfg.n_embd, bottleneck);
     end_unit();
-    h1_.emplace(ps_, cfg, 1, TensorSplit{}, Recompute::None);
+    h1_.emplace(ps_, cfg, 1, whole, ExpertSplit(*one_rank_), Recompute::None);
     end_unit();
-    head_.emplace(ps_, cfg, embedding_->wte());
+    head_.emplace(ps_, cfg, embedding_->wte(), whole);
     end_unit();
     ps_.materialize(alloc, flat);
     ws_ = h0_->make_workspace(max_batch, alloc);  // shared by both blocks; ws_.dln for the head
@@ -84,19 +89,21 @@ class AdapterGPT final : public tessera::nn::UnitModel {
     return hooks_.forward(4, [&] { return head_->forward(ctx, b, x3, r.head); });
   }
 
-  // ACCUMULATES every parameter's gradient of the loss of the last forward into r.
-  void backward(Record& r) {
+  // ACCUMULATES every parameter's gradient of the loss of the last forward into r. `pass` says
+  // whether this is the step's last micro-batch (the hooks reduce the gradients then).
+  void backward(Record& r, const tessera::nn::BackwardPass& pass) {
     float* d = dres_.f32();  // the residual stream's gradient, from the head down
-    hooks_.backward(4, [&] { head_->backward(r.head, d, ws_.dln.f32()); });
-    hooks_.backward(3, [&] { h1_->backward(r.h1, d, ws_); });
-    hooks_.backward(2, [&] { adapter_->backward(r.adapter, d); });
-    hooks_.backward(1, [&] { h0_->backward(r.h0, d, ws_); });
-    hooks_.backward(0, [&] { embedding_->backward(r.embedding, d); });
+    hooks_.backward(4, pass, [&] { head_->backward(r.head, d, ws_.dln.f32()); });
+    hooks_.backward(3, pass, [&] { h1_->backward(r.h1, d, ws_); });
+    hooks_.backward(2, pass, [&] { adapter_->backward(r.adapter, d); });
+    hooks_.backward(1, pass, [&] { h0_->backward(r.h0, d, ws_); });
+    hooks_.backward(0, pass, [&] { embedding_->backward(r.embedding, d); });
   }
 
  private:
   int64_t rows_max() const { return int64_t{max_batch_} * cfg_.block_size; }
 
+  std::unique_ptr<tessera::comm::Communicator> one_rank_;
   tessera::nn::GPTConfig cfg_;
   int max_batch_;
   tessera::Allocator& alloc_;

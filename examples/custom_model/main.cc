@@ -49,7 +49,8 @@ std::vector<double> train_rank(comm::Communicator& world, int zero, const std::s
   Allocator alloc("rank " + std::to_string(world.rank()));
   CurrentAllocatorScope alloc_scope(alloc);
   parallel::Mesh mesh(world, parallel::MeshShape{world.size(), 1, 1});  // all data-parallel
-  const parallel::DataParallelOptions dpo{zero, /*bucket_mb=*/0.05, /*overlap=*/true};
+  const parallel::DataParallelOptions dpo{parallel::zero_stage(zero), /*bucket_mb=*/0.05,
+                                          /*overlap=*/true};
 
   AdapterGPT model(model_config(), kMicroBatch, alloc,
                    parallel::flat_layout_for(dpo, world.size()));
@@ -79,10 +80,10 @@ std::vector<double> train_rank(comm::Communicator& world, int zero, const std::s
           targets[i * kSeq + t] = static_cast<unsigned char>(text[at + t + 1]);
         }
       }
-      dp.begin_micro_batch(/*last=*/m == per_rank / kMicroBatch - 1);
       loss_sum += model.forward(
           ctx, nn::Batch{tokens.data(), targets.data(), kMicroBatch, kSeq, first}, rec);
-      model.backward(rec);
+      // The engine reduces the gradients in the last micro-batch's backward.
+      model.backward(rec, nn::BackwardPass{/*last_micro_batch=*/m == per_rank / kMicroBatch - 1});
     }
     dp.end_backward();  // every bucket reduced (ZeRO-2/3: into this rank's shard)
     losses.push_back(parallel::all_reduce_sum(mesh.dp(), loss_sum) / (kBatch * kSeq));

@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
   cfg.dp = 2;
   cfg.pp = 2;
   cfg.tp = 2;
-  cfg.schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
-  cfg.zero = 1;           // shard the optimizer state over the data-parallel ranks
+  cfg.schedule = tessera::parallel::ScheduleKind::OneFOneB;  // or GPipe, Interleaved, ZeroBubbleH1
+  cfg.zero = 1;  // shard the optimizer state over the data-parallel ranks
 
   // A tiny model and a short run.
   cfg.vocab = 300;

@@ -9,4 +9,5 @@
 #include "tessera/comm/fault.h"
 #include "tessera/comm/launch.h"
 #include "tessera/comm/options.h"
+#include "tessera/comm/wire.h"
 #include "tessera/comm/work.h"

@@ -18,7 +18,7 @@
 #include "tessera/nn/moe_mlp.h"
 #include "tessera/nn/moe_router.h"
 #include "tessera/nn/parameters.h"
+#include "tessera/nn/stage_model.h"
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"
 #include "tessera/nn/unit_model.h"
-#include "tessera/nn/wire.h"

@@ -1,13 +1,12 @@
 // tessera/train.h: the public API of the train layer (docs/API.md).
-// The training run (TrainConfig, run_training), the StepExecutor that runs a schedule, forward
-// through a pipeline, sampling, weights files, metrics.
+// The training run (TrainConfig, run_training), forward through a pipeline, sampling, weights
+// files, metrics.
 #pragma once
 
 #include "tessera/train/generate.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/model_io.h"
 #include "tessera/train/pipeline_forward.h"
-#include "tessera/train/step_executor.h"
 #include "tessera/train/stop_request.h"
 #include "tessera/train/train_config.h"
 #include "tessera/train/trainer.h"

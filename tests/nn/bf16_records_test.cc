@@ -75,13 +75,14 @@ GPTLayout bf16_layout(Recompute r, bool bf16_inputs, bool weight_copies = true) 
 
 // Two micro-batches in flight through `layout`'s units; a stage without the head gets a fixed
 // output gradient, one without the embedding a fixed input.
-Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward) {
+Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward,
+            comm::Communicator& tp) {
   Allocator alloc("test");
-  GPT m(cfg, 2, alloc, layout);
+  GPT m(cfg, 2, alloc, layout, tp, tp);
   noisy_init(m, 7);
   Outcome out;
   std::vector<RefBatch> mb;
-  std::vector<std::unique_ptr<GPT::Record>> rec;
+  std::vector<std::unique_ptr<StageRecord>> rec;
   const size_t hidden = static_cast<size_t>(m.hidden_elems(2, cfg.block_size));
   for (int i = 0; i < 2; ++i) {
     mb.push_back(make_batch(cfg, 2, cfg.block_size, 50 + i, cfg.dropout, 2 * i));
@@ -98,11 +99,13 @@ Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward) 
     const float* d = m.has_head() ? nullptr : dout.data();
     if (split_backward) {
       m.backward_input(*rec[i], d);
-      if (!m.has_embedding()) out.values.emplace_back(m.input_grad(), m.input_grad() + hidden);
+      if (!m.has_embedding())
+        out.values.emplace_back(m.input_grad(*rec[i]), m.input_grad(*rec[i]) + hidden);
       m.backward_weight(*rec[i]);
     } else {
       m.backward(*rec[i], d);
-      if (!m.has_embedding()) out.values.emplace_back(m.input_grad(), m.input_grad() + hidden);
+      if (!m.has_embedding())
+        out.values.emplace_back(m.input_grad(*rec[i]), m.input_grad(*rec[i]) + hidden);
     }
   }
   for (ParamGroup g : {ParamGroup::Model, ParamGroup::Experts}) {
@@ -110,6 +113,12 @@ Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward) 
     for (int i = 0; i < ps.size(); ++i) out.values.push_back(ps.grad(i).to_vector());
   }
   return out;
+}
+
+// The same on one rank.
+Outcome run(const GPTConfig& cfg, const GPTLayout& layout, bool split_backward) {
+  const auto one = comm::one_rank();
+  return run(cfg, layout, split_backward, *one);
 }
 
 struct Variant {
@@ -191,8 +200,8 @@ TEST(Bf16Records, GiveTheNumbersOfFp32RecordsUnderSequenceParallelism) {
     comm::run_inproc(2, [&](comm::Communicator& c) {
       for (bool bf16_inputs : {false, true}) {
         GPTLayout l = bf16_layout(Recompute::None, bf16_inputs);
-        l.tensor = TensorSplit{&c, true};
-        (bf16_inputs ? bf16 : fp32)[static_cast<size_t>(c.rank())] = run(cfg, l, split);
+        l.sequence_parallel = true;
+        (bf16_inputs ? bf16 : fp32)[static_cast<size_t>(c.rank())] = run(cfg, l, split, c);
       }
     });
     for (int r = 0; r < 2; ++r) {

@@ -8,6 +8,7 @@
 
 #include "gpt_reference.h"
 #include "module_checks.h"
+#include "tessera/comm/launch.h"
 #include "tessera/nn/block.h"
 #include "tessera/nn/embedding.h"
 #include "tessera/nn/gpt.h"
@@ -58,7 +59,8 @@ TEST_P(ModuleTest, BlockMatchesReferenceValuesAndGradients) {
   const GPTConfig cfg = tiny(GetParam());
   Allocator alloc("test");
   ParameterSet ps;
-  Block block(ps, cfg, 1, TensorSplit{}, Recompute::None);
+  const auto one = comm::one_rank();  // no tensor or expert parallelism
+  Block block(ps, cfg, 1, TensorSplit{*one}, ExpertSplit{*one}, Recompute::None);
   ps.materialize(alloc);
   init_noisy(ps, 5);
   const RefBatch rb = make_batch(cfg, 2, 5, 11, cfg.dropout, 4);
@@ -91,7 +93,8 @@ TEST_P(ModuleTest, EmbeddingMatchesReferenceValuesAndGradients) {
   const GPTConfig cfg = tiny(GetParam());
   Allocator alloc("test");
   ParameterSet ps;
-  Embedding emb(ps, cfg);
+  const auto one = comm::one_rank();
+  Embedding emb(ps, cfg, TensorSplit{*one});
   ps.materialize(alloc);
   init_noisy(ps, 6);
   const RefBatch rb = make_batch(cfg, 3, 6, 12, cfg.dropout, 1);
@@ -118,7 +121,8 @@ TEST_P(ModuleTest, HeadMatchesReferenceLossAndGradients) {
   const GPTConfig cfg = tiny(GetParam());
   Allocator alloc("test");
   ParameterSet ps;
-  Head head(ps, cfg, -1);  // owns its wte copy, as on a last pipeline stage
+  const auto one = comm::one_rank();
+  Head head(ps, cfg, -1, TensorSplit{*one});  // owns its wte copy, as on a last pipeline stage
   ps.materialize(alloc);
   init_noisy(ps, 7);
   const RefBatch rb = make_batch(cfg, 2, 6, 13, cfg.dropout, 0);
@@ -170,7 +174,7 @@ TEST(ComposedModel, MicroBatchesInFlightGiveTheSameGradients) {
   auto run = [&](const std::string& order, double* loss) {
     GPT model(cfg, 2, alloc);
     init_noisy(model.params(), 9);
-    std::vector<std::unique_ptr<GPT::Record>> rec;
+    std::vector<std::unique_ptr<StageRecord>> rec;
     for (int m = 0; m < 3; ++m) rec.push_back(model.make_record());
     *loss = 0;
     for (size_t i = 0; i < order.size(); i += 2) {
@@ -212,7 +216,7 @@ TEST(ComposedModel, RecomputeModesAreBitwiseIdentical) {
     layout.recompute = r;
     GPT model(cfg, 2, alloc, layout);
     init_noisy(model.params(), 10);
-    std::vector<std::unique_ptr<GPT::Record>> rec;
+    std::vector<std::unique_ptr<StageRecord>> rec;
     for (int m = 0; m < 2; ++m) rec.push_back(model.make_record());
     for (int m = 0; m < 2; ++m)
       losses->push_back(model.forward(ctx_of(mb[m], 0.02f), as_batch(mb[m]), *rec[m]));
@@ -282,12 +286,12 @@ TEST_P(TwoStages, EqualTheWholeModel) {
   EXPECT_EQ(s1.forward(ctx_of(rb, 0.05f), b1, *r1), loss);
   if (cut.split_backward) {
     s1.backward_input(*r1);
-    s0.backward_input(*r0, s1.input_grad());  // "send backward"
+    s0.backward_input(*r0, s1.input_grad(*r1));  // "send backward"
     s1.backward_weight(*r1);
     s0.backward_weight(*r0);
   } else {
     s1.backward(*r1);
-    s0.backward(*r0, s1.input_grad());  // "send backward"
+    s0.backward(*r0, s1.input_grad(*r1));  // "send backward"
   }
 
   EXPECT_TRUE(s0.params().infos()[s0.params().index("wte.weight")].reduction.over_embedding_group);

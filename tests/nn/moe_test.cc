@@ -13,6 +13,7 @@
 
 #include "gpt_reference.h"
 #include "module_checks.h"
+#include "tessera/comm/launch.h"
 #include "tessera/nn/block.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/moe_router.h"
@@ -143,7 +144,8 @@ TEST_P(MoeBlockTest, MatchesReferenceValuesAndGradients) {
   const GPTConfig cfg = moe_config(k.dropout, k.capacity, k.top_k);
   Allocator alloc("test");
   ParameterSet ps;
-  Block block(ps, cfg, 1, TensorSplit{}, Recompute::None);
+  const auto one = comm::one_rank();  // no tensor or expert parallelism
+  Block block(ps, cfg, 1, TensorSplit{*one}, ExpertSplit{*one}, Recompute::None);
   ps.materialize(alloc);
   init_noisy(ps, 5);
   ASSERT_TRUE(ps.contains("h.1.mlp.router.weight"));
@@ -238,7 +240,7 @@ TEST(MoeModel, RecomputeModesAreBitwiseIdenticalAndTheSplitBackwardAgrees) {
     GPT model(cfg, 2, alloc, layout);
     init_noisy(model.params(), 10);
     init_noisy(model.params(ParamGroup::Experts), 11);
-    std::vector<std::unique_ptr<GPT::Record>> rec;
+    std::vector<std::unique_ptr<StageRecord>> rec;
     for (int m = 0; m < 2; ++m) rec.push_back(model.make_record());
     for (int m = 0; m < 2; ++m)
       losses->push_back(model.forward(StepContext{mb[m].seed, mb[m].step, true, 0.02f},

@@ -1,7 +1,7 @@
-// fp32 data travelling in bf16 (nn/wire.h): what arrives is exactly the bf16 rounding of what
+// fp32 data travelling in bf16 (comm/wire.h): what arrives is exactly the bf16 rounding of what
 // was sent (gathers) or of the sum of the rounded inputs (reductions, 2 ranks: one combining step),
 // in half the bytes; with an fp32 wire the functions are the plain collectives, bit for bit.
-#include "tessera/nn/wire.h"
+#include "tessera/comm/wire.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include "tessera/comm/launch.h"
 #include "tessera/core/allocator.h"
 
-namespace tessera::nn {
+namespace tessera::comm {
 namespace {
 
 float rounded(float x) {
@@ -46,8 +46,9 @@ TEST(Wire, Bf16GatherDeliversTheRoundedSlicesInHalfTheBytes) {
     comm::run_inproc(ranks, [&](comm::Communicator& c) {
       const std::vector<float> mine = values(c.rank(), count);
       std::vector<float> full(static_cast<size_t>(ranks * count), -7.0f);
-      const double bytes = all_gather_as(DType::BF16, c, mine.data(), full.data(), count);
-      EXPECT_DOUBLE_EQ(bytes, (ranks - 1.0) * count * 2);
+      c.reset_traffic();
+      all_gather_as(DType::BF16, c, mine.data(), full.data(), count);
+      EXPECT_DOUBLE_EQ(c.traffic().all_gather, (ranks - 1.0) * count * 2);  // half the bytes
       for (int r = 0; r < ranks; ++r) {
         const std::vector<float> theirs = values(r, count);
         for (int64_t i = 0; i < count; ++i)
@@ -60,8 +61,9 @@ TEST(Wire, Bf16GatherDeliversTheRoundedSlicesInHalfTheBytes) {
       all_gather_as(DType::BF16, c, place, inplace.data(), count);
       EXPECT_EQ(inplace, full);
       // fp32: the plain all-gather, exact, twice the bytes.
-      EXPECT_DOUBLE_EQ(all_gather_as(DType::F32, c, mine.data(), full.data(), count),
-                       (ranks - 1.0) * count * 4);
+      c.reset_traffic();
+      all_gather_as(DType::F32, c, mine.data(), full.data(), count);
+      EXPECT_DOUBLE_EQ(c.traffic().all_gather, (ranks - 1.0) * count * 4);
       for (int64_t i = 0; i < count; ++i)
         EXPECT_EQ(full[static_cast<size_t>(c.rank() * count + i)], mine[i]);
     });
@@ -73,13 +75,15 @@ TEST(Wire, Bf16ReductionsSumTheRoundedInputsInFp32) {
   comm::run_inproc(2, [&](comm::Communicator& c) {
     const std::vector<float> a = values(0, n), b = values(1, n);
     std::vector<float> x = values(c.rank(), n);
-    EXPECT_DOUBLE_EQ(all_reduce_as(DType::BF16, c, x.data(), n), 2.0 * 0.5 * n * 2);
+    c.reset_traffic();
+    all_reduce_as(DType::BF16, c, x.data(), n);
+    EXPECT_DOUBLE_EQ(c.traffic().all_reduce, 2.0 * 0.5 * n * 2);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], rounded(rounded(a[i]) + rounded(b[i]))) << i;
 
     const std::vector<float> full = values(c.rank(), n);
     std::vector<float> slice(static_cast<size_t>(n / 2));
-    EXPECT_DOUBLE_EQ(reduce_scatter_as(DType::BF16, c, full.data(), slice.data(), n / 2),
-                     0.5 * n * 2);
+    reduce_scatter_as(DType::BF16, c, full.data(), slice.data(), n / 2);
+    EXPECT_DOUBLE_EQ(c.traffic().reduce_scatter, 0.5 * n * 2);
     for (int64_t i = 0; i < n / 2; ++i) {
       const int64_t g = c.rank() * (n / 2) + i;
       ASSERT_EQ(slice[i], rounded(rounded(a[g]) + rounded(b[g]))) << i;
@@ -95,12 +99,13 @@ TEST(Wire, OneRankCopiesAndSendsNothing) {
   comm::run_inproc(1, [](comm::Communicator& c) {
     std::vector<float> x = values(0, 9), y(9, 0.0f);
     const std::vector<float> before = x;
-    EXPECT_EQ(all_reduce_as(DType::BF16, c, x.data(), 9), 0.0);
+    all_reduce_as(DType::BF16, c, x.data(), 9);
     EXPECT_EQ(x, before);  // nothing rounded: nothing travelled
-    EXPECT_EQ(all_gather_as(DType::BF16, c, x.data(), y.data(), 9), 0.0);
+    all_gather_as(DType::BF16, c, x.data(), y.data(), 9);
     EXPECT_EQ(y, before);
+    EXPECT_EQ(c.traffic().total(), 0.0);
   });
 }
 
 }  // namespace
-}  // namespace tessera::nn
+}  // namespace tessera::comm

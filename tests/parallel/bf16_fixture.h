@@ -26,7 +26,7 @@ inline TrainConfig bf16_config(const std::filesystem::path& dir, bool moe = fals
   c.grad_clip = 0.5f;
   c.bucket_mb = 0.01;
   c.val_fraction = 0;
-  c.precision = "bf16";
+  c.precision = kernels::Precision::BF16;
   if (moe) {
     c.moe_experts = 4;
     c.moe_capacity_factor = 0.75f;

@@ -38,10 +38,12 @@ TEST_P(Bf16Transport, TrainsLikeOneBf16RankInHalfTheBytes) {
   const Transport& l = GetParam();
   auto dir = temp_dir("bf16_transport_" + l.name);
   TrainConfig c = bf16_config(dir, l.moe);
-  c.dp = l.dp, c.zero = l.zero, c.tp = l.tp, c.sp = l.sp, c.pp = l.pp, c.schedule = l.schedule;
-  c.param_gather_dtype = c.activation_comm_dtype = "fp32";
+  c.dp = l.dp, c.zero = l.zero, c.tp = l.tp, c.sp = l.sp, c.pp = l.pp,
+  c.schedule = parallel::parse_schedule(l.schedule);
+  c.param_gather_dtype = c.activation_comm_dtype = train::WireDtype::Fp32;
   const TrainResult f = run_training(c, nullptr);
-  c.param_gather_dtype = c.activation_comm_dtype = "auto";  // the default: bf16 under bf16
+  c.param_gather_dtype = c.activation_comm_dtype =
+      train::WireDtype::Auto;  // the default: bf16 under bf16
   const TrainResult b = run_training(c, nullptr);
 
   const double worst = max_rel_loss_diff(one_bf16_rank(l.moe), b.losses);

@@ -70,7 +70,7 @@ Trained train_custom(int dp, int zero, int micro_batches) {
   comm::run_inproc(dp, [&](comm::Communicator& world) {
     Allocator alloc("rank " + std::to_string(world.rank()));
     CurrentAllocatorScope scope(alloc);
-    const DataParallelOptions o{zero, /*bucket_mb=*/0.02, /*overlap=*/true};
+    const DataParallelOptions o{zero_stage(zero), /*bucket_mb=*/0.02, /*overlap=*/true};
     const int per_rank = kBatch / dp, micro = per_rank / micro_batches;
     AdapterGPT model(config(), micro, alloc, flat_layout_for(o, dp), /*bottleneck=*/8);
     DataParallel engine(model, world, o, alloc);
@@ -88,9 +88,8 @@ Trained train_custom(int dp, int zero, int micro_batches) {
       for (int m = 0; m < micro_batches; ++m) {
         const int64_t first = world.rank() * per_rank + m * micro;
         const Micro mb = micro_batch(step, first, micro);
-        engine.begin_micro_batch(m == micro_batches - 1);
         sum += model.forward(ctx, mb.batch(micro, first), rec);
-        model.backward(rec);
+        model.backward(rec, nn::BackwardPass{m == micro_batches - 1});
       }
       engine.end_backward();
       r.losses.push_back(all_reduce_sum(world, sum) / (kBatch * kSeq));
@@ -163,7 +162,7 @@ TEST(CustomModel, GradientsMatchFiniteDifferences) {
   const nn::StepContext ctx{5, 0, true, scale};
   ps.zero_grads();
   model.forward(ctx, mb.batch(3, 0), rec);
-  model.backward(rec);
+  model.backward(rec, nn::BackwardPass{});
   int checked = 0;
   for (int i = 0; i < ps.size(); ++i) {
     const std::vector<float> g = ps.grad(i).to_vector();
@@ -196,7 +195,7 @@ TEST(CustomModel, BrokenLayoutsAreConfigErrors) {
   comm::run_inproc(3, [](comm::Communicator& world) {
     Allocator alloc("rank");
     CurrentAllocatorScope scope(alloc);
-    const DataParallelOptions zero1{1, 0.02, true};
+    const DataParallelOptions zero1{ZeroStage::OptimizerState, 0.02, true};
     {  // padded for one rank, not for ZeRO over 3
       AdapterGPT model(config(), 2, alloc, nn::FlatLayout{}, 8);
       try {
@@ -207,7 +206,7 @@ TEST(CustomModel, BrokenLayoutsAreConfigErrors) {
       }
     }
     {  // ZeRO-3 shards the parameters, but the model allocated the full buffer
-      const DataParallelOptions zero3{3, 0.02, true};
+      const DataParallelOptions zero3{ZeroStage::Parameters, 0.02, true};
       nn::FlatLayout f = flat_layout_for(zero3, 3);
       f.full_params = true;
       AdapterGPT model(config(), 2, alloc, f, 8);

@@ -126,7 +126,7 @@ TEST(Recompute, ModesTrainBitwiseIdenticallyUnderDataParallelZero3) {
     c.dp = 2;
     c.zero = 3;
     c.micro_batch = c.batch / 2 / 3;
-    c.recompute = mode;
+    c.recompute = nn::parse_recompute(mode);
     c.save = (dir / mode).string();
     losses[mode] = run_training(c, nullptr).losses;
     weights[mode] = read_weights(dir / mode / "model.safetensors");

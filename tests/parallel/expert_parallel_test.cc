@@ -129,7 +129,8 @@ TEST_P(ExpertParallelLayer, EqualsOneRankWithAllExperts) {
     x_all.insert(x_all.end(), x.begin(), x.end());
     d_all.insert(d_all.end(), d.begin(), d.end());
   }
-  const LayerRun ref = run_layer(cfg, ExpertSplit{}, x_all, d_all, B * n, k.skew);
+  const auto one = comm::one_rank();
+  const LayerRun ref = run_layer(cfg, ExpertSplit{*one}, x_all, d_all, B * n, k.skew);
   if (k.capacity > 0) {
     EXPECT_GT(ref.stats.dropped, 0) << "the case should drop tokens";
   }
@@ -141,7 +142,7 @@ TEST_P(ExpertParallelLayer, EqualsOneRankWithAllExperts) {
     const int r = world.rank();
     std::vector<float> x(x_all.begin() + r * rows, x_all.begin() + (r + 1) * rows);
     std::vector<float> d(d_all.begin() + r * rows, d_all.begin() + (r + 1) * rows);
-    got[static_cast<size_t>(r)] = run_layer(cfg, ExpertSplit{&world}, x, d, B, k.skew);
+    got[static_cast<size_t>(r)] = run_layer(cfg, ExpertSplit{world}, x, d, B, k.skew);
   });
   const double out_scale = max_abs(ref.out), dx_scale = max_abs(ref.dx);
   std::map<std::string, std::vector<float>> router_sum;
@@ -208,7 +209,7 @@ TEST_P(ExpertParallelTiming, ResultsDoNotDependOnWhichRankIsLate) {
       const int r = world.rank();
       const auto x = tokens_of(r, B * cfg.block_size, C, false);
       const auto d = tokens_of(50 + r, B * cfg.block_size, C, false);
-      got[static_cast<size_t>(r)] = run_layer(cfg, ExpertSplit{&world}, x, d, B, false,
+      got[static_cast<size_t>(r)] = run_layer(cfg, ExpertSplit{world}, x, d, B, false,
                                               std::chrono::milliseconds(r == late_rank ? 30 : 0));
     });
     return got;
@@ -237,7 +238,7 @@ TEST(ExpertParallelLayer, ExpertsMustSplitEvenly) {
   EXPECT_THROW(comm::run_inproc(3,
                                 [&](comm::Communicator& world) {
                                   ParameterSet ps, eps;
-                                  MixtureOfExperts moe(ps, eps, config(0), 1, ExpertSplit{&world});
+                                  MixtureOfExperts moe(ps, eps, config(0), 1, ExpertSplit{world});
                                 }),
                ConfigError);
 }

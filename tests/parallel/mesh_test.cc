@@ -43,6 +43,27 @@ TEST(Mesh, AxisGroupsFollowMegatronOrder) {
   }
 }
 
+// No parallelism is a group of one, never a missing group: without pipelines (and on the stages
+// between the first and the last) the embedding group is the rank alone, and sums nothing.
+TEST(Mesh, TheEmbeddingGroupOfARankWithoutTheTiedEmbeddingIsItself) {
+  std::mutex mu;
+  std::vector<std::pair<int, std::string>> groups(8);
+  comm::run_inproc(8, [&](comm::Communicator& world) {
+    Mesh m(world, MeshShape{2, 4, 1});  // dp, pp, tp
+    std::lock_guard<std::mutex> lock(mu);
+    groups[world.rank()] = {m.embedding().size(), m.embedding().name()};
+  });
+  EXPECT_EQ(groups[0], (std::pair<int, std::string>{4, "embedding[0,1,6,7]"}));  // first stage
+  EXPECT_EQ(groups[7], (std::pair<int, std::string>{4, "embedding[0,1,6,7]"}));  // last stage
+  EXPECT_EQ(groups[2], (std::pair<int, std::string>{1, "embedding[2]"}));        // stage 1
+  EXPECT_EQ(groups[5], (std::pair<int, std::string>{1, "embedding[5]"}));        // stage 2
+  comm::run_inproc(2, [&](comm::Communicator& world) {
+    Mesh m(world, MeshShape{2, 1, 1});
+    EXPECT_EQ(m.embedding().size(), 1);
+    EXPECT_EQ(m.stage_group().size(), 2);
+  });
+}
+
 // Error messages quote communicator names: each group is named after its axis and world ranks.
 TEST(Mesh, GroupsAreNamedAfterTheirWorldRanks) {
   std::mutex mu;
@@ -50,8 +71,7 @@ TEST(Mesh, GroupsAreNamedAfterTheirWorldRanks) {
   comm::run_inproc(16, [&](comm::Communicator& world) {
     Mesh m(world, MeshShape{4, 2, 2});  // dp, pp, tp
     std::lock_guard<std::mutex> lock(mu);
-    names[world.rank()] = {m.tp().name(), m.dp().name(), m.pp().name(),
-                           m.embedding() ? m.embedding()->name() : ""};
+    names[world.rank()] = {m.tp().name(), m.dp().name(), m.pp().name(), m.embedding().name()};
   });
   EXPECT_EQ(names[6][0], "tp[6,7]");
   EXPECT_EQ(names[6][1], "dp[0,2..6]");  // an arithmetic run of more than three is shortened

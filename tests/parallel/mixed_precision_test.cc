@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,8 @@ TEST_P(Bf16Layouts, TrainLikeOneBf16Rank) {
   auto dir = temp_dir("bf16_" + l.name);
   TrainConfig c = bf16_config(dir, l.moe);
   c.dp = l.dp, c.zero = l.zero, c.tp = l.tp, c.sp = l.sp, c.pp = l.pp, c.ep = l.ep;
-  c.schedule = l.schedule;
-  c.param_gather_dtype = c.activation_comm_dtype = "fp32";
+  c.schedule = parallel::parse_schedule(l.schedule);
+  c.param_gather_dtype = c.activation_comm_dtype = train::WireDtype::Fp32;
   const std::vector<double> got = run_training(c, nullptr).losses;
   const double worst = max_rel_loss_diff(one_bf16_rank(l.moe), got);
   EXPECT_LE(worst, 1e-3) << l.name;
@@ -69,7 +70,7 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16Layouts,
 TEST(Bf16Training, DiffersFromFp32ByLittleAndPathsAgree) {
   auto dir = temp_dir("bf16_vs_fp32");
   TrainConfig c = bf16_config(dir);
-  c.precision = "fp32";
+  c.precision = kernels::Precision::F32;
   const std::vector<double> fp32 = run_training(c, nullptr).losses;
   const std::vector<double>& bf16 = one_bf16_rank(false);
   const double d = max_rel_loss_diff(fp32, bf16);
@@ -77,12 +78,12 @@ TEST(Bf16Training, DiffersFromFp32ByLittleAndPathsAgree) {
   EXPECT_LT(d, 2e-2);
   std::printf("[ bf16 vs fp32 ] max relative loss difference: %.2e\n", d);
 
-  c.precision = "bf16";
-  c.bf16_gemm = "emulated";
+  c.precision = kernels::Precision::BF16;
+  c.bf16_gemm = kernels::Bf16Gemm::Emulated;
   const std::vector<double> emulated = run_training(c, nullptr).losses;
   EXPECT_LE(max_rel_loss_diff(bf16, emulated), 1e-3);  // auto's path, whichever it is
   if (!kernels::onednn_bf16_usable()) return;
-  c.bf16_gemm = "onednn";
+  c.bf16_gemm = kernels::Bf16Gemm::OneDnn;
   const double p = max_rel_loss_diff(emulated, run_training(c, nullptr).losses);
   EXPECT_LE(p, 1e-3);
   std::printf("[ bf16 emulated vs onednn ] max relative loss difference: %.2e\n", p);
@@ -100,7 +101,7 @@ TEST(Bf16Training, ShortRunEndsWithinOnePercentOfFp32) {
   c.lr = 1e-2f;
   c.val_fraction = 0.1;
   const TrainResult fp32 = run_training(c, nullptr);
-  c.precision = "bf16";
+  c.precision = kernels::Precision::BF16;
   const TrainResult bf16 = run_training(c, nullptr);
   ASSERT_EQ(fp32.losses.size(), 60u);
   ASSERT_EQ(bf16.losses.size(), 60u);
@@ -138,7 +139,7 @@ TEST(Bf16Training, CheckpointsHoldFp32MastersAndResumeInEitherPrecision) {
   r.resume = ckpt.string();
   testing::expect_resumed(whole, run_training(r, nullptr), 3);
 
-  r.precision = "fp32";
+  r.precision = kernels::Precision::F32;
   const TrainResult fp32 = run_training(r, nullptr);
   ASSERT_EQ(fp32.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) {
@@ -153,10 +154,10 @@ TEST(Bf16Training, CheckpointsHoldFp32MastersAndResumeInEitherPrecision) {
 // takes the path auto would not, where both run). A damaged record is an error naming it.
 TEST(Bf16Training, ResumeWithAutoKeepsTheCheckpointsGemmPath) {
   const bool both = kernels::onednn_bf16_usable();
-  const std::string other =
+  const kernels::Bf16Gemm other =
       both && kernels::resolve_bf16_gemm(kernels::Bf16Gemm::Auto) == kernels::Bf16Gemm::Emulated
-          ? "onednn"
-          : "emulated";
+          ? kernels::Bf16Gemm::OneDnn
+          : kernels::Bf16Gemm::Emulated;
   auto dir = temp_dir("bf16_resume_path");
   TrainConfig c = bf16_config(dir);
   c.steps = 6;
@@ -170,13 +171,14 @@ TEST(Bf16Training, ResumeWithAutoKeepsTheCheckpointsGemmPath) {
     std::ifstream in(state_file);
     state.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  const std::string recorded = "\"bf16_gemm_path\": \"" + other + "\"";
+  const std::string recorded =
+      std::string("\"bf16_gemm_path\": \"") + kernels::to_string(other) + "\"";
   ASSERT_NE(state.find(recorded), std::string::npos) << state;
 
   TrainConfig r = bf16_config(dir);
   r.steps = 6;
   r.resume = state_file.parent_path().string();
-  ASSERT_EQ(r.bf16_gemm, "auto");
+  ASSERT_EQ(r.bf16_gemm, kernels::Bf16Gemm::Auto);
   const TrainResult rest = run_training(r, nullptr);
   testing::expect_resumed(whole, rest, 3);
   for (size_t i = 0; i < rest.losses.size(); ++i)  // bitwise (the paths differ by ~1e-6 here)
@@ -192,7 +194,7 @@ TEST(Bf16Training, ResumeWithAutoKeepsTheCheckpointsGemmPath) {
               std::string::npos)
         << e.what();
   }
-  r.bf16_gemm = "emulated";  // an explicit path does not read the record
+  r.bf16_gemm = kernels::Bf16Gemm::Emulated;  // an explicit path does not read the record
   EXPECT_NO_THROW(run_training(r, nullptr));
 }
 
@@ -206,9 +208,9 @@ TEST(Bf16Training, GradientsReduceInBf16UnderEveryZeroStage) {
     TrainConfig c = bf16_config(dir);
     c.dp = 2;
     c.zero = zero;
-    c.param_gather_dtype = "fp32";
+    c.param_gather_dtype = train::WireDtype::Fp32;
     const TrainResult f = run_training(c, nullptr);
-    c.grad_reduce_dtype = "bf16";
+    c.grad_reduce_dtype = DType::BF16;
     const TrainResult b = run_training(c, nullptr);
     const double d = max_rel_loss_diff(f.losses, b.losses);
     EXPECT_LE(d, 1e-3);
@@ -231,7 +233,7 @@ TEST(Bf16Training, ExportsBf16Safetensors) {
   TrainConfig c = bf16_config(dir);
   c.steps = 2;
   c.save = (dir / "a").string();
-  c.export_dtype = "bf16";
+  c.export_dtype = DType::BF16;
   run_training(c, nullptr);
   io::SafetensorsFile weights(dir / "a" / "model.safetensors");
   const auto values = testing::read_weights(dir / "a" / "model.safetensors");
@@ -244,9 +246,14 @@ TEST(Bf16Training, ExportsBf16Safetensors) {
       ASSERT_EQ(u & 0xffffu, 0u) << n << " holds a value that is not a bf16";
     }
   }
-  c.export_dtype = "fp16";
-  EXPECT_NE(testing::config_error_of(c).find("--export-dtype must be fp32 or bf16"),
-            std::string::npos);
+  try {
+    train_config_from_json(nlohmann::json{{"export_dtype", "fp16"}});
+    ADD_FAILURE() << "export_dtype fp16 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.render(flag_of).find("--export-dtype must be fp32 or bf16, got 'fp16'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 
 #include "run_compare.h"
 #include "tessera/core/error.h"
-#include "tessera/parallel/pipeline_split.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 
@@ -84,7 +84,7 @@ TEST_P(MoeTraining, SameLossesAndWeightsAsOneRank) {
   c.zero = l.zero;
   c.tp = l.tp;
   c.pp = l.pp;
-  c.recompute = l.recompute;
+  c.recompute = nn::parse_recompute(l.recompute);
   c.sp = l.sp;
   const Reference& ref = one_rank(l.capacity);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.2) << "the reference run should learn";
@@ -228,7 +228,7 @@ TEST(MoeTraining, EveryOtherBlockRecomputesLikeItKeeps) {
   c.moe_every = 2;
   c.steps = 3;
   const Reference keep = run_reference("none", c, dir);
-  c.recompute = "full";
+  c.recompute = nn::Recompute::Full;
   const Reference full = run_reference("full", c, dir);
   EXPECT_EQ(keep.losses, full.losses);
 }

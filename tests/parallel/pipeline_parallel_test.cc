@@ -10,9 +10,9 @@
 
 #include "run_compare.h"
 #include "tessera/core/error.h"
-#include "tessera/parallel/pipeline_split.h"
-#include "tessera/parallel/schedule_generators.h"
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 
@@ -87,9 +87,9 @@ TEST_P(PipelineTraining, SameLossesAndWeightsAsOneRank) {
   auto dir = temp_dir(case_name(k));
   TrainConfig c = pp_config(dir, k.micro_batches);
   c.pp = k.pp;
-  c.schedule = k.schedule;
+  c.schedule = parallel::parse_schedule(k.schedule);
   c.virtual_stages = k.schedule == "interleaved" ? 2 : 1;
-  c.recompute = k.recompute;
+  c.recompute = nn::parse_recompute(k.recompute);
   const Reference& ref = one_rank(k.micro_batches);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.2) << "the reference run should learn";
   expect_same_run(ref, run_reference("run", c, dir));
@@ -116,7 +116,7 @@ TEST(PipelineTraining, ThreeDimensionalLayoutsMatchOneRank) {
     c.dp = l.dp;
     c.tp = l.tp;
     c.zero = l.zero;
-    c.schedule = l.schedule;
+    c.schedule = parallel::parse_schedule(l.schedule);
     c.virtual_stages = l.schedule == "interleaved" ? 2 : 1;
     // Weights: tensor parallelism multiplies matrices of other shapes, so BLAS sums the weight
     // gradients in another order, and AdamW's first steps (about lr * sign(g)) turn the rounding of
@@ -152,7 +152,7 @@ TEST(PipelineCheckpoint, ResumesUnderAnotherLayout) {
     r.dp = t.dp;
     r.zero = t.zero;
     r.virtual_stages = t.v;
-    r.schedule = t.v > 1 ? "interleaved" : "1f1b";
+    r.schedule = parallel::parse_schedule(t.v > 1 ? "interleaved" : "1f1b");
     r.resume = (dir / "a" / "step-00000004").string();
     const TrainResult rest = run_training(r, nullptr);
     EXPECT_EQ(rest.first_step, 4);
@@ -174,7 +174,7 @@ TEST(PipelineTraining, ValidatesAndSamplesLikeOneRank) {
   const TrainResult one = run_training(c, nullptr);
   c.pp = 4;
   c.virtual_stages = 2;
-  c.schedule = "interleaved";
+  c.schedule = parallel::ScheduleKind::Interleaved;
   const TrainResult four = run_training(c, nullptr);
   EXPECT_FALSE(one.sample.empty());
   EXPECT_EQ(four.sample, one.sample);
@@ -191,9 +191,10 @@ TEST(PipelineTraining, MicroBatchesInFlightAreTheSimulators) {
     TrainConfig c = pp_config(dir, 6);
     c.steps = 2;
     c.pp = 4;
-    c.schedule = s;
+    c.schedule = parallel::parse_schedule(s);
     const TrainResult r = run_training(c, nullptr);
-    const parallel::Simulation sim = parallel::simulate(parallel::make_schedule(s, 4, 6));
+    const parallel::Simulation sim =
+        parallel::simulate(parallel::make_schedule(parallel::parse_schedule(s), 4, 6));
     ASSERT_EQ(r.peak_micro_batches_in_flight.size(), 4u);
     for (int stage = 0; stage < 4; ++stage) {
       EXPECT_EQ(r.peak_micro_batches_in_flight[static_cast<size_t>(stage)],
@@ -290,8 +291,8 @@ TEST(PipelineTraining, StagesCutInsideBlocksMatchOneRank) {
     TrainConfig c = pp_config(dir, 8);
     c.pp = 4;
     c.pp_split = "1.5,2,2.5,2";  // [0-1(attn)] [1(mlp)-3(attn)] [3(mlp)-5] [6-7]
-    c.schedule = schedule;
-    c.recompute = std::string(schedule) == "1f1b" ? "full" : "none";
+    c.schedule = parallel::parse_schedule(schedule);
+    c.recompute = std::string(schedule) == "1f1b" ? nn::Recompute::Full : nn::Recompute::None;
     expect_same_run(one_rank(8), run_reference("run", c, dir));
   }
 }
@@ -310,7 +311,7 @@ TEST(PipelineConfig, BadLayoutsAreConfigErrorsBeforeAnyWork) {
   c.pp_split = "";
   c.virtual_stages = 2;  // without the interleaved schedule
   EXPECT_NE(message(c).find("needs --schedule interleaved"), std::string::npos) << message(c);
-  c.schedule = "interleaved";
+  c.schedule = parallel::ScheduleKind::Interleaved;
   c.batch = 3;  // 3 micro-batches over 2 stages
   c.micro_batch = 1;
   const std::string m = message(c);

@@ -1,6 +1,6 @@
 // The simulator against the closed-form bubbles and activation peaks of each schedule, with equal
 // stage costs and no transfer latency (where those formulas hold exactly), plus timing details.
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,17 @@
 #include <string>
 
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
 
 namespace tessera::parallel {
 namespace {
+
+// The --schedule values, as a user types them.
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> out;
+  for (ScheduleKind k : pipeline_schedules()) out.push_back(to_string(k));
+  return out;
+}
 
 constexpr double kExact = 1e-12;
 
@@ -46,7 +53,7 @@ TEST(ScheduleSimulate, GPipeAndOneFOneBBubble) {
   for (const Shape sh : kShapes)
     for (const char* name : {"gpipe", "1f1b"})
       for (const ActionCosts costs : {ActionCosts{}, ActionCosts{1.5, 4, 1}}) {
-        const Simulation sim = simulate(make_schedule(name, sh.p, sh.m), costs);
+        const Simulation sim = simulate(make_schedule(parse_schedule(name), sh.p, sh.m), costs);
         const double f_b = costs.forward + costs.backward;
         expect_bubble(sim, (sh.p - 1.0) / (sh.m + sh.p - 1.0), label(name, sh));
         EXPECT_NEAR(sim.makespan, (sh.m + sh.p - 1) * f_b, kExact) << label(name, sh);
@@ -60,11 +67,11 @@ TEST(ScheduleSimulate, GPipeAndOneFOneBBubble) {
 TEST(ScheduleSimulate, InterleavedBubble) {
   for (const Shape sh : kShapes) {
     if (sh.m % sh.p != 0) {
-      EXPECT_THROW(make_schedule("interleaved", sh.p, sh.m, 2), ConfigError);
+      EXPECT_THROW(make_schedule(ScheduleKind::Interleaved, sh.p, sh.m, 2), ConfigError);
       continue;
     }
     for (int v : {2, 3}) {
-      const Simulation sim = simulate(make_schedule("interleaved", sh.p, sh.m, v));
+      const Simulation sim = simulate(make_schedule(ScheduleKind::Interleaved, sh.p, sh.m, v));
       const std::string what = label("interleaved", sh) + " v=" + std::to_string(v);
       expect_bubble(sim, (sh.p - 1.0) / (v * sh.m + sh.p - 1.0), what);
       EXPECT_NEAR(sim.makespan, 3.0 * sh.m + 3.0 * (sh.p - 1) / v, kExact) << what;
@@ -77,23 +84,24 @@ TEST(ScheduleSimulate, InterleavedBubble) {
 // (p - 1) / (3m + p - 1), against (p - 1)(T_F + T_B + T_W) = 3(p - 1) for 1F1B.
 TEST(ScheduleSimulate, ZeroBubbleH1Bubble) {
   for (const Shape sh : kShapes) {
-    const Simulation sim = simulate(make_schedule("zb-h1", sh.p, sh.m));
+    const Simulation sim = simulate(make_schedule(ScheduleKind::ZeroBubbleH1, sh.p, sh.m));
     expect_bubble(sim, (sh.p - 1.0) / (3.0 * sh.m + sh.p - 1.0), label("zb-h1", sh));
     EXPECT_NEAR(sim.makespan, 3.0 * sh.m + (sh.p - 1), kExact);
-    const Simulation base = simulate(make_schedule("1f1b", sh.p, sh.m));
+    const Simulation base = simulate(make_schedule(ScheduleKind::OneFOneB, sh.p, sh.m));
     EXPECT_NEAR(base.makespan - base.busy[0], 3.0 * (sh.p - 1), kExact);
     EXPECT_NEAR(sim.makespan - sim.busy[0], (base.makespan - base.busy[0]) / 3, kExact);
   }
   // Table 2 with unequal costs: T_F = 2, T_BI = 1.5, T_W = 1 (B = 2.5) on p=4, m=8.
-  const Simulation sim = simulate(make_schedule("zb-h1", 4, 8), ActionCosts{2, 2.5, 1});
+  const Simulation sim =
+      simulate(make_schedule(ScheduleKind::ZeroBubbleH1, 4, 8), ActionCosts{2, 2.5, 1});
   EXPECT_NEAR(sim.makespan - sim.busy[0], 3 * (2 + 1.5 - 1), kExact);
 }
 
 TEST(ScheduleSimulate, PeakMicroBatchesInFlight) {
   for (const Shape sh : kShapes) {
-    const Simulation gpipe = simulate(make_schedule("gpipe", sh.p, sh.m));
-    const Simulation one = simulate(make_schedule("1f1b", sh.p, sh.m));
-    const Simulation zb = simulate(make_schedule("zb-h1", sh.p, sh.m));
+    const Simulation gpipe = simulate(make_schedule(ScheduleKind::GPipe, sh.p, sh.m));
+    const Simulation one = simulate(make_schedule(ScheduleKind::OneFOneB, sh.p, sh.m));
+    const Simulation zb = simulate(make_schedule(ScheduleKind::ZeroBubbleH1, sh.p, sh.m));
     ASSERT_EQ(one.peak_in_flight.size(), static_cast<size_t>(sh.p));
     for (int s = 0; s < sh.p; ++s) {
       EXPECT_EQ(gpipe.peak_in_flight[s], sh.m) << label("gpipe", sh) << " stage " << s;
@@ -105,7 +113,7 @@ TEST(ScheduleSimulate, PeakMicroBatchesInFlight) {
   }
   // Interleaved: rank r holds its warm-up plus one chunk-micro-batches, (v-1)p + 2(p-r-1) + 1,
   // each 1/v of the rank's activations (5.5 micro-batches on rank 0 for p=4, v=2, against 4).
-  const Simulation il = simulate(make_schedule("interleaved", 4, 8, 2));
+  const Simulation il = simulate(make_schedule(ScheduleKind::Interleaved, 4, 8, 2));
   ASSERT_EQ(il.peak_in_flight.size(), 8u);
   for (int r = 0; r < 4; ++r)
     EXPECT_DOUBLE_EQ(il.peak_rank_activations[r], (4 + 2 * (4 - r - 1) + 1) / 2.0) << r;
@@ -122,7 +130,7 @@ TEST(ScheduleSimulate, ClosedFormsAgree) {
       for (const ActionCosts& c : costs) {
         const int v = name == "interleaved" ? 2 : 1;
         if (name == "interleaved" && sh.m % sh.p != 0) continue;
-        const Schedule s = make_schedule(name, sh.p, sh.m, v);
+        const Schedule s = make_schedule(parse_schedule(name), sh.p, sh.m, v);
         const std::optional<double> formula = closed_form_bubble(s, c);
         if (!formula) continue;
         EXPECT_NEAR(simulate(s, c).bubble_overall, *formula, kExact) << label(name, sh);
@@ -131,14 +139,15 @@ TEST(ScheduleSimulate, ClosedFormsAgree) {
   EXPECT_EQ(compared, 6 * 4 * 2 + 4 * 4 + 6 * 3);  // zb-h1 declines W > BI (1, 2, 1.5)
   ActionCosts latency;
   latency.p2p = 0.1;
-  EXPECT_FALSE(closed_form_bubble(make_schedule("1f1b", 2, 2), latency));
-  EXPECT_FALSE(closed_form_bubble(make_schedule("zb-h1", 4, 3), ActionCosts{}));  // m < p
+  EXPECT_FALSE(closed_form_bubble(make_schedule(ScheduleKind::OneFOneB, 2, 2), latency));
+  EXPECT_FALSE(
+      closed_form_bubble(make_schedule(ScheduleKind::ZeroBubbleH1, 4, 3), ActionCosts{}));  // m < p
 }
 
 TEST(ScheduleSimulate, TimesOfActions) {
   // 1F1B, p=2, m=2, F=1, B=2: rank 0 F0 [0,1] F1 [1,2]; rank 1 F0 [1,2] B0 [2,4] F1 [4,5]
   // B1 [5,7]; rank 0 B0 [4,6] B1 [7,9].
-  const Simulation sim = simulate(make_schedule("1f1b", 2, 2));
+  const Simulation sim = simulate(make_schedule(ScheduleKind::OneFOneB, 2, 2));
   EXPECT_EQ(timed(sim, 0, "F1").start, 1);
   EXPECT_EQ(timed(sim, 1, "F0").start, 1);
   EXPECT_EQ(timed(sim, 1, "B0").end, 4);
@@ -156,7 +165,7 @@ TEST(ScheduleSimulate, TransferLatencyAndStepCosts) {
   c.optimizer = 0.25;
   c.reduce = 0.125;
   // GPipe, p=2, m=1: F 1, transfer 0.5, F 1, B 2, transfer 0.5, B 2, then reduce and step.
-  const Simulation sim = simulate(make_schedule("gpipe", 2, 1), c);
+  const Simulation sim = simulate(make_schedule(ScheduleKind::GPipe, 2, 1), c);
   EXPECT_DOUBLE_EQ(timed(sim, 1, "F0").start, 1.5);
   EXPECT_DOUBLE_EQ(timed(sim, 0, "B0").start, 5);
   EXPECT_DOUBLE_EQ(sim.makespan, 7.375);
@@ -173,15 +182,17 @@ TEST(ScheduleSimulate, CostsParsingAndChecks) {
   EXPECT_THROW(parse_costs("1,x,1"), ConfigError);
   EXPECT_THROW(parse_costs("1,2,1,"), ConfigError);
   try {
-    simulate(make_schedule("zb-h1", 2, 2), ActionCosts{1, 1, 1});
+    simulate(make_schedule(ScheduleKind::ZeroBubbleH1, 2, 2), ActionCosts{1, 1, 1});
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("W cost (1) must be smaller than the whole backward B"),
               std::string::npos)
         << e.what();
   }
-  EXPECT_NO_THROW(simulate(make_schedule("1f1b", 2, 2), ActionCosts{1, 1, 1}));  // no split
-  EXPECT_THROW(simulate(make_schedule("1f1b", 2, 2), ActionCosts{0, 1, 0}), ConfigError);
+  EXPECT_NO_THROW(
+      simulate(make_schedule(ScheduleKind::OneFOneB, 2, 2), ActionCosts{1, 1, 1}));  // no split
+  EXPECT_THROW(simulate(make_schedule(ScheduleKind::OneFOneB, 2, 2), ActionCosts{0, 1, 0}),
+               ConfigError);
 }
 
 TEST(ScheduleSimulate, CostsPerRank) {
@@ -190,14 +201,14 @@ TEST(ScheduleSimulate, CostsPerRank) {
   const std::vector<ActionCosts> costs = parse_rank_costs("1,2,1/2,4,1");
   ASSERT_EQ(costs.size(), 2u);
   EXPECT_EQ(costs[1].forward, 2);
-  const Simulation sim = simulate(make_schedule("gpipe", 2, 1), costs);
+  const Simulation sim = simulate(make_schedule(ScheduleKind::GPipe, 2, 1), costs);
   EXPECT_EQ(timed(sim, 1, "B0").end, 7);
   EXPECT_EQ(timed(sim, 0, "B0").start, 7);
   EXPECT_EQ(sim.makespan, 9);
   EXPECT_DOUBLE_EQ(sim.bubble[0], 6.0 / 9);
   EXPECT_DOUBLE_EQ(sim.bubble[1], 3.0 / 9);
   // The same costs on every rank, given once or per rank, simulate the same.
-  const Schedule zb = make_schedule("zb-h1", 4, 8);
+  const Schedule zb = make_schedule(ScheduleKind::ZeroBubbleH1, 4, 8);
   EXPECT_DOUBLE_EQ(simulate(zb, parse_rank_costs("1,2,1/1,2,1/1,2,1/1,2,1")).bubble_overall,
                    simulate(zb, ActionCosts{}).bubble_overall);
   EXPECT_THROW(simulate(zb, parse_rank_costs("1,2,1/1,2,1")), ConfigError);  // 2 of 4 ranks
@@ -205,7 +216,7 @@ TEST(ScheduleSimulate, CostsPerRank) {
 }
 
 TEST(ScheduleSimulate, DeadlockedScheduleReportsWhatRan) {
-  Schedule s = make_schedule("1f1b", 2, 2);
+  Schedule s = make_schedule(ScheduleKind::OneFOneB, 2, 2);
   auto& r0 = s.ranks[0];
   r0.erase(r0.begin() + 1);  // rank 0 never sends F0
   const Simulation sim = simulate(s);
@@ -223,7 +234,7 @@ TEST(ScheduleSimulate, DeadlockedScheduleReportsWhatRan) {
 TEST(ScheduleSimulate, PerStageCosts) {
   for (const std::string& name : schedule_names()) {
     const int v = name == "interleaved" ? 2 : 1;
-    const Schedule s = make_schedule(name, 4, 8, v);
+    const Schedule s = make_schedule(parse_schedule(name), 4, 8, v);
     ActionCosts uniform;
     uniform.forward = 1;
     uniform.backward = 2;
@@ -243,7 +254,7 @@ TEST(ScheduleSimulate, PerStageCosts) {
     EXPECT_EQ(f.peak_rank_activations, a.peak_rank_activations) << name;
   }
   // GPipe, one stage twice as slow: every micro-batch queues behind it.
-  const Schedule g = make_schedule("gpipe", 2, 4);
+  const Schedule g = make_schedule(ScheduleKind::GPipe, 2, 4);
   std::vector<ActionCosts> costs(2);
   costs[1].forward = 2;
   costs[1].backward = 4;

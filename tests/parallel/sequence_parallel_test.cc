@@ -38,7 +38,7 @@ namespace {
 
 TEST(TokenRange, ContiguousCeilSlicesPaddedForCollectives) {
   comm::run_inproc(4, [](comm::Communicator& c) {
-    const TensorSplit sp{&c, true};
+    const TensorSplit sp{c, true};
     const TokenRange r = token_range(sp, 10);  // ceil(10 / 4) = 3: [0,3) [3,6) [6,9) [9,10)
     EXPECT_EQ(r.per, 3);
     EXPECT_EQ(r.padded(), 12);
@@ -48,12 +48,13 @@ TEST(TokenRange, ContiguousCeilSlicesPaddedForCollectives) {
     const TokenRange e = token_range(sp, 5);  // 2, 2, 1, 0 rows: the last slice is empty
     EXPECT_EQ(e.size(), std::vector<int64_t>({2, 2, 1, 0})[static_cast<size_t>(c.rank())]);
     EXPECT_EQ(e.place(), 2 * c.rank());
-    const TokenRange off = token_range(TensorSplit{&c, false}, 10);  // tensor parallelism alone
+    const TokenRange off = token_range(TensorSplit{c, false}, 10);  // tensor parallelism alone
     EXPECT_EQ(off.begin, 0);
     EXPECT_EQ(off.end, 10);
     EXPECT_EQ(off.padded(), 10);
   });
-  EXPECT_EQ(token_range(TensorSplit{nullptr, true}, 7).size(), 7);  // one rank: all rows
+  const auto one = comm::one_rank();
+  EXPECT_EQ(token_range(TensorSplit{*one, true}, 7).size(), 7);  // one rank: all rows
 }
 
 // gather_to_tp assembles the rows of every rank; reduce_scatter_from_tp gives each rank its rows
@@ -67,7 +68,7 @@ TEST(SequenceParallelPair, GatherAndReduceScatterAreExactAndAdjoint) {
       auto value = [](int q, int64_t i) { return static_cast<float>((i * 7 + q * 3) % 11) - 5; };
       std::vector<double> lhs(static_cast<size_t>(t)), rhs(static_cast<size_t>(t));
       comm::run_inproc(t, [&](comm::Communicator& c) {
-        const TensorSplit s{&c, true};
+        const TensorSplit s{c, true};
         const TokenRange rows = token_range(s, n);
         const int q = c.rank();
         // x: this rank's rows of the activation value(0, .); y: a per-rank full gradient.
@@ -115,7 +116,7 @@ TEST(SequenceParallelDropout, RowsDrawTheSingleDeviceMask) {
                                first_sample);
   for (int t : {2, 4}) {
     comm::run_inproc(t, [&](comm::Communicator& c) {
-      const TokenRange rows = token_range(TensorSplit{&c, true}, B * T);
+      const TokenRange rows = token_range(TensorSplit{c, true}, B * T);
       std::vector<float> out(static_cast<size_t>(rows.size()) * C);
       std::vector<uint8_t> m(out.size()), redrawn(out.size());
       kernels::dropout_forward_rows(out.data(), m.data(), in.data(), rows.size(), C, 0.3f, 99, 5,
@@ -161,7 +162,7 @@ std::vector<SpOut> on_sp_ranks(int t, Body body) {
   comm::run_inproc(t, [&](comm::Communicator& c) {
     Allocator alloc("sp rank " + std::to_string(c.rank()));
     CurrentAllocatorScope scope(alloc);
-    outs[static_cast<size_t>(c.rank())] = body(TensorSplit{&c, true}, alloc);
+    outs[static_cast<size_t>(c.rank())] = body(TensorSplit{c, true}, alloc);
   });
   return outs;
 }
@@ -173,7 +174,8 @@ SpOut one_device(Body body) {
   comm::run_inproc(1, [&](comm::Communicator&) {
     Allocator alloc("one device");
     CurrentAllocatorScope scope(alloc);
-    out = body(TensorSplit{}, alloc);
+    const auto one = comm::one_rank();
+    out = body(TensorSplit{*one}, alloc);
   });
   return out;
 }
@@ -294,7 +296,7 @@ SpOut run_block(const GPTConfig& cfg, const Data& d, Recompute rc, bool defer, T
                 Allocator& alloc) {
   const int64_t C = cfg.n_embd, n = static_cast<int64_t>(d.B) * d.T;
   ParameterSet ps;
-  Block blk(ps, cfg, 1, split, rc);
+  Block blk(ps, cfg, 1, split, ExpertSplit{split.group}, rc);
   ps.materialize(alloc);
   ps.initialize(42);
   Block::Record rec = blk.make_record(d.B, alloc);
@@ -347,7 +349,7 @@ TEST(SequenceParallelMemory, BlockRecordHoldsOnlyTheRanksRows) {
     comm::run_inproc(t, [&](comm::Communicator& c) {
       Allocator alloc("probe");
       ParameterSet ps;
-      Block blk(ps, cfg, 0, TensorSplit{t > 1 ? &c : nullptr, sequence}, Recompute::None);
+      Block blk(ps, cfg, 0, TensorSplit{c, sequence}, ExpertSplit{c}, Recompute::None);
       ps.materialize(alloc);
       const size_t before = alloc.in_use(MemCategory::Activations);
       Block::Record rec = blk.make_record(B, alloc);
@@ -381,8 +383,8 @@ TEST(SequenceParallelModel, GPTEqualsOneDeviceIncludingAnEmptySlice) {
       SCOPED_TRACE("T " + std::to_string(T) + " tp " + std::to_string(t));
       auto run = [&](TensorSplit split, Allocator& alloc) {
         GPTLayout layout;
-        layout.tensor = split;
-        GPT m(cfg, d.B, alloc, layout);
+        layout.sequence_parallel = split.sequence;
+        GPT m(cfg, d.B, alloc, layout, split.group, split.group);
         m.initialize(42);
         SpOut s{RankOut{}, token_range(split, d.B * d.T), {}};
         s.o.loss = m.forward(d.batch(), kCtx);
@@ -442,7 +444,7 @@ TEST_P(SequenceParallelTraining, SameLossesNormsAndWeightsAsOneRank) {
   c.sp = true;
   c.dp = l.dp;
   c.zero = l.zero;
-  c.recompute = l.recompute;
+  c.recompute = nn::parse_recompute(l.recompute);
   expect_same_run(ref, run_reference("run", c, dir), testing::kTensorParallelWeightRel);
 }
 
@@ -502,9 +504,9 @@ TEST(SequenceParallelTraining, InsidePipelineStages) {
       c.pp = 2;
       c.tp = 2;
       c.sp = true;
-      c.schedule = schedule;
+      c.schedule = parallel::parse_schedule(schedule);
       c.virtual_stages = schedule == "interleaved" ? 2 : 1;
-      c.recompute = mode;
+      c.recompute = nn::parse_recompute(mode);
       expect_same_run(ref, run_reference("pp2_tp2_sp_" + schedule + "_" + mode, c, dir), 1e-5);
     }
   }
@@ -565,10 +567,9 @@ TEST(SequenceParallelConfig, NeedsTensorParallelism) {
     run_training(c, nullptr);
     ADD_FAILURE() << "--sp without --tp ran";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--sp (sequence parallelism)"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("needs --tp 2 or more, got --tp 1"), std::string::npos)
-        << e.what();
+    const std::string shown = e.render(flag_of);  // as the command line shows it
+    EXPECT_NE(shown.find("--sp (sequence parallelism)"), std::string::npos) << shown;
+    EXPECT_NE(shown.find("needs --tp 2 or more, got --tp 1"), std::string::npos) << shown;
   }
 }
 

@@ -116,7 +116,7 @@ TEST_P(TensorParallelLayers, BlockEqualsOneDevice) {
   const Data d = make_data(cfg, 3);
   auto body = [&](TensorSplit split, Allocator& alloc) {
     ParameterSet ps;
-    Block blk(ps, cfg, 1, split, Recompute::None);
+    Block blk(ps, cfg, 1, split, ExpertSplit{split.group}, Recompute::None);
     ps.materialize(alloc);
     ps.initialize(42);
     Block::Record rec = blk.make_record(d.B, alloc);
@@ -140,8 +140,8 @@ TEST_P(TensorParallelLayers, GPTEqualsOneDevice) {
   const Data d = make_data(cfg, 4);
   auto body = [&](TensorSplit split, Allocator& alloc) {
     GPTLayout layout;
-    layout.tensor = split;
-    GPT m(cfg, d.B, alloc, layout);
+    layout.sequence_parallel = split.sequence;
+    GPT m(cfg, d.B, alloc, layout, split.group, split.group);
     m.initialize(42);
     RankOut o;
     o.loss = m.forward(d.batch(), kCtx);
@@ -160,8 +160,8 @@ TEST(TensorParallelLayersEdge, EmptyVocabularyShard) {
   const Data d = make_data(cfg, 5);
   auto body = [&](TensorSplit split, Allocator& alloc) {
     GPTLayout layout;
-    layout.tensor = split;
-    GPT m(cfg, d.B, alloc, layout);
+    layout.sequence_parallel = split.sequence;
+    GPT m(cfg, d.B, alloc, layout, split.group, split.group);
     m.initialize(42);
     RankOut o;
     o.loss = m.forward(d.batch(), kCtx);
@@ -171,7 +171,8 @@ TEST(TensorParallelLayersEdge, EmptyVocabularyShard) {
     return o;
   };
   const auto tp = on_ranks(4, body);
-  EXPECT_EQ(vocab_range(TensorSplit{}, 5).size(), 5);
+  const auto one = comm::one_rank();
+  EXPECT_EQ(vocab_range(TensorSplit{*one}, 5).size(), 5);
   expect_equivalent(on_ranks(1, body), tp, 1e-5);
 }
 
@@ -180,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelLayers, ::testing::Values(2, 3, 4)
 
 TEST(VocabRange, CeilSplitWithoutPaddingRows) {
   comm::run_inproc(4, [](comm::Communicator& c) {
-    const TensorSplit s{&c};
+    const TensorSplit s{c};
     const VocabRange r = vocab_range(s, 10);  // ceil(10 / 4) = 3: [0,3) [3,6) [6,9) [9,10)
     EXPECT_EQ(r.begin, std::min<int64_t>(10, 3 * c.rank()));
     EXPECT_EQ(r.end, std::min<int64_t>(10, 3 * c.rank() + 3));
@@ -189,7 +190,8 @@ TEST(VocabRange, CeilSplitWithoutPaddingRows) {
     EXPECT_EQ(sp.offset, r.begin);
     EXPECT_EQ(sp.length, r.size());
   });
-  EXPECT_EQ(vocab_range(TensorSplit{}, 10).size(), 10);
+  const auto one = comm::one_rank();
+  EXPECT_EQ(vocab_range(TensorSplit{*one}, 10).size(), 10);
 }
 
 }  // namespace
@@ -347,7 +349,9 @@ TEST(TensorParallelConfig, BadSizesAreConfigErrorsBeforeAnyWork) {
       << message(c);
   c = tp_config(dir);
   c.tp = 0;
-  EXPECT_NE(message(c).find("--tp must be at least 1"), std::string::npos) << message(c);
+  EXPECT_NE(message(c).find("--tp must be >= 1 (1 = no tensor parallelism), got 0"),
+            std::string::npos)
+      << message(c);
 }
 
 }  // namespace

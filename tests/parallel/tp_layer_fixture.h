@@ -113,7 +113,7 @@ struct RankOut {
   Globals grads, values;
 };
 
-// Runs `body` on t thread ranks (t == 1: one rank without a group) and collects each rank's result.
+// Runs `body` on t thread ranks (t == 1: a group of one) and collects each rank's result.
 // sequence: the split is sequence-parallel.
 template <typename Body>
 std::vector<RankOut> on_ranks(int t, Body body, bool sequence = false) {
@@ -121,7 +121,7 @@ std::vector<RankOut> on_ranks(int t, Body body, bool sequence = false) {
   comm::run_inproc(t, [&](comm::Communicator& c) {
     Allocator alloc("tp rank " + std::to_string(c.rank()));
     CurrentAllocatorScope scope(alloc);
-    TensorSplit split{t > 1 ? &c : nullptr, sequence};
+    TensorSplit split{c, sequence};
     outs[static_cast<size_t>(c.rank())] = body(split, alloc);
   });
   return outs;

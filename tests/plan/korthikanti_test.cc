@@ -101,7 +101,7 @@ TEST(Korthikanti, FirstStageHoldsAllLayersTimesTheInterleavingFactor) {
       l.sp = true;
       l.micro_batch = 1;
       l.recompute = Recompute::Selective;
-      l.schedule = v == 1 ? "1f1b" : "interleaved";
+      l.schedule = parallel::parse_schedule(v == 1 ? "1f1b" : "interleaved");
       l.virtual_stages = v;
       r.cluster = with_devices(r.cluster, l.devices());
       const Prediction p = plan_layout(r, l);

@@ -59,7 +59,7 @@ Layout layout(const Row& row) {
     const int per_stage = row.layers / row.pp;
     int v = 2;
     while (per_stage % v != 0) ++v;
-    l.schedule = "interleaved";
+    l.schedule = parallel::ScheduleKind::Interleaved;
     l.virtual_stages = v;
   }
   return l;

@@ -86,7 +86,7 @@ TEST(Layout, ProblemsSayWhatToChange) {
   EXPECT_EQ(layout_problems(l, m, 16, true).size(), 2u);  // heads and batch
   l = Layout{};
   l.pp = 2;
-  l.schedule = "interleaved";
+  l.schedule = parallel::ScheduleKind::Interleaved;
   l.virtual_stages = 2;
   l.dp = 1;
   l.micro_batch = 1;
@@ -149,9 +149,9 @@ TEST(Plan, OneLayoutEndToEnd) {
   l.dp = 4;
   l.tp = 2;
   l.pp = 2;
-  l.zero = 1;
+  l.zero = parallel::ZeroStage::OptimizerState;
   l.micro_batch = 2;
-  l.schedule = "1f1b";
+  l.schedule = parallel::ScheduleKind::OneFOneB;
   const Prediction p = plan_layout(r, l);
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(p.fits);

@@ -13,7 +13,7 @@ namespace {
 
 double model_state_gb(double psi, int zero, int nd) {
   const Numerics n = make_engine("megatron")->numerics();
-  return zero_model_states(psi, zero, nd, n).model_states() / 1e9;
+  return zero_model_states(psi, parallel::zero_stage(zero), nd, n).model_states() / 1e9;
 }
 
 // Section 1 / figure 1: a 7.5B-parameter model on 64 data-parallel devices.
@@ -29,7 +29,7 @@ TEST(ZeroPaper, Figure1SevenAndAHalfBillionOn64Devices) {
 TEST(ZeroPaper, Gpt2OnePointFiveBillionNeeds24GB) {
   EXPECT_NEAR(model_state_gb(1.5e9, 0, 1), 24, 1e-9);
   const Numerics n = make_engine("megatron")->numerics();
-  EXPECT_NEAR(zero_model_states(1.5e9, 0, 1, n).parameters / 1e9, 3, 1e-9);
+  EXPECT_NEAR(zero_model_states(1.5e9, parallel::ZeroStage::None, 1, n).parameters / 1e9, 3, 1e-9);
 }
 
 // Table 1: per-device memory (GB) of P_os, P_os+g and P_os+g+p for 7.5B, 128B and 1T parameters
@@ -78,7 +78,7 @@ TEST(ZeroPaper, PlannedModelStatesMatchTheFormulaForAWholeModel) {
   for (int z = 0; z <= 3; ++z) {
     Layout l;
     l.dp = 64;
-    l.zero = z;
+    l.zero = parallel::zero_stage(z);
     l.micro_batch = 1;
     l.recompute = nn::Recompute::Full;
     const Prediction p = plan_layout(r, l);

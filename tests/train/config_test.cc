@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tessera/core/error.h"
 #include "tessera/train/train_config.h"
@@ -9,28 +11,57 @@
 namespace tessera::train {
 namespace {
 
+std::string config_error(const TrainConfig& c) {
+  try {
+    c.validate();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string json_error(const nlohmann::json& j) {
+  try {
+    train_config_from_json(j);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 TEST(TrainConfig, JsonRoundTripAndDefaults) {
   TrainConfig c;
   c.layers = 7;
   c.lr = 1e-4f;
   c.data = "x.txt";
-  TrainConfig d = train_config_from_json(to_json(c));
+  c.precision = kernels::Precision::BF16;
+  c.schedule = parallel::ScheduleKind::ZeroBubbleH1;
+  c.recompute = nn::Recompute::Selective;
+  c.activation_comm_dtype = WireDtype::Fp32;
+  const nlohmann::json j = to_json(c);
+  EXPECT_EQ(j["precision"], "bf16");  // enumerations travel by name
+  EXPECT_EQ(j["schedule"], "zb-h1");
+  EXPECT_EQ(j["recompute"], "selective");
+  TrainConfig d = train_config_from_json(j);
   EXPECT_EQ(d.layers, 7);
   EXPECT_EQ(d.lr, 1e-4f);
   EXPECT_EQ(d.data, "x.txt");
+  EXPECT_EQ(d.precision, kernels::Precision::BF16);
+  EXPECT_EQ(d.schedule, parallel::ScheduleKind::ZeroBubbleH1);
+  EXPECT_EQ(d.recompute, nn::Recompute::Selective);
+  EXPECT_EQ(d.activation_comm_dtype, WireDtype::Fp32);
+  EXPECT_EQ(to_json(d), j);
   TrainConfig e = train_config_from_json(nlohmann::json::object({{"dim", 64}}));
   EXPECT_EQ(e.dim, 64);
   EXPECT_EQ(e.layers, TrainConfig{}.layers);
+  EXPECT_EQ(TrainConfig{}.precision, kernels::Precision::F32);  // fp32 stays the default
 }
 
 TEST(TrainConfig, UnknownKeysAndWrongTypesAreErrors) {
-  EXPECT_THROW(train_config_from_json({{"layer", 3}}), ConfigError);
-  try {
-    train_config_from_json({{"steps", "many"}});
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos);
-  }
+  EXPECT_NE(json_error({{"layer", 3}}).find("unknown config key 'layer'"), std::string::npos);
+  EXPECT_NE(json_error({{"steps", "many"}}).find("steps has the wrong type"), std::string::npos);
+  EXPECT_NE(json_error({{"precision", 16}}).find("precision has the wrong type"),
+            std::string::npos);
   EXPECT_THROW(train_config_from_json(nlohmann::json::array()), ConfigError);
 }
 
@@ -40,65 +71,96 @@ TEST(TrainConfig, NumbersMustFitTheirField) {
   for (const json& bad :
        {json{{"vocab", 4294967809u}}, json{{"vocab", 1e300}}, json{{"layers", 2.5}},
         json{{"seed", -1}}, json{{"steps", true}}, json{{"lr", 1e300}}, json{{"dropout", -1e39}}}) {
-    try {
-      train_config_from_json(bad);
-      ADD_FAILURE() << bad.dump() << " was accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(bad.begin().key()), std::string::npos) << e.what();
-    }
+    const std::string e = json_error(bad);
+    EXPECT_NE(e.find(bad.begin().key()), std::string::npos) << bad.dump() << ": " << e;
   }
   // Integral floats fit integer fields; integers fit float fields; the full uint64 seed range.
   const TrainConfig c = train_config_from_json(
-      json{{"steps", 1000.0}, {"lr", 1}, {"seed", 18446744073709551615u}, {"warmup", -5}});
+      json{{"steps", 1000.0}, {"lr", 1}, {"seed", 18446744073709551615u}, {"warmup", 5}});
   EXPECT_EQ(c.steps, 1000);
   EXPECT_EQ(c.lr, 1.0f);
   EXPECT_EQ(c.seed, 18446744073709551615u);
-  EXPECT_EQ(c.warmup, -5);
+  EXPECT_EQ(c.warmup, 5);
 }
 
-TEST(TrainConfig, ValidateNamesTheProblem) {
+// A field's own rule is checked once, by its table entry: when a file or a flag sets it, and by
+// validate() for a value set in code.
+TEST(TrainConfig, EachFieldsRuleIsCheckedWhenReadAndByValidate) {
+  EXPECT_NE(json_error({{"zero", 4}}).find("zero must be in [0, 3], got 4"), std::string::npos);
+  EXPECT_NE(json_error({{"warmup", -5}}).find("warmup must be >= 0, got -5"), std::string::npos);
+  EXPECT_NE(json_error({{"memory_limit", "lots"}}).find("lots"), std::string::npos);
   TrainConfig c;
-  c.heads = 5;
-  try {
-    c.validate();
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--heads 5 does not divide --dim"), std::string::npos);
-  }
-  c = TrainConfig{};
-  c.micro_batch = 3;
-  EXPECT_THROW(c.validate(), ConfigError);
-  c = TrainConfig{};
-  c.optimizer = "adam";
-  EXPECT_THROW(c.validate(), ConfigError);
+  c.zero = 5;
+  EXPECT_NE(config_error(c).find("zero must be in [0, 3], got 5"), std::string::npos);
   c = TrainConfig{};
   c.val_fraction = 1.0;
-  EXPECT_THROW(c.validate(), ConfigError);
+  EXPECT_NE(config_error(c).find("val_fraction must be in [0, 1), got 1"), std::string::npos);
   c = TrainConfig{};
-  c.recompute = "some";
-  try {
-    c.validate();
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute must be none, selective or full, got 'some'"),
-              std::string::npos);
-  }
+  c.recompute = static_cast<nn::Recompute>(42);  // not a value of the enumeration
+  EXPECT_NE(config_error(c).find("recompute holds a value that is none of none, selective, full"),
+            std::string::npos)
+      << config_error(c);
   TrainConfig{}.validate();
+}
+
+TEST(TrainConfig, ValidateNamesTheKeysOfRulesBetweenKeys) {
+  TrainConfig c;
+  c.heads = 5;
+  EXPECT_NE(config_error(c).find("heads 5 does not divide dim 192"), std::string::npos)
+      << config_error(c);
+  c = TrainConfig{};
+  c.micro_batch = 3;
+  EXPECT_NE(config_error(c).find("micro_batch 3 must divide the per-rank batch 16"),
+            std::string::npos);
+  c = TrainConfig{};
+  c.virtual_stages = 2;
+  c.pp = 2;
+  EXPECT_NE(config_error(c).find("virtual_stages 2 needs schedule interleaved"), std::string::npos)
+      << config_error(c);
+  c.schedule = parallel::ScheduleKind::Interleaved;
+  c.validate();
+}
+
+TEST(TrainConfig, ChoicesNameTheAcceptedValues) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"precision", "precision must be fp32 or bf16, got 'fp16'"},
+      {"bf16_gemm", "bf16_gemm must be auto, onednn or emulated, got 'fp16'"},
+      {"recompute", "recompute must be none, selective or full, got 'fp16'"},
+      {"optimizer", "optimizer must be adamw or sgd, got 'fp16'"},
+      {"schedule", "schedule must be gpipe, 1f1b, interleaved or zb-h1, got 'fp16'"},
+      {"param_gather_dtype", "param_gather_dtype must be auto, fp32 or bf16, got 'fp16'"},
+      {"activation_comm_dtype", "activation_comm_dtype must be auto, fp32 or bf16, got 'fp16'"},
+      {"grad_reduce_dtype", "grad_reduce_dtype must be fp32 or bf16, got 'fp16'"},
+      {"backend", "backend must be auto, inproc or mpi, got 'fp16'"},
+  };
+  for (const auto& [key, message] : cases) {
+    const std::string e = json_error({{key, "fp16"}});
+    EXPECT_NE(e.find(message), std::string::npos) << key << ": " << e;
+  }
+  const TrainConfig c =
+      train_config_from_json(nlohmann::json{{"precision", "bf16"}, {"bf16_gemm", "emulated"}});
+  EXPECT_EQ(c.precision, kernels::Precision::BF16);
+  EXPECT_EQ(c.bf16_gemm, kernels::Bf16Gemm::Emulated);
+}
+
+// --param-gather-dtype and --activation-comm-dtype follow --precision unless given.
+TEST(TrainConfig, WireDtypesDefaultToThePrecision) {
+  const TrainConfig c;
+  EXPECT_EQ(c.param_gather_dtype, WireDtype::Auto);
+  EXPECT_EQ(c.activation_comm_dtype, WireDtype::Auto);
+  EXPECT_EQ(resolve(WireDtype::Auto, kernels::Precision::F32), DType::F32);
+  EXPECT_EQ(resolve(WireDtype::Auto, kernels::Precision::BF16), DType::BF16);
+  EXPECT_EQ(resolve(WireDtype::Fp32, kernels::Precision::BF16), DType::F32);
+  EXPECT_EQ(resolve(WireDtype::Bf16, kernels::Precision::F32), DType::BF16);
 }
 
 TEST(TrainConfig, IoTimeoutIsAPositiveNumberOfSeconds) {
   for (const double bad : {0.0, -1.0, 86400.0 * 366, std::nan("")}) {
     TrainConfig c;
     c.io_timeout = bad;
-    try {
-      c.validate();
-      FAIL() << bad;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("--io-timeout must be a number of seconds in (0, 1 "
-                                           "year]"),
-                std::string::npos)
-          << e.what();
-    }
+    EXPECT_NE(config_error(c).find("io_timeout must be a number of seconds in (0, 1 year]"),
+              std::string::npos)
+        << config_error(c);
   }
   TrainConfig c;
   c.io_timeout = 0.25;
@@ -107,64 +169,60 @@ TEST(TrainConfig, IoTimeoutIsAPositiveNumberOfSeconds) {
   EXPECT_EQ(train_config_from_json(nlohmann::json::object()).io_timeout, 3600);  // older configs
 }
 
-TEST(TrainConfig, PrecisionNamesTheAcceptedValues) {
-  TrainConfig c;
-  c.precision = "fp16";
-  try {
-    c.validate();
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--precision must be fp32 or bf16, got 'fp16'"),
-              std::string::npos)
-        << e.what();
-  }
-  c = TrainConfig{};
-  c.bf16_gemm = "amx";
-  try {
-    c.validate();
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--bf16-gemm must be auto, onednn or emulated"),
-              std::string::npos)
-        << e.what();
-  }
-  c = train_config_from_json(nlohmann::json{{"precision", "bf16"}, {"bf16_gemm", "emulated"}});
-  EXPECT_EQ(c.precision, "bf16");
-  EXPECT_EQ(c.bf16_gemm, "emulated");
-  c.validate();
-  EXPECT_EQ(TrainConfig{}.precision, "fp32");  // fp32 stays the default
-}
-
-// --param-gather-dtype and --activation-comm-dtype follow --precision unless given; a bad value is
-// a ConfigError naming the flag before any work starts.
-TEST(TrainConfig, CommDtypesDefaultToThePrecisionAndNameTheFlag) {
-  TrainConfig c;
-  EXPECT_EQ(c.param_gather_dtype, "auto");
-  EXPECT_EQ(c.activation_comm_dtype, "auto");
-  EXPECT_EQ(comm_dtype(c.param_gather_dtype, "fp32", "--param-gather-dtype"), DType::F32);
-  EXPECT_EQ(comm_dtype(c.param_gather_dtype, "bf16", "--param-gather-dtype"), DType::BF16);
-  EXPECT_EQ(comm_dtype("fp32", "bf16", "--param-gather-dtype"), DType::F32);
-  EXPECT_EQ(comm_dtype("bf16", "fp32", "--param-gather-dtype"), DType::BF16);
-  for (const char* flag : {"--param-gather-dtype", "--activation-comm-dtype"}) {
-    c = TrainConfig{};
-    (std::string(flag) == "--param-gather-dtype" ? c.param_gather_dtype : c.activation_comm_dtype) =
-        "fp16";
-    try {
-      c.validate();
-      FAIL() << flag;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string(flag) +
-                                           " must be auto (the --precision), fp32 or bf16, got "
-                                           "'fp16'"),
-                std::string::npos)
-          << e.what();
+// The table is the one list of keys: each key once, with help, and its default survives being
+// written and read back (as JSON and as command-line text).
+TEST(ConfigFields, EveryKeyOnceWithHelpAndItsDefaultRoundTrips) {
+  std::set<std::string> keys;
+  const TrainConfig defaults;
+  for (const ConfigField& f : train_config_fields()) {
+    SCOPED_TRACE(f.key);
+    EXPECT_TRUE(keys.insert(f.key).second) << "key listed twice";
+    EXPECT_FALSE(f.help.empty());
+    EXPECT_FALSE(f.group.empty());
+    EXPECT_EQ(flag_of(f.key).rfind("--", 0), 0u);
+    EXPECT_EQ(flag_of(f.key).find('_'), std::string::npos);
+    TrainConfig c;
+    f.set(c, f.get(defaults));
+    EXPECT_EQ(f.get(c), f.get(defaults));
+    const nlohmann::json v = f.get(defaults);
+    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
+    EXPECT_EQ(value_from_text(f, text), v);
+    if (f.kind == ConfigField::Kind::Choice) {
+      EXPECT_NE(std::find(f.choices.begin(), f.choices.end(), v.get<std::string>()),
+                f.choices.end());
     }
   }
-  c = train_config_from_json(
-      nlohmann::json{{"param_gather_dtype", "fp32"}, {"activation_comm_dtype", "bf16"}});
-  EXPECT_EQ(c.param_gather_dtype, "fp32");
-  EXPECT_EQ(c.activation_comm_dtype, "bf16");
-  c.validate();
+  EXPECT_EQ(keys.size(), to_json(defaults).size());
+}
+
+TEST(ConfigFields, CommandLineTextIsReadAsTheFieldsType) {
+  auto field = [](const std::string& key) {
+    for (const ConfigField& f : train_config_fields())
+      if (f.key == key) return f;
+    throw std::runtime_error("no field " + key);
+  };
+  EXPECT_EQ(value_from_text(field("layers"), "12"), 12);
+  EXPECT_EQ(value_from_text(field("lr"), "3e-4"), 3e-4);
+  EXPECT_EQ(value_from_text(field("overlap"), "false"), false);
+  EXPECT_EQ(value_from_text(field("data"), "12"), "12");  // text stays text
+  for (const char* bad : {"twelve", "0x10", "1e", ""}) {
+    try {
+      value_from_text(field("layers"), bad);
+      ADD_FAILURE() << bad << " was read as a number";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("layers must be a number"), std::string::npos);
+      EXPECT_NE(e.render(flag_of).find("--layers must be a number"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(value_from_text(field("overlap"), "maybe"), ConfigError);
+}
+
+// A library error names a configuration key; what() shows the key, the command its flag.
+TEST(ConfigError, RendersMarkedKeysForEachReader) {
+  const ConfigError e(config_key("micro_batch") + " 3 must divide " + config_key("batch") + " 8");
+  EXPECT_STREQ(e.what(), "micro_batch 3 must divide batch 8");
+  EXPECT_EQ(e.render(flag_of), "--micro-batch 3 must divide --batch 8");
+  EXPECT_STREQ(ConfigError("no keys {here}").what(), "no keys {here}");
 }
 
 }  // namespace

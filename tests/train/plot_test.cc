@@ -10,8 +10,8 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
-#include "tessera/parallel/schedule_generators.h"
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 #include "tessera/train/metrics_series.h"
 #include "tessera/train/plot_curves.h"
 #include "tessera/train/plot_timeline.h"
@@ -149,7 +149,8 @@ TEST(PlotTimeline, ScheduleHasOneBoxPerAction) {
   };
   for (const Case c : {Case{"gpipe", 1, 64, "27.3%"}, Case{"1f1b", 1, 64, "27.3%"},
                        Case{"interleaved", 2, 128, "15.8%"}, Case{"zb-h1", 1, 96, "11.1%"}}) {
-    const parallel::Schedule s = parallel::make_schedule(c.name, 4, 8, c.v);
+    const parallel::Schedule s =
+        parallel::make_schedule(parallel::parse_schedule(c.name), 4, 8, c.v);
     const parallel::ActionCosts costs;
     const parallel::Simulation sim = parallel::simulate(s, costs);
     const Timeline t = timeline_from_simulation(s, sim, costs);

@@ -54,11 +54,12 @@ inline TrainConfig tiny_config(const std::filesystem::path& dir) {
 }
 
 // The message of the ConfigError that running `c` throws, or "no error".
+// The ConfigError a run of `c` stops with, as the command line shows it (keys as flags).
 inline std::string config_error_of(const TrainConfig& c) {
   try {
     run_training(c, nullptr);
   } catch (const ConfigError& e) {
-    return e.what();
+    return e.render(flag_of);
   }
   return "no error";
 }

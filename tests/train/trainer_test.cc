@@ -103,7 +103,8 @@ TEST(Trainer, ReportsModelFlopUtilisation) {
   while (!nlohmann::json::parse(line).contains("mfu")) ASSERT_TRUE(std::getline(m, line));
   EXPECT_GT(nlohmann::json::parse(line)["mfu"].get<double>(), 0.0);
   c.peak_gflops = -1;
-  EXPECT_NE(testing::config_error_of(c).find("--peak-gflops must be a rate"), std::string::npos);
+  EXPECT_NE(testing::config_error_of(c).find("--peak-gflops must be >= 0 (0: measure it at start)"),
+            std::string::npos);
 }
 
 TEST(Trainer, ResumeContinuesBitwiseIdentically) {

@@ -14,6 +14,12 @@
 
 namespace tessera::comm {
 
+std::unique_ptr<Communicator> one_rank(const CommOptions& opts) {
+  CommOptions o = opts;
+  if (o.name.empty() || o.name == CommOptions{}.name) o.name = "one rank";
+  return InprocWorld::create(1, o)->communicator(0);
+}
+
 std::vector<std::exception_ptr> run_inproc_each(int world_size,
                                                 const std::function<void(Communicator&)>& fn,
                                                 const CommOptions& opts) {

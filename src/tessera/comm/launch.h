@@ -30,6 +30,11 @@ std::vector<std::exception_ptr> run_inproc_each(int world_size,
 void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
                 const CommOptions& opts = {});
 
+// A communicator of one rank alone (a world of one, on no thread of its own): every collective is
+// the identity, a copy at most. What "no parallelism" passes where a group is expected, so that
+// code reads the same for every layout: a model computed on one rank, a module in a test.
+std::unique_ptr<Communicator> one_rank(const CommOptions& opts = {});
+
 // true when the process was started by mpirun / mpiexec (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK is set).
 bool launched_by_mpi();

@@ -25,7 +25,7 @@ BlockWorkspace::BlockWorkspace(BlockWorkspace&&) noexcept = default;
 BlockWorkspace& BlockWorkspace::operator=(BlockWorkspace&&) noexcept = default;
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
-             Recompute recompute, ParameterSet* experts, ExpertSplit expert_split, BlockPart part,
+             ExpertSplit expert_split, Recompute recompute, ParameterSet* experts, BlockPart part,
              bool bf16_gemm_inputs)
     : cfg_(cfg), layer_(layer), part_(part), split_(split), recompute_(recompute) {
   if (part != BlockPart::Mlp)

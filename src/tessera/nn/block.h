@@ -50,11 +50,11 @@ class Block {
   };
   using Workspace = BlockWorkspace;
 
-  // A mixture-of-experts block registers its router in `ps` and this rank's experts in `experts`
-  // (null: in ps). bf16_gemm_inputs: keep the GEMM-only inputs in bf16 (a model whose GEMMs are
-  // bf16).
-  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split, Recompute recompute,
-        ParameterSet* experts = nullptr, ExpertSplit expert_split = {},
+  // `split`: the tensor-parallel group; a mixture-of-experts block registers its router in `ps`
+  // and this rank's experts of `expert_split` in `experts` (null: in ps). bf16_gemm_inputs: keep
+  // the GEMM-only inputs in bf16 (a model whose GEMMs are bf16).
+  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+        ExpertSplit expert_split, Recompute recompute, ParameterSet* experts = nullptr,
         BlockPart part = BlockPart::Whole, bool bf16_gemm_inputs = false);
 
   // Allocates the activations this block's modules keep for one micro-batch of up to max_batch

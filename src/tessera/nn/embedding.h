@@ -35,7 +35,7 @@ class Embedding {
   };
 
   // Registers wte ([V, C], this rank's rows under `split`) and wpe ([block_size, C]).
-  Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split = {});
+  Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split);
   Record make_record(int max_batch, Allocator& alloc) const;
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }

@@ -4,12 +4,28 @@
 #include <cmath>
 #include <cstring>
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 
 namespace tessera::nn {
 
 GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout)
-    : cfg_(cfg), layout_(layout), max_batch_(max_batch), alloc_(alloc) {
+    : GPT(cfg, max_batch, alloc, layout, comm::one_rank()) {}
+
+GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+         std::unique_ptr<comm::Communicator> one_rank)
+    : GPT(cfg, max_batch, alloc, layout, *one_rank, *one_rank) {
+  one_rank_ = std::move(one_rank);
+}
+
+GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+         comm::Communicator& tensor_group, comm::Communicator& expert_group)
+    : cfg_(cfg),
+      layout_(layout),
+      tp_(tensor_group, layout.sequence_parallel, layout.activation_wire),
+      ep_(expert_group),
+      max_batch_(max_batch),
+      alloc_(alloc) {
   validate(cfg_);
   TESSERA_CHECK_AS(ConfigError, max_batch > 0, "max_batch must be positive, got ", max_batch);
   TESSERA_CHECK_AS(ConfigError, layout.unit_alignment > 0 && layout.unit_alignment % 16 == 0,
@@ -34,7 +50,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
       layout.ends_mid_block ? " (attention half)" : "", "]");
   first_block_ = std::max(first_unit_, 1) - 1;
   const int last_block = std::min(last_unit_, L) - 1;  // inclusive, 0-based layer index
-  const TensorSplit& tp = layout.tensor;
+  const TensorSplit& tp = tp_;
   const bool replicas_count = tp.rank() == 0;  // tensor-parallel replicas count on rank 0
 
   TESSERA_CHECK_AS(ConfigError,
@@ -59,7 +75,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     if (l == first_block_ && layout.starts_mid_block) part = BlockPart::Mlp;
     if (l == last_block && layout.ends_mid_block) part = BlockPart::Attention;
     blocks_.emplace_back(
-        params_, cfg_, l, tp, layout.recompute, &expert_params_, layout.experts, part,
+        params_, cfg_, l, tp, ep_, layout.recompute, &expert_params_, part,
         layout.bf16_gemm_inputs && layout.gemm.precision == kernels::Precision::BF16);
     end_unit();
   }
@@ -137,9 +153,9 @@ void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) {
   hooks_.call_reverse(f, unit);
 }
 
-std::unique_ptr<GPT::Record> GPT::make_record() {
+std::unique_ptr<StageRecord> GPT::make_record() {
   auto rec = std::make_unique<Record>();
-  const TensorSplit& tp = layout_.tensor;
+  const TensorSplit& tp = tp_;
   const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
   ActivationAllocator a(alloc_, rows.per, 0, &rec->named, tp.sequence_parallel());
   if (embedding_) rec->embedding = embedding_->make_record(max_batch_, alloc_);
@@ -177,7 +193,8 @@ void GPT::check_batch(const Batch& b) const {
   }
 }
 
-double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
+double GPT::forward(const StepContext& ctx, const Batch& b, StageRecord& stage_rec) {
+  Record& rec = record(stage_rec);
   check_batch(b);
   kernels::GemmModeScope precision(layout_.gemm);
   rec.B = b.B;
@@ -200,24 +217,35 @@ double GPT::forward(const StepContext& ctx, const Batch& b, Record& rec) {
   return loss;
 }
 
-void GPT::backward(Record& rec, const float* dout) {
-  backward_pass(rec, dout, false);
+void GPT::backward(StageRecord& rec, const float* dout, const BackwardPass& pass) {
+  backward_pass(record(rec), dout, false, pass);
 }
 
-void GPT::backward_input(Record& rec, const float* dout) {
-  backward_pass(rec, dout, true);
+void GPT::backward_input(StageRecord& rec, const float* dout) {
+  backward_pass(record(rec), dout, true, BackwardPass{});
 }
 
-void GPT::backward_pass(Record& rec, const float* dout, bool split) {
+const float* GPT::input_grad(const StageRecord& rec) const {
+  TESSERA_ASSERT(!has_embedding(), "input_grad() of the first stage, which has no input");
+  return record(rec).hidden.front().f32();
+}
+
+void GPT::backward_pass(Record& rec, const float* dout, bool split, const BackwardPass& pass) {
   TESSERA_CHECK(rec.B > 0, "backward() without a preceding forward()");
   kernels::GemmModeScope precision(layout_.gemm);
   const int64_t n = hidden_elems(rec.B, rec.T);
   float* dres = dres_.f32();
-  auto after = split ? &UnitHooks::after_backward_input : &UnitHooks::after_backward;
+  // After a unit's part of the pass: its gradients are final (whole backward) or wait for W.
+  auto after = [&](int unit) {
+    if (split)
+      hook_reverse(&UnitHooks::after_backward_input, unit);
+    else
+      hooks_.after_backward(unit, pass);
+  };
   if (head_) {
     hook(&UnitHooks::before_backward, cfg_.n_layer + 1);
     head_->backward(*rec.head, dres, ws_.dln.f32(), split);
-    hook_reverse(after, cfg_.n_layer + 1);
+    after(cfg_.n_layer + 1);
   } else {
     TESSERA_ASSERT(dout != nullptr, "a stage without the head needs the output gradient");
     std::memcpy(dres, dout, sizeof(float) * static_cast<size_t>(n));
@@ -226,72 +254,70 @@ void GPT::backward_pass(Record& rec, const float* dout, bool split) {
     const int unit = blocks_[i].layer() + 1;
     hook(&UnitHooks::before_backward, unit);
     blocks_[i].backward(rec.blocks[i], dres, ws_, split);
-    hook_reverse(after, unit);
+    after(unit);
   }
   if (embedding_) {  // all of its gradients are weight gradients, and cheap: always now
     hook(&UnitHooks::before_backward, 0);
     embedding_->backward(*rec.embedding, dres, ws_.dln.f32());
-    hook_reverse(after, 0);
+    after(0);
+  } else {  // dL/d input, in the record (its input is not read again)
+    std::memcpy(rec.hidden.front().f32(), dres, sizeof(float) * static_cast<size_t>(n));
   }
 }
 
-void GPT::backward_weight(Record& rec) {
+void GPT::backward_weight(StageRecord& stage_rec, const BackwardPass& pass) {
+  Record& rec = record(stage_rec);
   kernels::GemmModeScope precision(layout_.gemm);
   if (head_) {
     hook(&UnitHooks::before_backward_weight, cfg_.n_layer + 1);
     head_->backward_weight(*rec.head);
-    hook_reverse(&UnitHooks::after_backward, cfg_.n_layer + 1);
+    hooks_.after_backward(cfg_.n_layer + 1, pass);
   }
   for (size_t i = blocks_.size(); i-- > 0;) {
     const int unit = blocks_[i].layer() + 1;
     hook(&UnitHooks::before_backward_weight, unit);
     blocks_[i].backward_weight(rec.blocks[i]);
-    hook_reverse(&UnitHooks::after_backward, unit);
+    hooks_.after_backward(unit, pass);
   }
   if (embedding_) {
     hook(&UnitHooks::before_backward_weight, 0);
-    hook_reverse(&UnitHooks::after_backward, 0);
+    hooks_.after_backward(0, pass);
   }
 }
 
 int64_t GPT::hidden_elems(int B, int T) const {
-  return token_range(layout_.tensor, static_cast<int64_t>(B) * T).per * cfg_.n_embd;
-}
-
-GPT::Record& GPT::single_record() {
-  if (!single_) single_ = make_record();
-  return *single_;
+  return token_range(tp_, static_cast<int64_t>(B) * T).per * cfg_.n_embd;
 }
 
 double GPT::forward(const Batch& b, const StepContext& ctx) {
   TESSERA_CHECK(has_embedding() && has_head(),
                 "the single-record forward needs the whole model on this rank");
-  return forward(ctx, b, single_record());
+  return forward(ctx, b, shared());
 }
 
 void GPT::backward() {
-  TESSERA_CHECK(single_ != nullptr, "backward() without a preceding forward()");
-  backward(*single_);
+  TESSERA_CHECK(shared_if_made() != nullptr, "backward() without a preceding forward()");
+  backward(shared(), nullptr);
 }
 
 const float* GPT::logits() const {
-  TESSERA_CHECK(single_ != nullptr, "logits() before forward()");
-  return single_->head->logits.f32();
+  TESSERA_CHECK(shared_if_made() != nullptr, "logits() before forward()");
+  return shared_if_made()->head->logits.f32();
 }
 
 std::vector<float> GPT::full_logits_row(int64_t row) const {
-  TESSERA_CHECK(single_ != nullptr && head_, "full_logits_row() before forward()");
+  TESSERA_CHECK(shared_if_made() != nullptr && head_, "full_logits_row() before forward()");
   const VocabRange v = head_->vocab();
   std::vector<float> out(static_cast<size_t>(cfg_.vocab_size), 0.0f);
-  const float* slice = single_->head->logits.f32() + row * v.size();
+  const float* slice = shared_if_made()->head->logits.f32() + row * v.size();
   std::copy(slice, slice + v.size(), out.begin() + v.begin);
-  sum_over_tp(layout_.tensor, out.data(), cfg_.vocab_size);  // disjoint slices: exact
+  sum_over_tp(tp_, out.data(), cfg_.vocab_size);  // disjoint slices: exact
   return out;
 }
 
 const float* GPT::losses() const {
-  TESSERA_CHECK(single_ != nullptr, "losses() before forward()");
-  return single_->head->losses.f32();
+  TESSERA_CHECK(shared_if_made() != nullptr, "losses() before forward()");
+  return shared_if_made()->head->losses.f32();
 }
 
 namespace {
@@ -335,16 +361,16 @@ std::string GPT::first_non_finite(const Record* rec) const {
       const float* d = ps->grad_data(i);
       if (d && bad(d, ps->infos()[i].local_numel())) return ps->infos()[i].name + " (gradient)";
     }
-  if (!rec) rec = single_.get();
+  if (!rec) rec = shared_if_made();
   if (!rec || rec->B == 0) return "";
   const int T = rec->T;
   const int64_t BT = static_cast<int64_t>(rec->B) * T;
-  const int64_t my_rows = token_range(layout_.tensor, BT).size();
+  const int64_t my_rows = token_range(tp_, BT).size();
   const bool logits_valid = rec->head && rec->head->have_targets;
   for (const NamedActivation& a : rec->named) {
     // Attention probabilities are meaningful on the causal triangle only: check row by row.
     if (a.width == 0) {
-      const int64_t rows = BT * (cfg_.n_head / layout_.tensor.size());  // (b, head, t)
+      const int64_t rows = BT * (cfg_.n_head / tp_.size());  // (b, head, t)
       for (int64_t r = 0; r < rows; ++r)
         if (bad(a.t.f32() + r * T, r % T + 1)) return a.name + " (activation)";
       continue;

@@ -13,9 +13,9 @@
 //   "drop" on the embedding sum, "h.<l>.attn.attn_dropout" on attention probabilities,
 //   "h.<l>.attn.resid_dropout" and "h.<l>.mlp.dropout" on the two residual branches.
 //
-// Micro-batches in flight: forward(ctx, batch, record) and backward(record, ...) work on a Record
-// the caller owns (make_record()), so a pipeline stage can hold several; the single-record
-// forward(batch, ctx) / backward() keep one internally (evaluation, sampling, tests).
+// A StageModel (nn/stage_model.h): forward(ctx, batch, record) and backward(record, ...) work on a
+// Record the caller owns (make_record()), so a pipeline stage can hold several; the single-record
+// forward(batch, ctx) / backward() use the shared record (evaluation, sampling, tests).
 //
 // Mixture of experts (cfg.moe, nn/moe.h): the experts of the MoE blocks live in a second
 // parameter set, params(ParamGroup::Experts), with its own flat buffers and unit offsets, so that
@@ -38,6 +38,7 @@
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/head.h"
 #include "tessera/nn/parameters.h"
+#include "tessera/nn/stage_model.h"
 #include "tessera/nn/tensor_parallel.h"
 #include "tessera/nn/unit_hooks.h"
 #include "tessera/nn/unit_model.h"
@@ -61,10 +62,12 @@ struct GPTLayout {
   bool starts_mid_block = false;
   bool ends_mid_block = false;
   Recompute recompute = Recompute::None;
-  TensorSplit tensor;  // the tensor-parallel group (none: the whole width)
-  // The expert-parallel group the MoE blocks' experts are split over (none: all on this rank), and
-  // the unit alignment of the expert parameter set (16 x the expert-data-parallel size under ZeRO).
-  ExpertSplit experts;
+  // Sequence parallelism inside the tensor-parallel group (more than one rank), and what
+  // tensor-parallel activations and their gradients travel in (F32 or BF16, nn/tensor_parallel.h).
+  bool sequence_parallel = false;
+  DType activation_wire = DType::F32;
+  // The unit alignment of the expert parameter set (16 x the expert-data-parallel size under
+  // ZeRO).
   int64_t expert_unit_alignment = 16;
   // The precision of the model's GEMMs (kernels/precision.h; decision 33): the model installs it
   // on the calling thread for each forward and backward. Parameters, gradients and activations
@@ -109,14 +112,16 @@ class ExpertUnits final : public UnitModel {
   GPT& model_;
 };
 
-class GPT : public UnitModel {
+class GPT : public StageModel {
  public:
   // The activations of one micro-batch on this stage.
-  struct Record {
+  struct Record : StageRecord {
     std::optional<Embedding::Record> embedding;
     // hidden[0]: the stage's input (the embedding's output on the first stage); hidden[i + 1]:
     // the output of the stage's i-th block. [B, T, C] each, or this rank's rows of the B*T tokens
     // under sequence parallelism (token_range; hidden_elems).
+    // After the backward of a stage without the embedding, hidden[0] holds dL/d input instead
+    // (input_grad(rec)): the input is not read again.
     std::vector<Tensor> hidden;
     std::vector<Block::Record> blocks;
     std::optional<Head::Record> head;
@@ -125,7 +130,12 @@ class GPT : public UnitModel {
   };
 
   // Validates cfg and the layout, registers and materialises this stage's parameters (zero until
-  // initialize()), and allocates the shared workspace for (max_batch, block_size).
+  // initialize()), and allocates the shared workspace for (max_batch, block_size). The blocks'
+  // heads, MLP columns and the vocabulary are split over `tensor_group`, the MoE blocks' experts
+  // over `expert_group` (size-1 groups: not split).
+  GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+      comm::Communicator& tensor_group, comm::Communicator& expert_group);
+  // A GPT computed on one rank alone (its own one-rank group for both).
   GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout = {});
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -133,6 +143,7 @@ class GPT : public UnitModel {
   void initialize(uint64_t seed);  // GPT-2 initialisation (see above)
   const GPTConfig& config() const { return cfg_; }
   const GPTLayout& layout() const { return layout_; }
+  const TensorSplit& tensor_split() const { return tp_; }
   int max_batch() const { return max_batch_; }
   ParameterSet& params() override { return params_; }
   const ParameterSet& params() const override { return params_; }
@@ -141,9 +152,9 @@ class GPT : public UnitModel {
     return g == ParamGroup::Model ? params_ : expert_params_;
   }
   ParameterSet& expert_params() { return expert_params_; }
-  bool has_experts() const { return expert_params_.size() > 0; }
+  bool has_experts() const override { return expert_params_.size() > 0; }
   // The expert parameter set as a UnitModel (for its own DataParallel engine).
-  UnitModel& expert_units() { return expert_units_; }
+  UnitModel& expert_units() override { return expert_units_; }
 
   // Units (see unit_hooks.h). Global ids: 0 = embedding, 1..L = blocks, L+1 = head.
   int num_units() const { return cfg_.n_layer + 2; }  // of the whole model
@@ -169,32 +180,32 @@ class GPT : public UnitModel {
   void add_hooks(UnitHooks* hooks) override { hooks_.add(hooks); }
   void remove_hooks(UnitHooks* hooks) override { hooks_.remove(hooks); }
 
-  // A record for one micro-batch of up to max_batch sequences (Activations category).
-  std::unique_ptr<Record> make_record();
+  // A record for one micro-batch of up to max_batch sequences (Activations category): a Record.
+  std::unique_ptr<StageRecord> make_record() override;
   // Stage forward of micro-batch b. The first stage reads b.tokens (checked); later stages read
   // input(rec), which the caller fills. Returns the SUM of the token cross-entropies over targets
   // that are not -1 on the last stage (0 without targets or on other stages).
-  double forward(const StepContext& ctx, const Batch& b, Record& rec);
+  double forward(const StepContext& ctx, const Batch& b, StageRecord& rec) override;
   // Stage backward of the micro-batch in rec: the last stage starts from its loss; other stages
   // from dout[B, T, C] = dL/d output(rec). ACCUMULATES parameter gradients; on a stage without
-  // the embedding, dL/d input(rec) is left in input_grad() until the next backward.
-  void backward(Record& rec, const float* dout = nullptr);
-  // The zero-bubble split of backward (Qi et al. 2024): backward_input leaves dL/d input(rec) in
-  // input_grad() and accumulates only the cheap parameter gradients (LayerNorms, the
+  // the embedding, dL/d input(rec) is left in input_grad(rec) (the input's buffer).
+  void backward(StageRecord& rec, const float* dout = nullptr,
+                const BackwardPass& pass = {}) override;
+  // The zero-bubble split of backward (Qi et al. 2024): backward_input leaves dL/d input in
+  // input_grad(rec) and accumulates only the cheap parameter gradients (LayerNorms, the
   // embedding); backward_weight(rec) later accumulates the matmuls' weight gradients from what
   // the first kept in rec. Together they give backward's gradients.
-  void backward_input(Record& rec, const float* dout = nullptr);
-  void backward_weight(Record& rec);
+  void backward_input(StageRecord& rec, const float* dout = nullptr) override;
+  void backward_weight(StageRecord& rec, const BackwardPass& pass = {}) override;
   // Elements of a hidden state of a (B, T) micro-batch on this rank, as stages pass it on: B*T*C,
   // or token_range(B*T).per * C under sequence parallelism (the same on every rank of the group).
-  int64_t hidden_elems(int B, int T) const;
-  float* input(Record& rec) const { return rec.hidden.front().f32(); }
-  const float* output(const Record& rec) const { return rec.hidden.back().f32(); }
-  const float* input_grad() const { return dres_.f32(); }
+  int64_t hidden_elems(int B, int T) const override;
+  float* input(StageRecord& rec) override { return record(rec).hidden.front().f32(); }
+  const float* output(const StageRecord& rec) const override {
+    return record(rec).hidden.back().f32();
+  }
+  const float* input_grad(const StageRecord& rec) const override;
 
-  // The record the single-record form uses (created on first use); a step executor takes it as
-  // its first record so evaluation and sampling between steps add no activation memory.
-  Record& single_record();
   // Single-record form (whole model): forward() then backward() of the same batch.
   double forward(const Batch& b, const StepContext& ctx);
   void backward();
@@ -216,19 +227,31 @@ class GPT : public UnitModel {
   std::vector<const MixtureOfExperts*> moe_layers() const;
   void reset_moe_stats();
 
-  // The first parameter, gradient or activation (of `rec`, default: the single record) holding a
+  // The first parameter, gradient or activation (of `rec`, default: the shared record) holding a
   // NaN/Inf, e.g. "h.2.mlp.c_fc.weight (gradient)" or "h.0.qkv (activation)"; "" if all finite.
   std::string first_non_finite(const Record* rec = nullptr) const;
 
  private:
   void check_batch(const Batch& b) const;
-  void backward_pass(Record& rec, const float* dout, bool split);
+  void backward_pass(Record& rec, const float* dout, bool split, const BackwardPass& pass);
+  static Record& record(StageRecord& r) { return static_cast<Record&>(r); }
+  static const Record& record(const StageRecord& r) { return static_cast<const Record&>(r); }
+  Record& shared() { return record(shared_record()); }
+  const Record* shared_if_made() const {
+    return static_cast<const Record*>(shared_record_if_made());
+  }
   void hook(void (UnitHooks::*f)(int), int unit);
   void hook_reverse(void (UnitHooks::*f)(int), int unit);
   Block& block(int unit) { return blocks_[unit - 1 - first_block_]; }
 
+  GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+      std::unique_ptr<comm::Communicator> one_rank);
+
+  std::unique_ptr<comm::Communicator> one_rank_;  // the groups of a GPT on one rank alone
   GPTConfig cfg_;
   GPTLayout layout_;
+  TensorSplit tp_;
+  ExpertSplit ep_;
   int max_batch_;
   Allocator& alloc_;
   int first_unit_, last_unit_, first_block_;
@@ -241,8 +264,7 @@ class GPT : public UnitModel {
   UnitHookList hooks_;
   ExpertUnits expert_units_{*this};
   Block::Workspace ws_;
-  Tensor dres_;  // [B, T, C]: the residual stream's gradient during backward
-  std::unique_ptr<Record> single_;
+  Tensor dres_;  // [B, T, C]: the residual stream's gradient during backward (scratch)
 };
 
 }  // namespace tessera::nn

@@ -47,7 +47,7 @@ class Head {
 
   // Registers ln_f; `wte` is the index of the tied embedding in `ps`, or -1 to register a copy.
   // With a split, wte must be this rank's rows (vocab_shard).
-  Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split = {});
+  Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split);
   Record make_record(int max_batch, Allocator& alloc,
                      std::vector<NamedActivation>* list = nullptr) const;
   int wte() const { return wte_; }

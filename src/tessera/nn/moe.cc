@@ -116,7 +116,7 @@ PendingExchange MixtureOfExperts::plan_rows(Record& r) const {
     return {};
   }
   // Block s of send_counts (experts [s El, (s+1) El)) goes to rank s.
-  return post_counts(*split_.group, r.send_counts.data(), r.counts.data(), local_,
+  return post_counts(split_.group, r.send_counts.data(), r.counts.data(), local_,
                      dispatch_label_ + " (counts)");
 }
 
@@ -272,13 +272,13 @@ void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float l
         ensure(r.remote.fc, r.R * F, "moe.fc", r.alloc);
         ensure(r.remote.fch, r.R * F, "moe.fc.gelu", r.alloc);
         dispatch =
-            post_rows(*split_.group, send, r.send_rows, recv, r.recv_rows, C, dispatch_label_);
+            post_rows(split_.group, send, r.send_rows, recv, r.recv_rows, C, dispatch_label_);
       }
       if (dispatch.done()) {
         dispatch.wait();
         float* ye = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
         for (const RowBlock& b : remote_blocks(r)) block_forward(b, r.remote, ye);
-        combine = post_rows(*split_.group, ye, r.recv_rows, o, r.send_rows, C, combine_label_);
+        combine = post_rows(split_.group, ye, r.recv_rows, o, r.send_rows, C, combine_label_);
         remote_done = true;
         continue;
       }
@@ -347,7 +347,7 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
   // gradients of the other ranks' rows while their input gradients travel back.
   PendingExchange dispatch, combine;
   if (split_.size() > 1)
-    dispatch = post_rows(*split_.group, dy, r.send_rows, dy_remote, r.recv_rows, C,
+    dispatch = post_rows(split_.group, dy, r.send_rows, dy_remote, r.recv_rows, C,
                          dispatch_label_ + " (backward)");
   const std::vector<RowBlock> local = local_blocks(r), remote = remote_blocks(r);
   const std::vector<RowBlock> local_data = pieces(local);
@@ -358,7 +358,7 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
       dispatch.wait();
       for (const RowBlock& b : remote)
         block_backward_data(b, r.remote, dy_remote, dfc_remote, dx_remote);
-      combine = post_rows(*split_.group, dx_remote, r.recv_rows, dx_rows, r.send_rows, C,
+      combine = post_rows(split_.group, dx_remote, r.recv_rows, dx_rows, r.send_rows, C,
                           combine_label_ + " (backward)");
       remote_done = true;
       continue;

@@ -51,11 +51,13 @@
 
 namespace tessera::nn {
 
-// The expert-parallel group a layer's experts are split over (null: all experts on this rank).
+// The expert-parallel group a layer's experts are split over. Always a group: one rank (a size-1
+// communicator) holds every expert and exchanges nothing.
 struct ExpertSplit {
-  comm::Communicator* group = nullptr;
-  int size() const { return group ? group->size() : 1; }
-  int rank() const { return group ? group->rank() : 0; }
+  explicit ExpertSplit(comm::Communicator& g) : group(g) {}
+  comm::Communicator& group;
+  int size() const { return group.size(); }
+  int rank() const { return group.rank(); }
 };
 
 // What the layer's forwards counted since the last reset (training forwards only).

@@ -3,21 +3,18 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tessera/comm/wire.h"
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
-#include "tessera/nn/wire.h"
 
 namespace tessera::nn {
 
 namespace {
-constexpr double kF32 = sizeof(float);
-
-// Activations (and their gradients) travel in s.wire (nn/wire.h).
+// Activations (and their gradients) travel in s.wire (comm/wire.h).
 float* sum_over_group(const TensorSplit& s, float* x, int64_t n) {
   if (s.size() == 1 || n == 0) return x;
   TraceSpan span("tp all-reduce", "comm", 1);
-  const double bytes = all_reduce_as(s.wire, *s.group, x, n);
-  if (s.traffic) s.traffic->all_reduce += bytes;
+  comm::all_reduce_as(s.wire, s.group, x, n);
   return x;
 }
 
@@ -32,8 +29,7 @@ float* all_gather_rows(const TensorSplit& s, const float* slice, float* full,
   TESSERA_ASSERT(rows.ranks == s.size(), "token range of ", rows.ranks, " ranks in a group of ",
                  s.size());
   TraceSpan span("tp all-gather", "comm", 1);
-  const double bytes = all_gather_as(s.wire, *s.group, slice, full, count);
-  if (s.traffic) s.traffic->all_gather += bytes;
+  comm::all_gather_as(s.wire, s.group, slice, full, count);
   return full;
 }
 
@@ -48,8 +44,7 @@ float* reduce_scatter_rows(const TensorSplit& s, const float* full, float* slice
   TESSERA_ASSERT(rows.ranks == s.size(), "token range of ", rows.ranks, " ranks in a group of ",
                  s.size());
   TraceSpan span("tp reduce-scatter", "comm", 1);
-  const double bytes = reduce_scatter_as(s.wire, *s.group, full, slice, count);
-  if (s.traffic) s.traffic->reduce_scatter += bytes;
+  comm::reduce_scatter_as(s.wire, s.group, full, slice, count);
   return slice;
 }
 }  // namespace
@@ -107,15 +102,13 @@ void max_over_tp(const TensorSplit& s, float* x, int64_t n) {
   TraceSpan span("tp all-reduce max", "comm", 1);
   comm::AllReduceOptions mx;
   mx.op = comm::ReduceOp::Max;
-  s.group->all_reduce(x, static_cast<size_t>(n), DType::F32, mx).wait();
-  if (s.traffic) s.traffic->all_reduce += 2.0 * (s.size() - 1) / s.size() * n * kF32;
+  s.group.all_reduce(x, static_cast<size_t>(n), DType::F32, mx).wait();
 }
 
 void sum_over_tp(const TensorSplit& s, float* x, int64_t n) {
   if (s.size() == 1 || n == 0) return;
   TraceSpan span("tp all-reduce", "comm", 1);
-  s.group->all_reduce(x, static_cast<size_t>(n), DType::F32).wait();
-  if (s.traffic) s.traffic->all_reduce += 2.0 * (s.size() - 1) / s.size() * n * kF32;
+  s.group.all_reduce(x, static_cast<size_t>(n), DType::F32).wait();
 }
 
 void mark_sequence_partial(ParameterSet& ps, int i, const TensorSplit& s) {

@@ -18,7 +18,7 @@
 //                           forward (each rank keeps the sum for its rows); its backward,
 //                           reduce_scatter_from_tp_backward, all-gathers the output gradient.
 //
-// With one rank (or no group) all of them are identities. Their collectives move activations or
+// With one rank all of them are identities. Their collectives move activations or
 // activation gradients in TensorSplit::wire (fp32, or bf16 under --activation-comm-dtype bf16:
 // rounded before, widened after, nn/wire.h); the loss statistics (max_over_tp, sum_over_tp) always
 // travel in fp32.
@@ -31,21 +31,17 @@
 
 namespace tessera::nn {
 
-// Bytes this rank sent in tensor-parallel collectives, counted as a ring moves them (as
-// parallel::CommVolume): all-reduce 2 (t-1)/t x bytes, all-gather and reduce-scatter (t-1)/t x the
-// gathered size.
-struct TensorParallelTraffic {
-  double all_reduce = 0, all_gather = 0, reduce_scatter = 0;
-  double total() const { return all_reduce + all_gather + reduce_scatter; }
-};
-
+// The tensor-parallel group a module's share is computed in. Always a group: one rank (a size-1
+// communicator, comm::one_rank()) means no tensor parallelism, and every collective below is then
+// the identity, so a module reads the same for every layout.
 struct TensorSplit {
-  comm::Communicator* group = nullptr;       // null: no tensor parallelism
-  bool sequence = false;                     // sequence parallelism (only with more than one rank)
-  TensorParallelTraffic* traffic = nullptr;  // optional byte counter of this rank
+  explicit TensorSplit(comm::Communicator& g, bool seq = false, DType w = DType::F32)
+      : group(g), sequence(seq), wire(w) {}
+  comm::Communicator& group;
+  bool sequence = false;    // sequence parallelism (only with more than one rank)
   DType wire = DType::F32;  // what activations and their gradients travel in: F32 or BF16
-  int size() const { return group ? group->size() : 1; }
-  int rank() const { return group ? group->rank() : 0; }
+  int size() const { return group.size(); }
+  int rank() const { return group.rank(); }
   bool sequence_parallel() const { return sequence && size() > 1; }
 };
 

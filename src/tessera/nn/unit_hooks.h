@@ -7,7 +7,7 @@
 // read from there when the embedding is on the same rank, see GPT::tied_unit). A pipeline stage
 // holds a contiguous range of them. Per micro-batch, for each unit u of the stage:
 //   forward:  before_forward(u) [u's forward] after_forward(u)     for u ascending
-//   backward: before_backward(u) [u's backward] after_backward(u)  for u descending
+//   backward: before_backward(u) [u's backward] after_backward(u, pass)  for u descending
 // A unit's gradients are final for the micro-batch at its after_backward (for the embedding's
 // tied wte: at after_backward(0), which comes after the head's). With several hooks, the model
 // calls before_* in the order they were added and after_* in reverse order.
@@ -15,16 +15,24 @@
 
 namespace tessera::nn {
 
+// Which micro-batch of the optimizer step a backward pass belongs to. A unit's gradients are final
+// for the step at the last micro-batch's after_backward: a data-parallel engine launches their
+// reduction then (ZeRO-2/3, which keep no full gradient between micro-batches, in every one). The
+// caller that runs the step passes it with the backward; nothing keeps it in between.
+struct BackwardPass {
+  bool last_micro_batch = true;
+};
+
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
   virtual void before_forward(int unit) { (void)unit; }
   virtual void after_forward(int unit) { (void)unit; }
   virtual void before_backward(int unit) { (void)unit; }
-  virtual void after_backward(int unit) { (void)unit; }
+  virtual void after_backward(int unit, const BackwardPass& pass) { (void)unit, (void)pass; }
   // Zero-bubble split backward: a micro-batch's backward is a BI pass, before_backward(u) [input
   // gradient and the cheap parameter gradients] after_backward_input(u), and later a W pass,
-  // before_backward_weight(u) [the matmuls' weight gradients] after_backward(u). A unit's
+  // before_backward_weight(u) [the matmuls' weight gradients] after_backward(u, pass). A unit's
   // gradients are final at the W pass's after_backward.
   virtual void after_backward_input(int unit) { (void)unit; }
   virtual void before_backward_weight(int unit) { (void)unit; }

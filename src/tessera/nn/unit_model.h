@@ -14,7 +14,8 @@
 //     at use time (ZeRO-3 points them at gathered buffers only while the unit runs), and
 //     parameter gradients ACCUMULATE;
 //   * forward calls before_forward(u) / after_forward(u) for u ascending, backward
-//     before_backward(u) / after_backward(u) for u descending (UnitHookList does the ordering).
+//     before_backward(u) / after_backward(u, pass) for u descending, passing on which micro-batch
+//     of the step the backward is (UnitHookList does the ordering).
 #pragma once
 
 #include <cstdint>
@@ -64,10 +65,12 @@ class UnitHookList {
   decltype(auto) forward(int u, Fn&& fn) {
     return scoped(&UnitHooks::before_forward, &UnitHooks::after_forward, u, fn);
   }
-  // before_backward(u), fn(), after_backward(u).
+  // before_backward(u), fn(), after_backward(u, pass).
   template <typename Fn>
-  decltype(auto) backward(int u, Fn&& fn) {
-    return scoped(&UnitHooks::before_backward, &UnitHooks::after_backward, u, fn);
+  void backward(int u, const BackwardPass& pass, Fn&& fn) {
+    call(&UnitHooks::before_backward, u);
+    fn();
+    after_backward(u, pass);
   }
   // The single calls, for models that split a pass (zero-bubble backward_input / weight).
   void call(void (UnitHooks::*f)(int), int u) const {
@@ -75,6 +78,9 @@ class UnitHookList {
   }
   void call_reverse(void (UnitHooks::*f)(int), int u) const {
     for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) ((*it)->*f)(u);
+  }
+  void after_backward(int u, const BackwardPass& pass) const {
+    for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->after_backward(u, pass);
   }
 
  private:

@@ -12,9 +12,10 @@ namespace tessera::parallel {
 
 nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size) {
   nn::FlatLayout f;
-  f.unit_alignment = 16 * static_cast<int64_t>(o.zero > 0 ? dp_size : 1);
-  f.full_params = o.zero < 3;
-  f.full_grads = o.zero < 2;
+  const ZeroTraits z = traits(o.zero);
+  f.unit_alignment = 16 * static_cast<int64_t>(z.sharded() ? dp_size : 1);
+  f.full_params = !z.shards_parameters;
+  f.full_grads = !z.shards_gradients;
   return f;
 }
 
@@ -33,7 +34,8 @@ namespace {
 
 // The UnitModel contract (nn/unit_model.h) as this engine needs it; a model written outside
 // tessera gets a sentence that says what to change rather than an internal error later.
-void check_model_layout(const nn::UnitModel& m, const nn::FlatLayout& want, int zero) {
+void check_model_layout(const nn::UnitModel& m, const nn::FlatLayout& want, ZeroStage stage) {
+  const int zero = to_int(stage);
   const nn::ParameterSet& ps = m.params();
   TESSERA_CHECK_AS(ConfigError, ps.materialized(),
                    "DataParallel needs the model's parameters materialised: call "
@@ -67,21 +69,20 @@ void check_model_layout(const nn::UnitModel& m, const nn::FlatLayout& want, int 
 }  // namespace
 
 DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
-                           const DataParallelOptions& o, Allocator& alloc, ModelParallelGroups mp)
-    : model_(model), ps_(model.params()), dp_(dp), o_(o), mp_(mp), alloc_(alloc) {
-  TESSERA_CHECK_AS(ConfigError, o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ",
-                   o.zero);
-  TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, "--bucket-mb must be positive");
-  check_model_layout(model, flat_layout_for(o, dp.size()), o.zero);
-  buckets_ = make_buckets(model, o.bucket_mb, o.zero > 0 ? dp.size() : 0, bucket_of_unit_);
+                           const DataParallelOptions& o, Allocator& alloc)
+    : model_(model), ps_(model.params()), dp_(dp), o_(o), alloc_(alloc) {
+  TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, config_key("bucket_mb"), " must be positive");
   TESSERA_CHECK_AS(ConfigError,
                    o.grad_reduce_dtype == DType::F32 || o.grad_reduce_dtype == DType::BF16,
-                   "--grad-reduce-dtype must be fp32 or bf16");
+                   config_key("grad_reduce_dtype"), " must be fp32 or bf16");
   TESSERA_CHECK_AS(ConfigError,
                    o.param_gather_dtype == DType::F32 || o.param_gather_dtype == DType::BF16,
-                   "--param-gather-dtype must be fp32 or bf16");
-  zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, dp_, alloc, buckets_, volume_,
-                                                 o.grad_reduce_dtype, o.param_gather_dtype});
+                   config_key("param_gather_dtype"), " must be fp32 or bf16");
+  check_model_layout(model, flat_layout_for(o, dp.size()), o.zero);
+  buckets_ =
+      make_buckets(model, o.bucket_mb, traits(o.zero).sharded() ? dp.size() : 0, bucket_of_unit_);
+  zero_ = make_zero_strategy(
+      o.zero, ZeroContext{ps_, dp_, alloc, buckets_, o.grad_reduce_dtype, o.param_gather_dtype});
   zero_->set_pipeline_stage(!model.holds_whole_model());
   model_.add_hooks(this);
 }
@@ -122,9 +123,6 @@ void DataParallel::end_backward() {
   for (int b : ready_) launch(b);
   ready_.clear();
   drain(0);
-  if (mp_.stage != nullptr)
-    sum_marked_gradients(*mp_.stage, &nn::GradReduction::over_tensor_parallel,
-                         "sequence-parallel replicas");
 }
 
 double DataParallel::grad_norm_contribution() {
@@ -134,14 +132,8 @@ double DataParallel::grad_norm_contribution() {
 }
 
 double DataParallel::grad_norm() {
-  if (mp_.world != nullptr && mp_.world->size() > dp_.size())
-    return std::sqrt(all_reduce_sum(*mp_.world, grad_norm_contribution()));
   const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
   return std::sqrt(zero_->sharded() ? all_reduce_sum(dp_, local) : local);
-}
-
-void DataParallel::sum_embedding_group(comm::Communicator& group) {
-  sum_marked_gradients(group, &nn::GradReduction::over_embedding_group, "embedding group");
 }
 
 void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
@@ -161,7 +153,6 @@ void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::Grad
       if (packed_at[s.param] >= 0)
         std::copy(s.grad, s.grad + s.n, f + packed_at[s.param] + s.param_offset);
   group.all_reduce(f, static_cast<size_t>(total), DType::F32).wait();
-  volume_.all_reduce += 2.0 * (group.size() - 1) / group.size() * total * sizeof(float);
   for (const optim::Segment& s : opt_->segments())
     if (packed_at[s.param] >= 0) {
       const float* from = f + packed_at[s.param] + s.param_offset;
@@ -179,32 +170,6 @@ void DataParallel::optimizer_step(float lr) {
     opt_->step(lr);
   }
   zero_->after_optimizer_step();
-}
-
-io::NamedTensors DataParallel::assemble_tensor_parallel(io::NamedTensors local) {
-  if (mp_.tp == nullptr || mp_.tp->size() == 1) return local;
-  for (auto& [name, t] : local) {
-    int i = ps_.contains(name) ? ps_.index(name) : -1;
-    if (i < 0) {  // "<kind>.<param>"
-      const size_t dot = name.find('.');
-      TESSERA_ASSERT(dot != std::string::npos && ps_.contains(name.substr(dot + 1)),
-                     "no parameter for checkpoint tensor ", name);
-      i = ps_.index(name.substr(dot + 1));
-    }
-    const nn::ParamInfo& info = ps_.infos()[i];
-    if (info.tp_replicated()) continue;  // every tensor-parallel rank holds the same values
-    TESSERA_ASSERT(t.numel() == info.local_numel(), "checkpoint tensor ", name, " has ", t.numel(),
-                   " elements, the shard ", info.local_numel());
-    Tensor full = Tensor::zeros(info.global_shape, DType::F32, MemCategory::Buffers,
-                                "checkpoint.tp_gather", &alloc_);
-    const float* src = t.f32();
-    float* dst = full.f32();
-    for (int64_t j = 0; j < info.local_numel(); ++j) dst[info.global_index(j)] = src[j];
-    // The shards are disjoint: each element is one rank's value plus zeros (exact).
-    mp_.tp->all_reduce(dst, static_cast<size_t>(full.numel()), DType::F32).wait();
-    t = std::move(full);
-  }
-  return local;
 }
 
 // ---- hooks -----------------------------------------------------------------------------------
@@ -251,18 +216,18 @@ void DataParallel::before_backward_weight(int unit) {
   for_each_bucket_of(unit, [&](int bi) { zero_->acquire_grads(bi); });
 }
 
-void DataParallel::after_backward(int unit) {
+void DataParallel::after_backward(int unit, const nn::BackwardPass& pass) {
   for_each_bucket_of(unit, [&](int bi) {
     Bucket& b = buckets_[bi];
     if (++b.bwd_done < b.users) return;
     b.bwd_done = 0;
-    bucket_backward_done(bi);
+    bucket_backward_done(bi, pass);
   });
 }
 
-void DataParallel::bucket_backward_done(int bi) {
+void DataParallel::bucket_backward_done(int bi, const nn::BackwardPass& pass) {
   zero_->release_params(bi);
-  if (!zero_->reduce_every_micro_batch() && !last_micro_) return;
+  if (!zero_->reduce_every_micro_batch() && !pass.last_micro_batch) return;
   if (o_.overlap)
     launch(bi);
   else if (std::find(ready_.begin(), ready_.end(), bi) == ready_.end())

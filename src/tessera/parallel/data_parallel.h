@@ -1,12 +1,13 @@
-// Data parallelism over the dp axis of a Mesh: every rank runs its model (or pipeline stage) on
-// its share of the global batch, and gradients are synchronised in buckets (buckets.h) while
-// backward still runs. Where parameters, gradients and optimizer state live, and how a bucket is
-// reduced, is the ZeRO stage's strategy (zero.h), chosen once.
+// Data parallelism over one group: every rank runs its model (or pipeline stage) on its share of
+// the global batch, and gradients are synchronised in buckets (buckets.h) while backward still
+// runs. Where parameters, gradients and optimizer state live, and how a bucket is reduced, is the
+// ZeRO stage's strategy (zero.h), chosen once.
 //
 // The engine is one of the model's UnitHooks: it acquires a bucket's parameters before a unit
 // that reads them runs (ZeRO-3), gives its gradients a buffer (ZeRO-2/3), releases them when
 // every unit that reads the bucket is done, and launches the bucket's reduction as soon as its
-// gradients are final in the micro-batch that reduces.
+// gradients are final in the micro-batch that reduces (the backward says which micro-batch it
+// is: nn::BackwardPass).
 #pragma once
 
 #include <deque>
@@ -21,11 +22,12 @@
 #include "tessera/optim/optimizer.h"
 #include "tessera/parallel/buckets.h"
 #include "tessera/parallel/zero.h"
+#include "tessera/parallel/zero_stage.h"
 
 namespace tessera::parallel {
 
 struct DataParallelOptions {
-  int zero = 0;           // ZeRO stage: 0 (plain data parallelism), 1, 2, 3
+  ZeroStage zero = ZeroStage::None;
   double bucket_mb = 25;  // target gradient bucket size in MiB (whole units per bucket)
   bool overlap = true;    // launch bucket communication during backward (false: after it)
   // The dtype of the gradient reduction: F32, or BF16 (half the bytes; see ZeroContext).
@@ -42,19 +44,13 @@ nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size);
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {},
                              int expert_dp_size = 0);
 
-// The other groups a data-parallel replica spans (tensor parallelism): the world, over which the
-// gradient norm is summed, the tensor-parallel group, over which checkpoints gather shards, and
-// the dp x tp ranks of this pipeline stage, over which the sequence-parallel partial gradients
-// (GradReduction::over_tensor_parallel) are summed.
-struct ModelParallelGroups {
-  comm::Communicator* world = nullptr;  // null: the data-parallel group is the world
-  comm::Communicator* tp = nullptr;     // null: no tensor parallelism
-  comm::Communicator* stage = nullptr;  // null: no parameter is marked over_tensor_parallel
-};
-
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
     std::vector<optim::Segment> segments, int64_t state_elems)>;
 
+// One parameter set's data parallelism over one group. A rank's several engines (pipeline chunks,
+// a mixture of experts' experts) and the groups beyond data parallelism (tensor-parallel shards,
+// sequence-parallel partial gradients, the tied embedding across stages, the global norm) are
+// composed by RankEngines (rank_engines.h).
 class DataParallel final : public nn::UnitHooks {
  public:
   // Adds itself to the model's hooks. The model (a GPT or any UnitModel, nn/unit_model.h) must
@@ -62,7 +58,7 @@ class DataParallel final : public nn::UnitHooks {
   // what differs otherwise. The experts of a mixture-of-experts GPT get their own engine over
   // the expert-data-parallel group: DataParallel(gpt.expert_units(), edp, ...).
   DataParallel(nn::UnitModel& model, comm::Communicator& dp, const DataParallelOptions& o,
-               Allocator& alloc, ModelParallelGroups mp = {});
+               Allocator& alloc);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -77,77 +73,63 @@ class DataParallel final : public nn::UnitHooks {
   // Optimizer state from a file of "<kind>.<parameter name>" tensors (any layout wrote it).
   void load_optimizer_state(const io::SafetensorsFile& file);
 
-  // Collective: the full parameters / optimizer state under their global names, on every rank
-  // (gathered over the data-parallel group, then tensor-parallel shards over the tp group).
-  io::NamedTensors full_weights() { return assemble_tensor_parallel(zero_->full_weights()); }
-  io::NamedTensors full_optimizer_state() {
-    return assemble_tensor_parallel(zero_->full_optimizer_state(*opt_));
-  }
+  // Collective over the data-parallel group: the parameters / optimizer state under their global
+  // names, ZeRO shards gathered, on every rank. A tensor-parallel model's tensors are this rank's
+  // shards (RankEngines assembles them).
+  io::NamedTensors full_weights() { return zero_->full_weights(); }
+  io::NamedTensors full_optimizer_state() { return zero_->full_optimizer_state(*opt_); }
 
-  // One optimizer step: begin_step(); per micro-batch { begin_micro_batch(last); forward;
-  // backward; } end_backward(); grad_norm(); clip(); optimizer_step().
+  // One optimizer step: begin_step(); per micro-batch { forward; backward, saying which
+  // micro-batch it is (nn::BackwardPass) }; end_backward(); grad_norm(); clip(); optimizer_step().
   void begin_step();
-  void begin_micro_batch(bool last) { last_micro_ = last; }
-  // Waits for every reduction, then sums the gradients marked over_tensor_parallel (the
-  // LayerNorms under sequence parallelism) over the stage's dp x tp ranks: every rank then holds
-  // the sum of the tensor-parallel ranks' partial gradients.
+  // Waits for every bucket's reduction.
   void end_backward();
-  // The exact global gradient norm (each global element counted once: counts_in_norm, ZeRO
-  // shards, and with ZeRO-0 only data-parallel rank 0's replica; summed over the world).
+  // The exact gradient norm of this engine's parameter set over the data-parallel group (each
+  // global element counted once: ZeRO shards, or data-parallel rank 0's replica).
   double grad_norm();
-  // This rank's share of the squared global gradient norm (grad_norm() sums it over the world):
-  // for callers that hold several engines (pipeline chunks) and sum them first.
+  // This rank's share of the squared norm (zero on a ZeRO-0 replica other than data-parallel rank
+  // 0), for callers that add several engines over a wider group in one reduction.
   double grad_norm_contribution();
-  // Sums the gradients of the parameters marked over_embedding_group (the tied wte held by the
-  // first and the last pipeline stage, Megatron's embedding group) over `group`: every
-  // data-parallel rank of both stages (same tensor-parallel rank). Call after end_backward().
-  // Each stage contributes its reduced gradient once (the ZeRO shards, which are disjoint, or
-  // data-parallel rank 0's replica) and zeros elsewhere, so both stages get the same bits.
-  void sum_embedding_group(comm::Communicator& group);
+  // Sums over `group` the reduced gradients of the parameters marked `flag` (GradReduction: the
+  // sequence-parallel partial sums over the pipeline stage's dp x tp ranks, the tied wte over the
+  // embedding group of the first and the last stage). Call after end_backward(). Each rank
+  // contributes its part once (its ZeRO shard, which is disjoint, or data-parallel rank 0 its
+  // replica; zeros elsewhere), so every rank gets the same bits. A no-op on a group of one rank or
+  // without marked parameters.
+  void sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
+                            const char* label);
   void clip(double norm, double max_norm);
   void optimizer_step(float lr);
 
-  const CommVolume& volume() const { return volume_; }
-  void reset_volume() { volume_ = {}; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  int zero_stage() const { return zero_->stage(); }
+  ZeroStage zero_stage() const { return zero_->stage(); }
+  const nn::ParameterSet& params() const { return ps_; }
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
   void before_backward(int unit) override;
-  void after_backward(int unit) override;
+  void after_backward(int unit, const nn::BackwardPass& pass) override;
   void before_backward_weight(int unit) override;
 
  private:
   // The buckets unit u reads: its own, and the bucket of its tied unit if different.
   template <typename F>
   void for_each_bucket_of(int unit, F f);
-  void bucket_backward_done(int bucket);
+  void bucket_backward_done(int bucket, const nn::BackwardPass& pass);
   void launch(int bucket);
-  // Tensors of this rank's local shapes (named "<param>" or "<kind>.<param>") -> full tensors:
-  // each tensor-parallel shard placed at its global indices, summed over the tp group.
-  io::NamedTensors assemble_tensor_parallel(io::NamedTensors local);
   void drain(size_t keep);  // completes reductions until at most `keep` remain
-  // Sums the reduced gradients of the parameters marked `flag` over `group`, each element counted
-  // once: each rank places what it holds after the data-parallel reduction (its ZeRO shard, or
-  // data-parallel rank 0 its replica) in a zero buffer, one all-reduce, and takes its part back.
-  void sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
-                            const char* label);
 
   nn::UnitModel& model_;
   nn::ParameterSet& ps_;
   comm::Communicator& dp_;
   DataParallelOptions o_;
-  ModelParallelGroups mp_;
   Allocator& alloc_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;  // index: unit - model.first_unit()
-  CommVolume volume_;
   std::unique_ptr<ZeroStrategy> zero_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::deque<Reduction> pending_;
   std::vector<int> ready_;  // buckets whose gradients are final but not launched (no overlap)
-  bool last_micro_ = true;
 };
 
 }  // namespace tessera::parallel

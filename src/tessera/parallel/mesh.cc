@@ -18,8 +18,9 @@ void validate_mesh(const MeshShape& s, int world_size) {
   TESSERA_CHECK_AS(ConfigError, s.world() == world_size, "the mesh ", s.str(), " needs ", s.world(),
                    " ranks but the world has ", world_size,
                    "; make dp * pp * tp equal the number of ranks");
-  TESSERA_CHECK_AS(ConfigError, s.ep > 0 && s.dp % s.ep == 0, "--ep ", s.ep, " must divide --dp ",
-                   s.dp, " (expert-parallel groups are carved from the data-parallel ranks)");
+  TESSERA_CHECK_AS(ConfigError, s.ep > 0 && s.dp % s.ep == 0, config_key("ep"), " ", s.ep,
+                   " must divide ", config_key("dp"), " ", s.dp,
+                   " (expert-parallel groups are carved from the data-parallel ranks)");
 }
 
 namespace {
@@ -60,9 +61,12 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape) : world_(world), s
   tp_ = world.split(pp_rank * shape.dp + dp_rank, tp_rank, group_name("tp", tp));
   dp_ = world.split(pp_rank * shape.tp + tp_rank, dp_rank, group_name("dp", dp));
   pp_ = world.split(dp_rank * shape.tp + tp_rank, pp_rank, group_name("pp", pp));
-  const bool end_stage = pp_rank == 0 || pp_rank == shape.pp - 1;
-  embedding_ = world.split(shape.pp > 1 && end_stage ? tp_rank : -1, pp_rank * shape.dp + dp_rank,
-                           group_name("embedding", embedding));
+  // The ranks of the first and the last stage meet in their tp rank's group; every other rank is
+  // a group of its own (colors from shape.tp up), which sums nothing.
+  const bool end_stage = shape.pp > 1 && (pp_rank == 0 || pp_rank == shape.pp - 1);
+  embedding_ = world.split(end_stage ? tp_rank : shape.tp + r, pp_rank * shape.dp + dp_rank,
+                           end_stage ? group_name("embedding", embedding)
+                                     : group_name("embedding", std::vector<int>{r}));
   std::vector<int> stage, ep, edp;
   for (int d = 0; d < shape.dp; ++d)
     for (int t = 0; t < shape.tp; ++t) stage.push_back(world_rank(shape, d, pp_rank, t));
@@ -73,6 +77,10 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape) : world_(world), s
   stage_ = world.split(pp_rank, r, group_name("stage", stage));
   ep_ = dp_->split(dp_rank / shape.ep, dp_rank % shape.ep, group_name("ep", ep));
   edp_ = dp_->split(dp_rank % shape.ep, dp_rank / shape.ep, group_name("edp", edp));
+}
+
+std::vector<comm::Communicator*> Mesh::groups() const {
+  return {tp_.get(), dp_.get(), pp_.get(), embedding_.get(), stage_.get(), ep_.get(), edp_.get()};
 }
 
 }  // namespace tessera::parallel

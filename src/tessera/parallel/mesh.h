@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/comm/communicator.h"
 
@@ -43,12 +44,14 @@ class Mesh {
   comm::Communicator& ep() const { return *ep_; }
   comm::Communicator& edp() const { return *edp_; }
   // Megatron's embedding group: the data-parallel ranks of the first and the last pipeline stage
-  // with this rank's tp rank (they sum the tied wte's gradients). Null on other ranks and
-  // without pipeline parallelism.
-  comm::Communicator* embedding() const { return embedding_.get(); }
+  // with this rank's tp rank (they sum the tied wte's gradients). This rank alone (a group of
+  // one) on the other stages and without pipeline parallelism.
+  comm::Communicator& embedding() const { return *embedding_; }
   // The dp x tp ranks of this rank's pipeline stage (they hold the same units; the world without
   // pipeline parallelism), ordered by world rank.
-  comm::Communicator& stage() const { return *stage_; }
+  comm::Communicator& stage_group() const { return *stage_; }
+  // Every group of the mesh but the world, once each (traffic counters).
+  std::vector<comm::Communicator*> groups() const;
   int rank() const { return world_.rank(); }
   int dp_rank() const { return dp_->rank(); }
   int pp_rank() const { return pp_->rank(); }

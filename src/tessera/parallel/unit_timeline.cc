@@ -18,7 +18,7 @@ void UnitTimeline::after_forward(int unit) {
     t->record("forward " + label(unit), "forward", 0, fwd_start_[unit], TraceClock::now());
 }
 
-void UnitTimeline::after_backward(int unit) {
+void UnitTimeline::after_backward(int unit, const nn::BackwardPass&) {
   if (Tracer* t = Tracer::current())
     t->record("backward " + label(unit), "backward", 0, bwd_start_[unit], TraceClock::now());
 }

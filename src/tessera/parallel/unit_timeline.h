@@ -17,7 +17,7 @@ class UnitTimeline final : public nn::UnitHooks {
   void before_forward(int unit) override { fwd_start_[unit] = TraceClock::now(); }
   void after_forward(int unit) override;
   void before_backward(int unit) override { bwd_start_[unit] = TraceClock::now(); }
-  void after_backward(int unit) override;
+  void after_backward(int unit, const nn::BackwardPass& pass) override;
   void after_backward_input(int unit) override;
   void before_backward_weight(int unit) override { bwd_start_[unit] = TraceClock::now(); }
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "tessera/comm/wire.h"
 #include "tessera/core/error.h"
-#include "tessera/nn/wire.h"
 
 namespace tessera::parallel {
 
@@ -89,21 +89,19 @@ void point_bucket(nn::ParameterSet& ps, const Bucket& b, float* base,
 class Replicated : public ZeroStrategy {
  public:
   using ZeroStrategy::ZeroStrategy;
-  int stage() const override { return 0; }
+  ZeroStage stage() const override { return ZeroStage::None; }
   std::vector<optim::Segment> segments() const override {
     return optim::whole_parameter_segments(c_.ps);
   }
   int64_t state_elems() const override { return c_.ps.numel(); }
-  bool sharded() const override { return false; }
   io::NamedTensors full_optimizer_state(optim::Optimizer& opt) override { return opt.state(c_.ps); }
   Reduction launch(int bi) override {
     Bucket& b = c_.buckets[bi];
     comm::AllReduceOptions o;
     o.async = true;
     float* grads = c_.ps.flat_grads().f32() + b.begin;
-    c_.volume.all_reduce += 2.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
     if (c_.grad_dtype == DType::BF16) {
-      Tensor wire = nn::to_wire(grads, b.size(), "zero.bf16_gradients", &c_.alloc);
+      Tensor wire = comm::to_wire(grads, b.size(), "zero.bf16_gradients", &c_.alloc);
       comm::Work w = c_.dp.all_reduce(wire.raw(), b.size(), DType::BF16, o);
       return Reduction{bi,
                        std::move(w),
@@ -122,7 +120,7 @@ class Replicated : public ZeroStrategy {
   void finish(Reduction& r) override {
     if (!r.wire.defined()) return;
     const Bucket& b = c_.buckets[r.bucket];
-    nn::from_wire(c_.ps.flat_grads().f32() + b.begin, r.wire, 0, b.size());
+    comm::from_wire(c_.ps.flat_grads().f32() + b.begin, r.wire, 0, b.size());
   }
 };
 
@@ -130,7 +128,7 @@ class Replicated : public ZeroStrategy {
 class ShardedOptimizerState : public ZeroStrategy {
  public:
   using ZeroStrategy::ZeroStrategy;
-  int stage() const override { return 1; }
+  ZeroStage stage() const override { return ZeroStage::OptimizerState; }
   std::vector<optim::Segment> segments() const override {
     std::vector<optim::Segment> segs;
     for_each_shard([&](const Bucket& b, int64_t lo, int64_t hi, int64_t packed) {
@@ -160,8 +158,8 @@ class ShardedOptimizerState : public ZeroStrategy {
   void finish(Reduction& r) override {  // bf16: widen this rank's reduced shard in place
     if (!r.wire.defined()) return;
     const Bucket& b = c_.buckets[r.bucket];
-    nn::from_wire(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard, r.wire, rank_ * b.shard,
-                  b.shard);
+    comm::from_wire(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard, r.wire, rank_ * b.shard,
+                    b.shard);
   }
   void after_optimizer_step() override {
     // Every rank updated its shard: gather the full parameters again (in place).
@@ -169,7 +167,6 @@ class ShardedOptimizerState : public ZeroStrategy {
     float* p = c_.ps.flat_params().f32();
     for_each_shard([&](const Bucket& b, int64_t lo, int64_t, int64_t) {
       c_.dp.all_gather(p + lo, p + b.begin, b.shard, DType::F32).wait();
-      c_.volume.all_gather += 4.0 * b.size() * (size_ - 1) / size_;
     });
     if (Tracer* t = Tracer::current())
       t->record("all_gather parameters", "comm", 1, t0, TraceClock::now());
@@ -187,9 +184,8 @@ class ShardedOptimizerState : public ZeroStrategy {
     const Bucket& b = c_.buckets[bi];
     comm::ReduceScatterOptions o;
     o.async = true;
-    c_.volume.reduce_scatter += 1.0 * dtype_size(c_.grad_dtype) * b.size() * (size_ - 1) / size_;
     if (c_.grad_dtype == DType::BF16) {
-      Tensor wire = nn::to_wire(base, b.size(), "zero.bf16_gradients", &c_.alloc);
+      Tensor wire = comm::to_wire(base, b.size(), "zero.bf16_gradients", &c_.alloc);
       uint16_t* w = wire.data<uint16_t>();
       comm::Work work = c_.dp.reduce_scatter(w, w + rank_ * b.shard, b.shard, DType::BF16, o);
       return Reduction{bi,
@@ -216,12 +212,11 @@ class ShardedGradients : public ShardedOptimizerState {
     grad_shard_ = Tensor::zeros({shard_elems_}, DType::F32, MemCategory::Gradients,
                                 "zero.gradient_shard", &c_.alloc);
   }
-  int stage() const override { return 2; }
+  ZeroStage stage() const override { return ZeroStage::Gradients; }
   void zero_grads() override {
     c_.ps.zero_grads();
     grad_shard_.zero_();
   }
-  bool reduce_every_micro_batch() const override { return true; }
   void acquire_grads(int bi) override {
     Bucket& b = c_.buckets[bi];
     if (b.grads.defined()) return;
@@ -240,7 +235,7 @@ class ShardedGradients : public ShardedOptimizerState {
     const Bucket& b = c_.buckets[r.bucket];
     float* dst = grad_shard_.f32() + b.shard_offset;
     if (r.wire.defined()) {
-      nn::add_from_wire(dst, r.wire, rank_ * b.shard, b.shard);
+      comm::add_from_wire(dst, r.wire, rank_ * b.shard, b.shard);
     } else {
       const float* src = r.buffer.f32() + rank_ * b.shard;
       for (int64_t i = 0; i < b.shard; ++i) dst[i] += src[i];
@@ -271,7 +266,7 @@ class ShardedParameters : public ShardedGradients {
       }
     }
   }
-  int stage() const override { return 3; }
+  ZeroStage stage() const override { return ZeroStage::Parameters; }
   void initialize(uint64_t seed) override {
     for_each_shard([&](const Bucket&, int64_t lo, int64_t hi, int64_t packed) {
       c_.ps.initial_values(seed, lo, hi, param_shard_.f32() + packed);
@@ -299,8 +294,8 @@ class ShardedParameters : public ShardedGradients {
     o.async = true;
     const float* shard = param_shard_.f32() + b.shard_offset;
     if (c_.param_dtype == DType::BF16) {
-      b.params_wire = nn::wire_buffer(b.size(), "zero3.gathered_bf16", &c_.alloc);
-      nn::to_wire(b.params_wire, rank_ * b.shard, shard, b.shard);
+      b.params_wire = comm::wire_buffer(b.size(), "zero3.gathered_bf16", &c_.alloc);
+      comm::to_wire(b.params_wire, rank_ * b.shard, shard, b.shard);
       uint16_t* w = b.params_wire.data<uint16_t>();
       b.gather = c_.dp.all_gather(w + rank_ * b.shard, w, b.shard, DType::BF16, o);  // in place
     } else {
@@ -309,7 +304,6 @@ class ShardedParameters : public ShardedGradients {
       b.gather = c_.dp.all_gather(shard, b.params.f32(), b.shard, DType::F32, o);
     }
     b.gathering = true;
-    c_.volume.all_gather += 1.0 * dtype_size(c_.param_dtype) * b.size() * (size_ - 1) / size_;
   }
   void acquire_params(int bi) override {
     Bucket& b = c_.buckets[bi];
@@ -323,7 +317,7 @@ class ShardedParameters : public ShardedGradients {
     if (b.params_wire.defined()) {  // widen: the working copy holds the bf16 values
       b.params =
           Tensor::empty({b.size()}, DType::F32, MemCategory::Buffers, "zero3.gathered", &c_.alloc);
-      nn::from_wire(b.params.f32(), b.params_wire, 0, b.size());
+      comm::from_wire(b.params.f32(), b.params_wire, 0, b.size());
       b.params_wire = Tensor();
     }
     point_params(b, b.params.f32());
@@ -344,18 +338,18 @@ class ShardedParameters : public ShardedGradients {
 
 }  // namespace
 
-std::unique_ptr<ZeroStrategy> make_zero_strategy(int stage, const ZeroContext& c) {
+std::unique_ptr<ZeroStrategy> make_zero_strategy(ZeroStage stage, const ZeroContext& c) {
   switch (stage) {
-    case 0:
+    case ZeroStage::None:
       return std::make_unique<Replicated>(c);
-    case 1:
+    case ZeroStage::OptimizerState:
       return std::make_unique<ShardedOptimizerState>(c);
-    case 2:
+    case ZeroStage::Gradients:
       return std::make_unique<ShardedGradients>(c);
-    case 3:
-      return std::make_unique<ShardedParameters>(c);
+    case ZeroStage::Parameters:
+      break;
   }
-  throw ConfigError(detail::concat("--zero must be 0, 1, 2 or 3, got ", stage));
+  return std::make_unique<ShardedParameters>(c);
 }
 
 }  // namespace tessera::parallel

@@ -30,15 +30,9 @@
 #include "tessera/nn/parameters.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/parallel/buckets.h"
+#include "tessera/parallel/zero_stage.h"
 
 namespace tessera::parallel {
-
-// Bytes each rank sends, counted as a ring algorithm moves them: all-reduce 2 (N-1)/N x bytes,
-// reduce-scatter and all-gather (N-1)/N x the full (gathered) size.
-struct CommVolume {
-  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
-  double total() const { return all_reduce + reduce_scatter + all_gather; }
-};
 
 // Reads of a full tensor `name` (stored with `info`'s global shape) that fill the local elements
 // [local_begin, local_begin + n) of `info` at dst: one run per stretch of consecutive global
@@ -52,7 +46,6 @@ struct ZeroContext {
   comm::Communicator& dp;
   Allocator& alloc;
   std::vector<Bucket>& buckets;
-  CommVolume& volume;
   // The dtype gradients are reduced in: F32, or BF16 (each bucket rounded to bf16 before the
   // collective, which sums in fp32 per combining step, and widened back to fp32 after: half the
   // bytes; accumulation over micro-batches stays fp32).
@@ -78,14 +71,14 @@ class ZeroStrategy {
  public:
   explicit ZeroStrategy(const ZeroContext& c);
   virtual ~ZeroStrategy() = default;
-  virtual int stage() const = 0;
+  virtual ZeroStage stage() const = 0;
 
   // The optimizer's segments on this rank and the size of its state buffers.
   virtual std::vector<optim::Segment> segments() const = 0;
   virtual int64_t state_elems() const = 0;
   // Whether the ranks' segments are disjoint pieces of the model (their norms add up over the
   // data-parallel group) rather than replicas.
-  virtual bool sharded() const { return true; }
+  bool sharded() const { return traits(stage()).sharded(); }
 
   // Weights: layout-invariant initialisation; a full-model file of which this rank reads what it
   // holds; the full parameters / optimizer state under global names (collective).
@@ -100,7 +93,7 @@ class ZeroStrategy {
   virtual void zero_grads() { c_.ps.zero_grads(); }
   // ZeRO-2/3 hold no full gradient between micro-batches, so they reduce every micro-batch;
   // stages 0/1 accumulate and reduce after the last one.
-  virtual bool reduce_every_micro_batch() const { return false; }
+  bool reduce_every_micro_batch() const { return traits(stage()).reduces_every_micro_batch; }
   virtual void acquire_params(int bucket) { (void)bucket; }   // ZeRO-3: gathered, pointed at
   virtual void prefetch_params(int bucket) { (void)bucket; }  // ZeRO-3: start the gather
   virtual void release_params(int bucket) { (void)bucket; }   // ZeRO-3: freed
@@ -128,6 +121,6 @@ class ZeroStrategy {
   bool pipeline_stage_ = false;
 };
 
-std::unique_ptr<ZeroStrategy> make_zero_strategy(int stage, const ZeroContext& c);
+std::unique_ptr<ZeroStrategy> make_zero_strategy(ZeroStage stage, const ZeroContext& c);
 
 }  // namespace tessera::parallel

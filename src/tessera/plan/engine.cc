@@ -31,12 +31,14 @@ nlohmann::json to_json(const MemoryTerms& m) {
           {"total", m.total()}};
 }
 
-MemoryTerms zero_model_states(double elems, int zero, int group, const Numerics& n) {
+MemoryTerms zero_model_states(double elems, parallel::ZeroStage zero, int group,
+                              const Numerics& n) {
+  const parallel::ZeroTraits z = parallel::traits(zero);
   const double shard = elems / group;
   MemoryTerms t;
-  t.parameters = n.param * (zero >= 3 ? shard : elems);
-  t.gradients = n.grad * (zero >= 2 ? shard : elems);
-  t.optimizer_state = n.optimizer * (zero >= 1 ? shard : elems);
+  t.parameters = n.param * (z.shards_parameters ? shard : elems);
+  t.gradients = n.grad * (z.shards_gradients ? shard : elems);
+  t.optimizer_state = n.optimizer * (z.shards_optimizer_state ? shard : elems);
   return t;
 }
 
@@ -51,19 +53,16 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
       if (group <= 1 || elems == 0) continue;
       // One reduce-scatter or all-gather of the elements, at `dtype_bytes` each.
       auto ring = [&](double dtype_bytes) { return (group - 1.0) / group * dtype_bytes * elems; };
-      switch (l.zero) {
-        case 0:
-          bytes += 2 * ring(c);
-          break;  // all-reduce once
-        case 1:
-          bytes += ring(c) + ring(n.param);
-          break;  // reduce-scatter, all-gather of the parameters after the step
-        case 2:
-          bytes += m * ring(c) + ring(n.param);
-          break;  // reduce-scatter every micro-batch
-        default:
-          bytes += m * ring(c) + 2 * m * ring(n.gather);  // + gathers before forward and backward
-      }
+      const parallel::ZeroTraits z = parallel::traits(l.zero);
+      const double reductions = z.reduces_every_micro_batch ? m : 1;
+      if (!z.sharded())
+        bytes += 2 * ring(c);  // all-reduce once
+      else
+        bytes += reductions * ring(c);  // reduce-scatter into the shards
+      if (z.shards_parameters)
+        bytes += 2 * m * ring(n.gather);  // gathers before each forward and backward
+      else if (z.sharded())
+        bytes += ring(n.param);  // all-gather of the parameters after the step
     }
     if (l.sp && l.tp > 1 && s.sequence_partial_elems > 0) {  // one all-reduce over dp x tp
       const double g = static_cast<double>(l.dp) * l.tp;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/pipeline_split.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
 
@@ -132,6 +132,6 @@ std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions
 // Model-state bytes of `elems` parameter elements replicated over `group` data-parallel ranks under
 // ZeRO stage `zero` (Rajbhandari et al. 2020): stage 1 shards the optimizer state, 2 also the
 // gradients, 3 also the parameters.
-MemoryTerms zero_model_states(double elems, int zero, int group, const Numerics& n);
+MemoryTerms zero_model_states(double elems, parallel::ZeroStage zero, int group, const Numerics& n);
 
 }  // namespace tessera::plan

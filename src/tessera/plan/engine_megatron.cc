@@ -110,7 +110,8 @@ class MegatronEngine final : public Engine {
     // While a layer recomputes, its full activations exist once more.
     if (l.recompute == nn::Recompute::Full && s.blocks > 0)
       s.workspace_bytes = layer_activation_bytes(x, nn::Recompute::None);
-    if (l.pp > 1 && l.schedule == "zb-h1")  // the matmuls' output gradients wait for W
+    if (parallel::traits(l.schedule_kind())
+            .splits_backward)  // the matmuls' output gradients wait for W
       s.deferred_bytes = s.blocks * 2 * x.s * x.b * (C + 4 * C / t + C + 3 * C / t);
 
     add_unit_work(s, m, l, megatron_rules());
@@ -138,8 +139,8 @@ class MegatronEngine final : public Engine {
     // layers under ZeRO-3 (the current and the prefetched one).
     if (l.pp > 1) total.buffers += 2 * chunks.front().boundary_bytes;
     const double bucket = std::min(params, options.bucket_mb * 1024 * 1024 / n.grad);
-    if (l.zero >= 2) total.buffers += 2 * bucket * n.grad;
-    if (l.zero >= 3) total.buffers += 2 * largest_unit * n.param;
+    if (parallel::traits(l.zero).shards_gradients) total.buffers += 2 * bucket * n.grad;
+    if (parallel::traits(l.zero).shards_parameters) total.buffers += 2 * largest_unit * n.param;
     return total;
   }
 };

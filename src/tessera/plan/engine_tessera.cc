@@ -70,13 +70,13 @@ class TesseraEngine final : public Engine {
     const double t = l.tp, C = m.hidden, Cl = C / t, Fl = 4 * C / t;
     const double F = 4 * C;  // an expert's hidden width (experts are not split over tp: nn/moe.h)
     const double V0 = static_cast<double>(std::min<int64_t>(m.vocab, vocab_local(m.vocab, l.tp)));
-    const double unit_align = kAlign * (l.zero > 0 ? l.dp : 1);
+    const double unit_align = kAlign * (parallel::traits(l.zero).sharded() ? l.dp : 1);
     const double Tb = m.block_size(), B = l.micro_batch, BT = B * Tb;
     const double hl = m.heads / t;
     const bool drop = m.dropout > 0;
 
     // Parameters, unit by unit; the bf16 copies of the GEMM weights (32-element aligned).
-    const bool copies = options.bf16_weight_copies && l.zero < 3;
+    const bool copies = options.bf16_weight_copies && !parallel::traits(l.zero).shards_parameters;
     auto copy = [&](double elems) {
       if (copies) s.bf16_copy_bytes += 2 * pad_to(elems, 32);
     };
@@ -170,7 +170,7 @@ class TesseraEngine final : public Engine {
     if (s.has_head)
       rec += 4 * BT * ((C + 2) * rep + V0 + 2) + 4 * BT;  // ln_f (+ stats), logits, lse, ...
     s.record_bytes = rec;
-    if (!(l.pp > 1 && l.schedule == "zb-h1")) s.deferred_bytes = 0;
+    if (!parallel::traits(l.schedule_kind()).splits_backward) s.deferred_bytes = 0;
 
     // Scratch: the Block::Workspace (or the head's gradient scratch) and the residual gradient.
     if (s.blocks > 0) {
@@ -250,7 +250,7 @@ class TesseraEngine final : public Engine {
   // Under bf16 a pending reduction holds only its bf16 wire, and a prefetched bucket its bf16
   // gather buffer (widened into the fp32 working copy when acquired).
   BucketPeaks zero_transient(const StageSheet& s, const Layout& l, int micro_batches) const {
-    if (l.zero < 2 || l.dp < 1) return {};
+    if (!parallel::traits(l.zero).shards_gradients || l.dp < 1) return {};
     // Buckets in backward order (parallel/buckets.cc): whole units, grown until >= the target.
     const double target = std::floor(options.bucket_mb * 1024 * 1024 / 4);
     std::vector<double> size;
@@ -291,10 +291,12 @@ class TesseraEngine final : public Engine {
       if (k >= 2) grads += pending(k - 2);
       if (k == 0 && later_micro_batches) grads += leftover;
       if (emb >= 0 && k != emb) grads += bytes(emb);
-      const double params = l.zero >= 3 ? gathered(k, std::min(k + 1, n - 1)) : 0;
+      const double params =
+          parallel::traits(l.zero).shards_parameters ? gathered(k, std::min(k + 1, n - 1)) : 0;
       peak = std::max(peak, grads + params);
     }
-    if (l.zero >= 3) {  // a forward: bucket j gathered, j - 1 prefetched, the last backward's left
+    if (parallel::traits(l.zero).shards_parameters) {  // a forward: bucket j gathered, j - 1
+                                                       // prefetched, the last backward's left
       for (int j = n - 1; j >= 0; --j)
         peak =
             std::max(peak, (later_micro_batches ? leftover : 0) + gathered(j, std::max(j - 1, 0)));

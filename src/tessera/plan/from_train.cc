@@ -27,35 +27,33 @@ Layout layout_of(const train::TrainConfig& c) {
   l.pp = c.pp;
   l.ep = c.ep;
   l.sp = c.sp;
-  l.zero = c.zero;
+  l.zero = parallel::zero_stage(c.zero);
   l.schedule = c.schedule;
   l.virtual_stages = c.virtual_stages;
   l.micro_batch = c.micro_batch > 0 ? c.micro_batch : c.batch / c.dp;
-  l.recompute = nn::parse_recompute(c.recompute);
+  l.recompute = c.recompute;
   return l;
 }
 
 EngineOptions engine_options_of(const train::TrainConfig& c) {
   EngineOptions o;
   o.bucket_mb = c.bucket_mb;
-  o.sgd = c.optimizer == "sgd";
+  o.sgd = c.optimizer == train::OptimizerKind::Sgd;
   auto wire_bytes = [](DType t) { return static_cast<double>(dtype_size(t)); };
-  o.grad_comm_bytes = wire_bytes(train::float_dtype(c.grad_reduce_dtype, "--grad-reduce-dtype"));
-  o.param_gather_bytes =
-      wire_bytes(train::comm_dtype(c.param_gather_dtype, c.precision, "--param-gather-dtype"));
-  o.bf16_gemm_inputs = c.precision == "bf16";
+  o.grad_comm_bytes = wire_bytes(c.grad_reduce_dtype);
+  o.param_gather_bytes = wire_bytes(train::resolve(c.param_gather_dtype, c.precision));
+  const bool bf16 = c.precision == kernels::Precision::BF16;
+  o.bf16_gemm_inputs = bf16;
   // As nn::GPTLayout's Auto: bf16 weight copies where the GEMMs run through oneDNN (on this
   // machine, for --bf16-gemm auto: the faster path, measured).
-  if (c.precision == "bf16") {
-    const kernels::Bf16Gemm g = kernels::parse_bf16_gemm(c.bf16_gemm);
+  if (bf16) {
+    const kernels::Bf16Gemm g = c.bf16_gemm;
     const bool onednn = g == kernels::Bf16Gemm::OneDnn ||
                         (g == kernels::Bf16Gemm::Auto &&
                          kernels::resolve_bf16_gemm(g) == kernels::Bf16Gemm::OneDnn);
-    o.bf16_weight_copies =
-        nn::keeps_weight_copies(nn::parse_weight_copies(c.bf16_weight_copies), onednn);
+    o.bf16_weight_copies = nn::keeps_weight_copies(c.bf16_weight_copies, onednn);
   }
-  o.activation_comm_bytes = wire_bytes(
-      train::comm_dtype(c.activation_comm_dtype, c.precision, "--activation-comm-dtype"));
+  o.activation_comm_bytes = wire_bytes(train::resolve(c.activation_comm_dtype, c.precision));
   return o;
 }
 

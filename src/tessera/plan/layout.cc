@@ -4,7 +4,6 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule_generators.h"
 
 namespace tessera::plan {
 
@@ -12,10 +11,10 @@ std::string Layout::str() const {
   std::string s =
       "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
   if (ep > 1) s += " ep=" + std::to_string(ep);
-  s += " zero=" + std::to_string(zero);
+  s += " zero=" + std::to_string(parallel::to_int(zero));
   if (sp) s += " sp";
   if (pp > 1) {
-    s += " " + schedule;
+    s += std::string(" ") + parallel::to_string(schedule);
     if (virtual_stages > 1) s += " v=" + std::to_string(virtual_stages);
   }
   s += " mb=" + std::to_string(micro_batch) + " recompute=" + nn::to_string(recompute);
@@ -31,7 +30,6 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
     return p;
   }
   if (m.heads % l.tp != 0) add("tp=", l.tp, " must divide the ", m.heads, " attention heads");
-  if (l.zero < 0 || l.zero > 3) add("zero must be 0, 1, 2 or 3, got ", l.zero);
   if (l.sp && l.tp == 1)
     add("sequence parallelism splits the tensor-parallel group's sequence: it needs tp > 1");
   if (l.sp && m.seq % l.tp != 0)
@@ -52,13 +50,12 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
     if (l.virtual_stages != 1) add("virtual stages need pipeline parallelism (pp > 1)");
     return p;
   }
-  const auto& names = parallel::schedule_names();
-  if (std::find(names.begin(), names.end(), l.schedule) == names.end()) {
-    add("unknown schedule '", l.schedule, "' (gpipe, 1f1b, interleaved, zb-h1)");
+  if (!parallel::traits(l.schedule).pipelined) {
+    add("the ", parallel::to_string(l.schedule), " schedule is not a pipeline schedule");
     return p;
   }
   const int stages = l.pp * l.virtual_stages;
-  if (l.schedule == "interleaved") {
+  if (parallel::traits(l.schedule).interleaved) {
     if (l.virtual_stages < 2) add("the interleaved schedule needs at least 2 virtual stages");
     if (global_batch % (l.dp * l.micro_batch) == 0 && l.micro_batches(global_batch) % l.pp != 0)
       add("the interleaved schedule needs the micro-batches per pipeline (",
@@ -81,9 +78,9 @@ nlohmann::json to_json(const Layout& l) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"ep", l.ep},
-          {"zero", l.zero},
+          {"zero", parallel::to_int(l.zero)},
           {"sp", l.sp},
-          {"schedule", l.schedule_name()},
+          {"schedule", parallel::to_string(l.schedule_kind())},
           {"virtual_stages", l.virtual_stages},
           {"micro_batch", l.micro_batch},
           {"recompute", nn::to_string(l.recompute)}};
@@ -107,7 +104,7 @@ Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
     else if (k == "ep")
       l.ep = integer();
     else if (k == "zero")
-      l.zero = integer();
+      l.zero = parallel::zero_stage(integer());
     else if (k == "virtual_stages")
       l.virtual_stages = integer();
     else if (k == "micro_batch")
@@ -117,8 +114,9 @@ Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
       l.sp = v.get<bool>();
     } else if (k == "schedule") {
       TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'schedule' must be a string");
-      l.schedule = v.get<std::string>();
-      if (l.schedule == "single") l.schedule = "1f1b";
+      const std::string name = v.get<std::string>();
+      l.schedule =
+          name == "single" ? parallel::ScheduleKind::OneFOneB : parallel::parse_schedule(name);
     } else if (k == "recompute") {
       TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'recompute' must be a string");
       l.recompute = nn::parse_recompute(v.get<std::string>());

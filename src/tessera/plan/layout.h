@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "tessera/nn/gpt_config.h"
+#include "tessera/parallel/pipeline/schedule.h"
+#include "tessera/parallel/zero_stage.h"
 #include "tessera/plan/model_spec.h"
 
 namespace tessera::plan {
@@ -17,18 +19,20 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1;
   int ep =
       1;  // expert-parallel ranks (a divisor of dp): each holds experts / ep of every MoE layer
-  int zero = 0;
-  bool sp = false;                // sequence parallelism (Korthikanti et al. 2022; needs tp > 1)
-  std::string schedule = "1f1b";  // with pp > 1: gpipe | 1f1b | interleaved | zb-h1
-  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved)
-  int micro_batch = 1;            // sequences per micro-batch
+  parallel::ZeroStage zero = parallel::ZeroStage::None;
+  bool sp = false;  // sequence parallelism (Korthikanti et al. 2022; needs tp > 1)
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
+  int virtual_stages = 1;  // model chunks per pipeline rank (interleaved)
+  int micro_batch = 1;     // sequences per micro-batch
   nn::Recompute recompute = nn::Recompute::None;
 
   int devices() const { return dp * tp * pp; }
   // Micro-batches per optimizer step on each pipeline (global batch / (dp * micro_batch)).
   int micro_batches(int global_batch) const { return global_batch / (dp * micro_batch); }
-  // The schedule a run of this layout executes: "single" without pipeline parallelism.
-  std::string schedule_name() const { return pp == 1 ? "single" : schedule; }
+  // The schedule a run of this layout executes: Single without pipeline parallelism.
+  parallel::ScheduleKind schedule_kind() const {
+    return pp == 1 ? parallel::ScheduleKind::Single : schedule;
+  }
   std::string str() const;  // "dp=4 tp=2 pp=2 zero=1 1f1b mb=1 recompute=none"
   friend bool operator==(const Layout&, const Layout&) = default;
 };

@@ -8,16 +8,16 @@
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule.h"
-#include "tessera/parallel/schedule_generators.h"
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 #include "tessera/plan/collectives.h"
 
 namespace tessera::plan {
 
 namespace {
 
-using ScheduleKey = std::tuple<std::string, int, int, int>;  // name, pp, micro-batches, v
+using ScheduleKey = std::tuple<parallel::ScheduleKind, int, int, int>;  // kind, pp, m, v
 
 // The schedules (and their in-flight counts) of one request, built once each.
 class ScheduleCache {
@@ -31,7 +31,7 @@ class ScheduleCache {
     parallel::InFlight in_flight;
   };
   Entry& entry(const Layout& l, int m) {
-    const ScheduleKey key{l.schedule_name(), l.pp, m, l.virtual_stages};
+    const ScheduleKey key{l.schedule_kind(), l.pp, m, l.virtual_stages};
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       Entry e;
@@ -230,31 +230,29 @@ class Evaluator {
         return all_gather_seconds(c, gd, n.comm * dense) +
                all_gather_seconds(c, ge, n.comm * expert);
       };
-      switch (l.zero) {
-        case 0:
-          rt.dp_comm = 2 * rs();
-          rt.dp_exposed = exposed(rt.dp_comm, bwd[rank], overlap_);
-          break;
-        case 1:
-          rt.dp_comm = 2 * rs();
-          rt.dp_exposed = exposed(rs(), bwd[rank], overlap_) + ag();
-          break;
-        case 2:
-          rt.dp_comm = m * rs() + ag();
-          rt.dp_exposed = m * exposed(rs(), bwd[rank], overlap_) + ag();
-          break;
-        default:
-          rt.dp_comm = m * (rs() + 2 * ag());
-          rt.dp_exposed =
-              m * (exposed(rs() + ag(), bwd[rank], overlap_) + exposed(ag(), fwd[rank], overlap_));
+      const parallel::ZeroTraits z = parallel::traits(l.zero);
+      if (!z.sharded()) {  // one all-reduce (a reduce-scatter and an all-gather) of the last
+        rt.dp_comm = 2 * rs();
+        rt.dp_exposed = exposed(rt.dp_comm, bwd[rank], overlap_);
+      } else if (!z.reduces_every_micro_batch) {  // reduce-scatter, then the parameters gathered
+        rt.dp_comm = 2 * rs();
+        rt.dp_exposed = exposed(rs(), bwd[rank], overlap_) + ag();
+      } else if (!z.shards_parameters) {  // a reduce-scatter per micro-batch
+        rt.dp_comm = m * rs() + ag();
+        rt.dp_exposed = m * exposed(rs(), bwd[rank], overlap_) + ag();
+      } else {  // and the parameters gathered for each forward and backward
+        rt.dp_comm = m * (rs() + 2 * ag());
+        rt.dp_exposed =
+            m * (exposed(rs() + ag(), bwd[rank], overlap_) + exposed(ag(), fwd[rank], overlap_));
       }
       if (tied > 0) {
         const double t_emb = all_reduce_seconds(c, embedding_group(c, l), n.comm * tied);
         rt.dp_comm += t_emb;
         rt.dp_exposed += t_emb;
       }
-      const double updated =
-          (l.zero >= 1 ? dense / l.dp : dense) + (l.zero >= 1 ? expert / (l.dp / l.ep) : expert);
+      const bool sharded_state = parallel::traits(l.zero).shards_optimizer_state;
+      const double updated = (sharded_state ? dense / l.dp : dense) +
+                             (sharded_state ? expert / (l.dp / l.ep) : expert);
       rt.optimizer = share_ * n.optimizer_traffic * updated / mem_bw_;
       const double done = rt.end_of_backward + rt.dp_exposed + rt.optimizer;
       if (done > step) {
@@ -307,9 +305,10 @@ class Evaluator {
     if (p == 1) return m * slowest;
     const double fill_p2p = 2 * (p - 1) * p2p;
     const double mean = sum / p;
-    if (l.schedule == "interleaved")
+    const parallel::ScheduleTraits& t = parallel::traits(l.schedule);
+    if (t.interleaved)
       return m * slowest + (p - 1) * mean / l.virtual_stages + l.virtual_stages * fill_p2p;
-    if (l.schedule == "zb-h1") return m * slowest + (p - 1) * zb_idle / p + fill_p2p;
+    if (t.splits_backward) return m * slowest + (p - 1) * zb_idle / p + fill_p2p;
     return (m - 1) * slowest + sum + fill_p2p;  // gpipe, 1f1b
   }
 
@@ -357,21 +356,26 @@ Ranking rank_layouts(const PlanRequest& r, int devices, const LayoutSpace& space
       std::vector<int> eps = {1};
       if (m.moe.enabled()) eps = divisors(dp);
       for (int ep : choices(space.ep, eps))
-        for (int zero :
-             choices(space.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
+        for (parallel::ZeroStage zero :
+             choices(space.zero,
+                     dp > 1 ? std::vector<parallel::ZeroStage>{parallel::ZeroStage::None,
+                                                               parallel::ZeroStage::OptimizerState,
+                                                               parallel::ZeroStage::Gradients,
+                                                               parallel::ZeroStage::Parameters}
+                            : std::vector<parallel::ZeroStage>{parallel::ZeroStage::None}))
           for (bool sp : choices(
                    space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
             for (int mb : choices(space.micro_batch, space.micro_batch_sizes))
               for (nn::Recompute rc :
                    choices(space.recompute,
                            {nn::Recompute::None, nn::Recompute::Selective, nn::Recompute::Full})) {
-                std::vector<std::pair<std::string, int>> schedules;
+                std::vector<std::pair<parallel::ScheduleKind, int>> schedules;
                 if (pp == 1) {
-                  schedules.push_back({"1f1b", 1});
+                  schedules.push_back({parallel::ScheduleKind::OneFOneB, 1});
                 } else {
-                  for (const std::string& s : parallel::schedule_names()) {
+                  for (parallel::ScheduleKind s : parallel::pipeline_schedules()) {
                     if (space.schedule && *space.schedule != s) continue;
-                    if (s != "interleaved") {
+                    if (!parallel::traits(s).interleaved) {
                       if (!space.virtual_stages || *space.virtual_stages == 1)
                         schedules.push_back({s, 1});
                       continue;

@@ -84,9 +84,10 @@ Prediction plan_layout(const PlanRequest& r, const Layout& l);
 
 // Which layouts a ranking considers: a set field is held fixed, an unset one enumerated.
 struct LayoutSpace {
-  std::optional<int> dp, tp, pp, ep, zero, virtual_stages, micro_batch;
+  std::optional<int> dp, tp, pp, ep, virtual_stages, micro_batch;
+  std::optional<parallel::ZeroStage> zero;
   std::optional<bool> sp;
-  std::optional<std::string> schedule;
+  std::optional<parallel::ScheduleKind> schedule;
   std::optional<nn::Recompute> recompute;
   std::vector<int> micro_batch_sizes = {1, 2, 4, 8};
   int max_virtual_stages = 4;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
 
@@ -33,7 +34,8 @@ int32_t sample_logits(const float* logits, int V, float temperature, int top_k, 
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt,
                               const SampleOptions& opt,
                               const std::function<void(int32_t)>& on_token) {
-  PipelineForward whole({&model}, nullptr);
+  const std::unique_ptr<comm::Communicator> one_stage = comm::one_rank();  // no pipeline
+  PipelineForward whole({&model}, *one_stage);
   return generate(whole, prompt, opt, on_token);
 }
 

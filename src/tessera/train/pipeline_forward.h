@@ -2,7 +2,7 @@
 // and without gradients: evaluation and sampling between training steps. Stage s (chunk s / pp of
 // pipeline rank s % pp) runs when its input arrives and passes its output on; the last stage's
 // loss or logits are then shared with every pipeline rank. Collective over the pipeline group
-// (and, inside each stage, over its tensor-parallel group). Uses each chunk's single record.
+// (and, inside each stage, over its tensor-parallel group). Uses each chunk's shared record.
 #pragma once
 
 #include <vector>
@@ -14,10 +14,10 @@ namespace tessera::train {
 
 class PipelineForward {
  public:
-  // chunks[c]: model stage c * pp + rank of this rank; pp: the pipeline group (null: one stage,
-  // chunks = {the whole model}); wire: what hidden states travel in between stages (F32 or BF16,
-  // as in training: nn/wire.h).
-  PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator* pp, DType wire = DType::F32);
+  // chunks[c]: model stage c * pp + rank of this rank; pp: the pipeline group (one rank: a single
+  // stage, chunks = {the whole model}); wire: what hidden states travel in between stages (F32 or
+  // BF16, as in training: comm/wire.h).
+  PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator& pp, DType wire = DType::F32);
 
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }
   // The sum of b's token losses, on every pipeline rank.
@@ -31,7 +31,7 @@ class PipelineForward {
   int last_rank() const { return pp_size_ - 1; }
 
   std::vector<nn::GPT*> chunks_;
-  comm::Communicator* pp_;
+  comm::Communicator& pp_;
   int pp_size_, rank_;
   DType wire_;
 };

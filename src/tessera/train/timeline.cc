@@ -69,7 +69,7 @@ Timeline timeline_from_simulation(const parallel::Schedule& s, const parallel::S
   if (s.virtual_stages > 1) shape += ", " + std::to_string(s.virtual_stages) + " chunks per rank";
   std::string cost_text =
       "F=" + format_number(costs.forward) + " B=" + format_number(costs.backward);
-  if (s.name == "zb-h1")
+  if (parallel::traits(s.kind).splits_backward)
     cost_text += " (BI=" + format_number(costs.backward - costs.weight) +
                  " W=" + format_number(costs.weight) + ")";
   if (costs.p2p > 0) cost_text += " p2p=" + format_number(costs.p2p);

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 
 namespace tessera::train {
 

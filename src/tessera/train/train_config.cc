@@ -5,40 +5,47 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <type_traits>
+#include <utility>
 
+#include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
 #include "tessera/io/json_parse.h"
-#include "tessera/kernels/precision.h"
-#include "tessera/nn/gpt_config.h"
 
 namespace tessera::train {
 
-// One list of (key, member) pairs drives both directions of the JSON mapping.
-// clang-format off
-#define TESSERA_TRAIN_CONFIG_FIELDS(X)                                                        \
-  X(data) X(vocab) X(val_fraction) X(cache_dir)                                               \
-  X(layers) X(dim) X(heads) X(seq) X(dropout) X(init_from)                                    \
-  X(moe_experts) X(moe_top_k) X(moe_every) X(moe_capacity_factor) X(moe_aux_loss) X(moe_z_loss) \
-  X(steps) X(batch) X(micro_batch) X(lr) X(warmup) X(min_lr_ratio) X(weight_decay)           \
-  X(grad_clip) X(optimizer) X(momentum) X(beta1) X(beta2) X(seed)                             \
-  X(dp) X(tp) X(sp) X(pp) X(ep) X(pp_split) X(schedule) X(virtual_stages) X(zero) X(bucket_mb) X(overlap) X(backend) X(trace) X(recompute) X(precision) X(bf16_gemm) X(bf16_weight_copies) X(grad_reduce_dtype) X(export_dtype) X(param_gather_dtype) X(activation_comm_dtype) X(peak_gflops) X(comm_timeout) X(io_timeout) \
-  X(threads) X(memory_limit) X(save) X(resume) X(save_every) X(metrics) X(eval_every)         \
-  X(eval_batches) X(sample_tokens) X(prompt) X(temperature) X(top_k) X(log_every)
-// clang-format on
+using nlohmann::json;
 
-nlohmann::json to_json(const TrainConfig& c) {
-  nlohmann::json j;
-#define X(name) j[#name] = c.name;
-  TESSERA_TRAIN_CONFIG_FIELDS(X)
-#undef X
-  return j;
+DType resolve(WireDtype w, kernels::Precision p) {
+  switch (w) {
+    case WireDtype::Fp32:
+      return DType::F32;
+    case WireDtype::Bf16:
+      return DType::BF16;
+    case WireDtype::Auto:
+      break;
+  }
+  return p == kernels::Precision::BF16 ? DType::BF16 : DType::F32;
+}
+
+const char* to_string(OptimizerKind k) {
+  return k == OptimizerKind::Sgd ? "sgd" : "adamw";
+}
+
+const char* to_string(WireDtype w) {
+  return w == WireDtype::Auto ? "auto" : w == WireDtype::Fp32 ? "fp32" : "bf16";
+}
+
+std::string flag_of(const std::string& key) {
+  std::string flag = "--" + key;
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  return flag;
 }
 
 namespace {
 
-[[noreturn]] void wrong_type(const nlohmann::json& v, const char* key,
-                             const nlohmann::json& example) {
-  throw ConfigError(detail::concat("config key '", key, "' has the wrong type: got ", v.dump(),
+[[noreturn]] void wrong_type(const json& v, const std::string& key, const json& example) {
+  throw ConfigError(detail::concat(config_key(key), " has the wrong type: got ", v.dump(),
                                    ", expected something like ", example.dump()));
 }
 
@@ -46,13 +53,13 @@ namespace {
 // integer field takes an integral value in its range, a float field a finite one in range), so
 // that 1e300 or 4294967809 in an int is an error, not a silent wrap or undefined behaviour.
 template <typename T>
-void read_value(const nlohmann::json& v, const char* key, const nlohmann::json& example, T& out) {
+T read_value(const json& v, const std::string& key, const json& example) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) wrong_type(v, key, example);
-    out = v.get<std::string>();
+    return v.get<std::string>();
   } else if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) wrong_type(v, key, example);
-    out = v.get<bool>();
+    return v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     using limits = std::numeric_limits<T>;
     bool ok = false;
@@ -70,173 +77,463 @@ void read_value(const nlohmann::json& v, const char* key, const nlohmann::json& 
     } else {
       wrong_type(v, key, example);
     }
-    TESSERA_CHECK_AS(ConfigError, ok, "config key '", key, "' is ", v.dump(),
+    TESSERA_CHECK_AS(ConfigError, ok, config_key(key), " is ", v.dump(),
                      ", which is not an integer in [", +limits::min(), ", ", +limits::max(), "]");
-    out = v.is_number_float()      ? static_cast<T>(v.get<double>())
-          : v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
-                                   : static_cast<T>(v.get<int64_t>());
+    return v.is_number_float()      ? static_cast<T>(v.get<double>())
+           : v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                    : static_cast<T>(v.get<int64_t>());
   } else {
     static_assert(std::is_floating_point_v<T>);
     if (!v.is_number()) wrong_type(v, key, example);
     const double x = v.get<double>();
     TESSERA_CHECK_AS(ConfigError, std::isfinite(x) && std::fabs(x) <= std::numeric_limits<T>::max(),
-                     "config key '", key, "' is ", v.dump(), ", which is not a finite number",
+                     config_key(key), " is ", v.dump(), ", which is not a finite number",
                      std::is_same_v<T, float> ? " in float range" : "");
-    out = static_cast<T>(x);
+    return static_cast<T>(x);
   }
+}
+
+// A field's own rule: "" when `v` is acceptable, else what is wrong ("must be positive").
+template <typename T>
+using Rule = std::function<std::string(const T& v)>;
+
+template <typename T>
+Rule<T> positive() {
+  return [](const T& v) { return v > 0 ? "" : detail::concat("must be positive, got ", v); };
+}
+template <typename T>
+Rule<T> at_least(T low, const char* what = "") {
+  return [=](const T& v) {
+    return v >= low ? "" : detail::concat("must be >= ", low, what, ", got ", v);
+  };
+}
+// [low, high) or, with closed_high, [low, high]; NaN fails both.
+template <typename T>
+Rule<T> in_range(T low, T high, bool closed_high, const char* what = "") {
+  return [=](const T& v) {
+    const bool ok = v >= low && (closed_high ? v <= high : v < high);
+    return ok ? ""
+              : detail::concat("must be in [", low, ", ", high, closed_high ? "]" : ")", what,
+                               ", got ", v);
+  };
+}
+
+void apply_rule(const std::string& rule_result, const std::string& key) {
+  if (!rule_result.empty()) throw ConfigError(detail::concat(config_key(key), " ", rule_result));
+}
+
+template <typename T>
+ConfigField::Kind kind_of() {
+  if constexpr (std::is_same_v<T, std::string>) return ConfigField::Kind::Text;
+  if constexpr (std::is_same_v<T, bool>) return ConfigField::Kind::Boolean;
+  if constexpr (std::is_integral_v<T>) return ConfigField::Kind::Integer;
+  return ConfigField::Kind::Number;
+}
+
+// A field holding a value (number, text or boolean) with an optional rule.
+template <typename T>
+ConfigField value(const char* group, const char* key, T TrainConfig::*member, const char* help,
+                  Rule<T> rule = {}) {
+  ConfigField f;
+  f.key = key;
+  f.group = group;
+  f.help = help;
+  f.kind = kind_of<T>();
+  f.get = [member](const TrainConfig& c) { return json(c.*member); };
+  f.check = [member, rule, k = f.key](const TrainConfig& c) {
+    if (rule) apply_rule(rule(c.*member), k);
+  };
+  f.set = [member, k = f.key, check = f.check](TrainConfig& c, const json& v) {
+    c.*member = read_value<T>(v, k, json(TrainConfig{}.*member));
+    check(c);
+  };
+  return f;
+}
+
+// An enumeration, read and written by name.
+template <typename E>
+ConfigField choice(const char* group, const char* key, E TrainConfig::*member, const char* help,
+                   std::vector<std::pair<E, std::string>> names) {
+  ConfigField f;
+  f.key = key;
+  f.group = group;
+  f.help = help;
+  f.kind = ConfigField::Kind::Choice;
+  for (const auto& [e, name] : names) f.choices.push_back(name);
+  f.get = [member, names](const TrainConfig& c) {
+    for (const auto& [e, name] : names)
+      if (e == c.*member) return json(name);
+    return json(nullptr);  // not one of the values (a C++ caller's cast): check() says so
+  };
+  f.check = [member, names, k = f.key, choices = f.choices](const TrainConfig& c) {
+    for (const auto& [e, name] : names)
+      if (e == c.*member) return;
+    throw ConfigError(detail::concat(config_key(k), " holds a value that is none of ",
+                                     detail::join(choices, ", ")));
+  };
+  f.set = [member, names, k = f.key, choices = f.choices](TrainConfig& c, const json& v) {
+    if (!v.is_string()) wrong_type(v, k, json(choices.front()));
+    const std::string s = v.get<std::string>();
+    for (const auto& [e, name] : names)
+      if (name == s) {
+        c.*member = e;
+        return;
+      }
+    throw ConfigError(detail::concat(config_key(k), " must be ",
+                                     detail::join(choices, ", ", " or "), ", got '", s, "'"));
+  };
+  return f;
+}
+
+std::vector<std::pair<DType, std::string>> float_dtypes() {
+  return {{DType::F32, "fp32"}, {DType::BF16, "bf16"}};
+}
+std::vector<std::pair<WireDtype, std::string>> wire_dtypes() {
+  return {{WireDtype::Auto, "auto"}, {WireDtype::Fp32, "fp32"}, {WireDtype::Bf16, "bf16"}};
+}
+
+std::vector<ConfigField> make_fields() {
+  using T = TrainConfig;
+  using kernels::Bf16Gemm;
+  using kernels::Precision;
+  std::vector<ConfigField> f;
+  const char* data = "Data";
+  f.push_back(value(data, "data", &T::data,
+                    "Text file or directory, tessera token file, or raw uint16 .bin (nanoGPT); "
+                    "empty: Debian's fortunes"));
+  f.push_back(value(data, "vocab", &T::vocab, "BPE vocabulary size to train on text data",
+                    in_range(257, 65535, true, " (the 256 bytes plus merges)")));
+  f.push_back(value(data, "val_fraction", &T::val_fraction,
+                    "Fraction of tokens held out for validation (0 disables)",
+                    in_range(0.0, 1.0, false)));
+  f.push_back(value(data, "cache_dir", &T::cache_dir,
+                    "Where tokenizers and token files prepared from text are cached"));
+
+  const char* model = "Model";
+  f.push_back(value(model, "layers", &T::layers, "Transformer blocks", positive<int>()));
+  f.push_back(value(model, "dim", &T::dim, "Model width (embedding size)", positive<int>()));
+  f.push_back(value(model, "heads", &T::heads,
+                    "Attention heads (must divide --dim); 0: 4 for a new model, from config.json "
+                    "beside --init-from weights",
+                    at_least(0, " (0: automatic)")));
+  f.push_back(value(model, "seq", &T::seq,
+                    "Sequence length (tokens per sample; the model's context)", positive<int>()));
+  f.push_back(
+      value(model, "dropout", &T::dropout, "Dropout probability", in_range(0.0f, 1.0f, false)));
+  f.push_back(value(model, "init_from", &T::init_from,
+                    "Start from these safetensors weights (HF GPT-2 names); the architecture "
+                    "comes from them"));
+  f.push_back(value(model, "moe_experts", &T::moe_experts,
+                    "Mixture of experts: experts per MoE block (each a GPT-2 MLP); 0 = dense MLPs",
+                    at_least(0, " (0 = dense)")));
+  f.push_back(value(model, "moe_top_k", &T::moe_top_k,
+                    "Experts per token (gates renormalised over them); ties go to the lower "
+                    "expert index"));
+  f.push_back(value(model, "moe_every", &T::moe_every,
+                    "Block l (0-based) is an MoE block when l % every == every - 1 (1: every "
+                    "block)"));
+  f.push_back(value(model, "moe_capacity_factor", &T::moe_capacity_factor,
+                    "Per-sequence expert capacity ceil(factor x top_k x seq / experts); 0 = "
+                    "dropless",
+                    at_least(0.0f, " (0 = dropless)")));
+  f.push_back(value(model, "moe_aux_loss", &T::moe_aux_loss,
+                    "Switch load-balancing loss coefficient (alpha E sum_i f_i P_i, per sequence)",
+                    at_least(0.0f)));
+  f.push_back(value(model, "moe_z_loss", &T::moe_z_loss,
+                    "Router z-loss coefficient (mean logsumexp^2)", at_least(0.0f)));
+
+  const char* opt = "Optimisation";
+  f.push_back(value(opt, "steps", &T::steps, "Optimizer steps (the total, also when resuming)",
+                    at_least<int64_t>(0)));
+  f.push_back(value(opt, "batch", &T::batch, "Global batch size in sequences", positive<int>()));
+  f.push_back(value(opt, "micro_batch", &T::micro_batch,
+                    "Sequences per forward/backward (gradient accumulation); 0 = --batch",
+                    at_least(0)));
+  f.push_back(value(opt, "lr", &T::lr, "Peak learning rate", positive<float>()));
+  f.push_back(value(opt, "warmup", &T::warmup, "Linear warmup steps (then cosine decay)",
+                    at_least<int64_t>(0)));
+  f.push_back(
+      value(opt, "min_lr_ratio", &T::min_lr_ratio, "Final learning rate as a fraction of --lr"));
+  f.push_back(value(opt, "weight_decay", &T::weight_decay,
+                    "Decoupled weight decay (2-D weights only)", at_least(0.0f)));
+  f.push_back(value(opt, "grad_clip", &T::grad_clip,
+                    "Clip the global gradient norm to this (0 disables)",
+                    at_least(0.0f, " (0 disables)")));
+  f.push_back(choice(opt, "optimizer", &T::optimizer, "Optimizer",
+                     {{OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Sgd, "sgd"}}));
+  f.push_back(value(opt, "momentum", &T::momentum, "SGD momentum"));
+  f.push_back(value(opt, "beta1", &T::beta1, "AdamW beta1", in_range(0.0f, 1.0f, false)));
+  f.push_back(value(opt, "beta2", &T::beta2, "AdamW beta2", in_range(0.0f, 1.0f, false)));
+  f.push_back(
+      value(opt, "seed", &T::seed, "Seed of initialisation, data order, dropout and sampling"));
+
+  const char* par = "Parallelism";
+  f.push_back(value(par, "dp", &T::dp,
+                    "Data-parallel ranks (replicas): threads of this process, or under mpirun "
+                    "processes (mpirun starts pp x dp x tp)",
+                    positive<int>()));
+  f.push_back(value(par, "tp", &T::tp,
+                    "Tensor-parallel ranks per replica (Megatron split; vocabulary-parallel "
+                    "embedding and loss); the job has pp x dp x tp ranks",
+                    at_least(1, " (1 = no tensor parallelism)")));
+  ConfigField sp = value(par, "sp", &T::sp,
+                         "Sequence parallelism (needs --tp 2 or more): LayerNorms and dropout on "
+                         "each tensor-parallel rank's slice of the tokens; all-gather / "
+                         "reduce-scatter instead of all-reduce");
+  sp.bare_flag = true;
+  f.push_back(std::move(sp));
+  f.push_back(value(par, "pp", &T::pp,
+                    "Pipeline stages (ranks); the job has pp x dp x tp ranks (tp fastest, then "
+                    "dp, then pp)",
+                    at_least(1, " (1 = no pipeline)")));
+  f.push_back(value(par, "ep", &T::ep,
+                    "Expert-parallel ranks: each MoE block's experts split over ep ranks carved "
+                    "from --dp (ep must divide dp and the expert count)",
+                    at_least(1)));
+  f.push_back(value(par, "pp_split", &T::pp_split,
+                    "Units per model stage, e.g. 4,4 for 6 blocks (the embedding and the head "
+                    "count as units; a block's attention and MLP halves 0.5 each, so 4.5,3.5 cuts "
+                    "inside block 3); empty = balanced by modelled cost at half-block grain"));
+  {
+    std::vector<std::pair<parallel::ScheduleKind, std::string>> names;
+    for (parallel::ScheduleKind k : parallel::pipeline_schedules())
+      names.emplace_back(k, parallel::to_string(k));
+    f.push_back(
+        choice(par, "schedule", &T::schedule, "Pipeline schedule (with --pp 2 or more)", names));
+  }
+  f.push_back(value(par, "virtual_stages", &T::virtual_stages,
+                    "Model chunks per pipeline rank (the interleaved schedule)", at_least(1)));
+  f.push_back(value(par, "zero", &T::zero,
+                    "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ "
+                    "parameters)",
+                    in_range(0, 3, true)));
+  f.push_back(value(par, "bucket_mb", &T::bucket_mb,
+                    "Gradient bucket size in MiB (communication granularity)", positive<double>()));
+  f.push_back(value(par, "overlap", &T::overlap,
+                    "Overlap gradient communication with backward (true/false)"));
+  f.push_back(choice(par, "backend", &T::backend,
+                     "Communication backend: auto (mpi under mpirun, else inproc), inproc, mpi",
+                     {{comm::Backend::Auto, "auto"},
+                      {comm::Backend::Inproc, "inproc"},
+                      {comm::Backend::Mpi, "mpi"}}));
+  f.push_back(choice(par, "recompute", &T::recompute,
+                     "Activation recomputation: none, selective (attention scores) or full (whole "
+                     "blocks)",
+                     {{nn::Recompute::None, "none"},
+                      {nn::Recompute::Selective, "selective"},
+                      {nn::Recompute::Full, "full"}}));
+
+  const char* prec = "Precision";
+  f.push_back(choice(prec, "precision", &T::precision,
+                     "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; fp32 master "
+                     "weights, gradients, optimizer state, LayerNorm, softmax, loss and router)",
+                     {{Precision::F32, "fp32"}, {Precision::BF16, "bf16"}}));
+  f.push_back(choice(
+      prec, "bf16_gemm", &T::bf16_gemm,
+      "bf16 GEMM path: auto (the faster of the two, measured at start; emulated on "
+      "a CPU without avx512_bf16 or amx_bf16), onednn, emulated (bf16-rounded "
+      "inputs through OpenBLAS)",
+      {{Bf16Gemm::Auto, "auto"}, {Bf16Gemm::OneDnn, "onednn"}, {Bf16Gemm::Emulated, "emulated"}}));
+  f.push_back(choice(prec, "bf16_weight_copies", &T::bf16_weight_copies,
+                     "bf16 copies of the GEMM weights, converted once per forward rather than at "
+                     "every GEMM (2 bytes per weight; not under ZeRO-3): auto (on where the GEMMs "
+                     "run through oneDNN), on, off",
+                     {{nn::WeightCopies::Auto, "auto"},
+                      {nn::WeightCopies::Always, "on"},
+                      {nn::WeightCopies::Never, "off"}}));
+  f.push_back(choice(prec, "grad_reduce_dtype", &T::grad_reduce_dtype,
+                     "Data-parallel gradient reduction in fp32 or bf16 (half the bytes; fp32 "
+                     "accumulation)",
+                     float_dtypes()));
+  f.push_back(choice(prec, "param_gather_dtype", &T::param_gather_dtype,
+                     "ZeRO-3 parameter all-gathers in auto (= --precision), fp32 or bf16 (each "
+                     "rank rounds its fp32 master shard: half the bytes; the model reads the bf16 "
+                     "values)",
+                     wire_dtypes()));
+  f.push_back(choice(prec, "activation_comm_dtype", &T::activation_comm_dtype,
+                     "Tensor- and pipeline-parallel activations and their gradients sent in auto "
+                     "(= --precision), fp32 or bf16 (rounded to send, widened on arrival: half "
+                     "the bytes)",
+                     wire_dtypes()));
+  f.push_back(choice(prec, "export_dtype", &T::export_dtype,
+                     "model.safetensors in fp32 or bf16 (checkpoints always hold the fp32 "
+                     "masters)",
+                     float_dtypes()));
+  f.push_back(value(prec, "peak_gflops", &T::peak_gflops,
+                    "One rank's GEMM peak in GFLOP/s for the precision in use, for the progress "
+                    "line's MFU; 0 = measured at start on the rank's threads",
+                    at_least(0.0, " (0: measure it at start)")));
+
+  const char* run = "Run";
+  f.push_back(value(run, "comm_timeout", &T::comm_timeout,
+                    "Seconds a rank waits for its peers in any communication call before the run "
+                    "fails with an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)",
+                    in_range(0.0, 86400.0 * 365, true, " seconds (0: the default)")));
+  f.push_back(value(run, "io_timeout", &T::io_timeout,
+                    "Seconds the other ranks wait while rank 0 writes a checkpoint (or, under "
+                    "mpirun, prepares the data and reads the checkpoint) before the run fails; "
+                    "never below --comm-timeout",
+                    Rule<double>([](const double& v) -> std::string {
+                      if (v > 0 && v <= 86400.0 * 365) return "";
+                      return detail::concat("must be a number of seconds in (0, 1 year], got ", v);
+                    })));
+  f.push_back(value(run, "trace", &T::trace,
+                    "Write the timeline (Chrome trace-event JSON, one track per rank) to this "
+                    "file"));
+  f.push_back(value(run, "threads", &T::threads,
+                    "Compute (BLAS) threads per rank; 0 = the cores divided among the ranks",
+                    at_least(0, " (0 = the cores divided among the ranks)")));
+  f.push_back(value(run, "memory_limit", &T::memory_limit,
+                    "Emulated device memory per rank, e.g. 2GiB (empty: unlimited)",
+                    Rule<std::string>([](const std::string& v) -> std::string {
+                      if (!v.empty()) (void)parse_bytes(v);  // ConfigError saying what it takes
+                      return "";
+                    })));
+  f.push_back(value(run, "save", &T::save,
+                    "Checkpoint directory (also exports model.safetensors, config.json, "
+                    "tokenizer.json)"));
+  f.push_back(value(run, "resume", &T::resume, "Resume from this checkpoint directory"));
+  f.push_back(value(run, "save_every", &T::save_every,
+                    "Save a checkpoint every N steps (0: only at the end)", at_least<int64_t>(0)));
+  f.push_back(value(run, "metrics", &T::metrics, "Write metrics as JSON lines to this file"));
+  f.push_back(value(run, "eval_every", &T::eval_every,
+                    "Validate every N steps (0: only at the end)", at_least<int64_t>(0)));
+  f.push_back(value(run, "eval_batches", &T::eval_batches,
+                    "Validation batches of --batch sequences (the same windows in every layout)",
+                    positive<int>()));
+  f.push_back(value(run, "sample_tokens", &T::sample_tokens,
+                    "Tokens to generate at the end (0: none)", at_least(0)));
+  f.push_back(value(run, "prompt", &T::prompt, "Prompt of the final sample"));
+  f.push_back(
+      value(run, "temperature", &T::temperature, "Sampling temperature", positive<float>()));
+  f.push_back(value(run, "top_k", &T::top_k, "Sample from the k most likely tokens (0: all)",
+                    at_least(0, " (0 = no limit)")));
+  f.push_back(value(run, "log_every", &T::log_every,
+                    "Progress line every N steps when not on a terminal", positive<int>()));
+  return f;
 }
 
 }  // namespace
 
-TrainConfig train_config_from_json(const nlohmann::json& j) {
+const std::vector<ConfigField>& train_config_fields() {
+  static const std::vector<ConfigField> fields = make_fields();
+  return fields;
+}
+
+json value_from_text(const ConfigField& f, const std::string& text) {
+  auto bad = [&](const char* what) -> json {
+    throw ConfigError(detail::concat(config_key(f.key), " must be ", what, ", got '", text, "'"));
+  };
+  switch (f.kind) {
+    case ConfigField::Kind::Text:
+    case ConfigField::Kind::Choice:
+      return text;  // a choice is checked by set()
+    case ConfigField::Kind::Boolean:
+      if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+      if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+      return bad("true or false");
+    case ConfigField::Kind::Integer:
+    case ConfigField::Kind::Number: {
+      // JSON's number syntax (so "0x10" or "1e" are errors, and integers stay exact).
+      json v;
+      try {
+        v = json::parse(text);
+      } catch (const json::exception&) {
+        return bad("a number");
+      }
+      if (!v.is_number()) return bad("a number");
+      return v;
+    }
+  }
+  return bad("a value");
+}
+
+json to_json(const TrainConfig& c) {
+  json j = json::object();
+  for (const ConfigField& f : train_config_fields()) j[f.key] = f.get(c);
+  return j;
+}
+
+TrainConfig train_config_from_json(const json& j) {
   TESSERA_CHECK_AS(ConfigError, j.is_object(), "a training config must be a JSON object");
-  TrainConfig c;
-  nlohmann::json known = to_json(c);
   for (const auto& [key, value] : j.items()) {
-    TESSERA_CHECK_AS(ConfigError, known.contains(key), "unknown config key '", key,
+    bool known = false;
+    for (const ConfigField& f : train_config_fields()) known = known || f.key == key;
+    TESSERA_CHECK_AS(ConfigError, known, "unknown config key '", key,
                      "'; run `tessera train --help` for the accepted keys");
     (void)value;
   }
-#define X(name) \
-  if (j.contains(#name)) read_value(j.at(#name), #name, known.at(#name), c.name);
-  TESSERA_TRAIN_CONFIG_FIELDS(X)
-#undef X
+  TrainConfig c;
+  for (const ConfigField& f : train_config_fields())
+    if (j.contains(f.key)) f.set(c, j.at(f.key));
   return c;
 }
 
-nlohmann::json read_json_file(const std::string& path) {
+json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TESSERA_CHECK_AS(ConfigError, in.good(), "cannot open config file '", path, "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
     return io::parse_json(text);
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const json::exception& e) {
     throw ConfigError(detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
   }
 }
 
-DType float_dtype(const std::string& s, const char* flag) {
-  return kernels::parse_precision(s, flag) == kernels::Precision::BF16 ? DType::BF16 : DType::F32;
-}
-
-DType comm_dtype(const std::string& s, const std::string& precision, const char* flag) {
-  TESSERA_CHECK_AS(ConfigError, s == "auto" || s == "fp32" || s == "bf16", flag,
-                   " must be auto (the --precision), fp32 or bf16, got '", s, "'");
-  return float_dtype(s == "auto" ? precision : s, flag);
-}
-
 void check_tensor_parallel(int heads, int dim, int tp) {
-  TESSERA_CHECK_AS(ConfigError, heads % tp == 0, "--tp ", tp, " does not divide the ", heads,
-                   " attention heads; choose --tp among the divisors of the head count");
-  TESSERA_CHECK_AS(ConfigError, (4 * static_cast<int64_t>(dim)) % tp == 0, "--tp ", tp,
-                   " does not divide the MLP width 4 x dim = ", 4 * static_cast<int64_t>(dim),
-                   "; choose --tp dividing it");
+  TESSERA_CHECK_AS(ConfigError, heads % tp == 0, config_key("tp"), " ", tp, " does not divide the ",
+                   heads, " attention heads; choose ", config_key("tp"),
+                   " among the divisors of the head count");
+  TESSERA_CHECK_AS(ConfigError, (4 * static_cast<int64_t>(dim)) % tp == 0, config_key("tp"), " ",
+                   tp, " does not divide the MLP width 4 x dim = ", 4 * static_cast<int64_t>(dim),
+                   "; choose ", config_key("tp"), " dividing it");
 }
 
 void TrainConfig::validate() const {
-  auto positive = [](const char* key, int64_t v) {
-    TESSERA_CHECK_AS(ConfigError, v > 0, "--", key, " must be positive, got ", v);
-  };
-  positive("layers", layers);
-  positive("dim", dim);
-  positive("seq", seq);
-  positive("batch", batch);
-  positive("eval-batches", eval_batches);
-  positive("log-every", log_every);
-  TESSERA_CHECK_AS(ConfigError, steps >= 0, "--steps must be >= 0, got ", steps);
-  TESSERA_CHECK_AS(ConfigError, vocab >= 257 && vocab <= 65535,
-                   "--vocab must be between 257 (the 256 bytes plus one merge) and 65535, got ",
-                   vocab);
-  TESSERA_CHECK_AS(ConfigError, heads >= 0, "--heads must be positive (or 0: automatic), got ",
-                   heads);
-  TESSERA_CHECK_AS(ConfigError, dim % new_model_heads() == 0, "--heads ", new_model_heads(),
-                   " does not divide --dim ", dim,
+  for (const ConfigField& f : train_config_fields()) f.check(*this);
+  auto key = [](const char* k) { return config_key(k); };
+  const bool new_model = resume.empty() && init_from.empty();
+  TESSERA_CHECK_AS(ConfigError, dim % new_model_heads() == 0, key("heads"), " ", new_model_heads(),
+                   " does not divide ", key("dim"), " ", dim,
                    "; choose heads so that dim/heads is a whole number");
-  positive("dp", dp);
-  TESSERA_CHECK_AS(ConfigError, tp >= 1,
-                   "--tp must be at least 1 (1 = no tensor parallelism), got ", tp);
-  if (resume.empty() && init_from.empty()) check_tensor_parallel(new_model_heads(), dim, tp);
-  TESSERA_CHECK_AS(ConfigError, !sp || tp > 1,
-                   "--sp (sequence parallelism) splits the sequence over the tensor-parallel "
-                   "ranks: it needs --tp 2 or more, got --tp ",
-                   tp, " (--sp=false turns it off, e.g. to resume an --sp checkpoint at --tp 1)");
-  TESSERA_CHECK_AS(ConfigError, pp >= 1, "--pp must be at least 1 (1 = no pipeline), got ", pp);
-  TESSERA_CHECK_AS(ConfigError, virtual_stages >= 1, "--virtual-stages must be at least 1, got ",
-                   virtual_stages);
-  TESSERA_CHECK_AS(ConfigError, virtual_stages == 1 || (pp > 1 && schedule == "interleaved"),
-                   "--virtual-stages ", virtual_stages,
-                   " needs --schedule interleaved and --pp > 1 (model chunks per pipeline rank)");
-  if (pp > 1 && resume.empty() && init_from.empty())
-    TESSERA_CHECK_AS(ConfigError, pp * virtual_stages <= layers + 2, "--pp ", pp,
-                     " x --virtual-stages ", virtual_stages, " = ", pp * virtual_stages,
+  if (new_model) check_tensor_parallel(new_model_heads(), dim, tp);
+  TESSERA_CHECK_AS(ConfigError, !sp || tp > 1, key("sp"),
+                   " (sequence parallelism) splits the sequence over the tensor-parallel ranks: "
+                   "it needs ",
+                   key("tp"), " 2 or more, got ", key("tp"), " ", tp, " (", key("sp"),
+                   "=false turns it off, e.g. to resume an ", key("sp"), " checkpoint at ",
+                   key("tp"), " 1)");
+  TESSERA_CHECK_AS(ConfigError,
+                   virtual_stages == 1 || (pp > 1 && parallel::traits(schedule).interleaved),
+                   key("virtual_stages"), " ", virtual_stages, " needs ", key("schedule"),
+                   " interleaved and ", key("pp"), " > 1 (model chunks per pipeline rank)");
+  if (pp > 1 && new_model)
+    TESSERA_CHECK_AS(ConfigError, pp * virtual_stages <= layers + 2, key("pp"), " ", pp, " x ",
+                     key("virtual_stages"), " ", virtual_stages, " = ", pp * virtual_stages,
                      " stages, but the model has only ", layers + 2, " units (the embedding, ",
                      layers, " blocks and the head); each stage needs at least one");
-  TESSERA_CHECK_AS(ConfigError, batch % dp == 0, "--batch ", batch, " does not split over --dp ",
-                   dp, " ranks; choose a batch that is a multiple of dp");
-  TESSERA_CHECK_AS(ConfigError,
-                   micro_batch >= 0 && (micro_batch == 0 || (batch / dp) % micro_batch == 0),
-                   "--micro-batch ", micro_batch, " must divide the per-rank batch ", batch / dp,
-                   " (--batch ", batch, " / --dp ", dp, ")");
-  TESSERA_CHECK_AS(ConfigError, zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3, got ", zero);
-  TESSERA_CHECK_AS(ConfigError, ep >= 1 && dp % ep == 0, "--ep ", ep, " must divide --dp ", dp,
-                   " (the expert-parallel ranks are carved from the data-parallel ranks)");
-  TESSERA_CHECK_AS(ConfigError, moe_experts >= 0, "--moe-experts must be >= 0 (0 = dense), got ",
-                   moe_experts);
-  if (resume.empty() && init_from.empty()) {
-    TESSERA_CHECK_AS(ConfigError, ep == 1 || moe_experts > 0, "--ep ", ep,
-                     " needs a mixture of experts: set --moe-experts (a multiple of ep)");
-    TESSERA_CHECK_AS(ConfigError, moe_experts % ep == 0, "--moe-experts ", moe_experts,
-                     " does not split over --ep ", ep,
+  TESSERA_CHECK_AS(ConfigError, batch % dp == 0, key("batch"), " ", batch, " does not split over ",
+                   key("dp"), " ", dp, " ranks; choose a batch that is a multiple of dp");
+  TESSERA_CHECK_AS(ConfigError, micro_batch == 0 || (batch / dp) % micro_batch == 0,
+                   key("micro_batch"), " ", micro_batch, " must divide the per-rank batch ",
+                   batch / dp, " (", key("batch"), " ", batch, " / ", key("dp"), " ", dp, ")");
+  TESSERA_CHECK_AS(ConfigError, dp % ep == 0, key("ep"), " ", ep, " must divide ", key("dp"), " ",
+                   dp, " (the expert-parallel ranks are carved from the data-parallel ranks)");
+  if (new_model) {
+    TESSERA_CHECK_AS(ConfigError, ep == 1 || moe_experts > 0, key("ep"), " ", ep,
+                     " needs a mixture of experts: set ", key("moe_experts"),
+                     " (a multiple of ep)");
+    TESSERA_CHECK_AS(ConfigError, moe_experts % ep == 0, key("moe_experts"), " ", moe_experts,
+                     " does not split over ", key("ep"), " ", ep,
                      " ranks; choose an expert count that is a multiple of ep");
     TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_top_k >= 1 && moe_top_k <= moe_experts),
-                     "--moe-top-k ", moe_top_k,
-                     " must be between 1 and the number of experts (--moe-experts ", moe_experts,
-                     ")");
+                     key("moe_top_k"), " ", moe_top_k,
+                     " must be between 1 and the number of experts (", key("moe_experts"), " ",
+                     moe_experts, ")");
     TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_every >= 1 && moe_every <= layers),
-                     "--moe-every ", moe_every, " must be between 1 and --layers ", layers);
+                     key("moe_every"), " ", moe_every, " must be between 1 and ", key("layers"),
+                     " ", layers);
   }
-  TESSERA_CHECK_AS(ConfigError, moe_capacity_factor >= 0,
-                   "--moe-capacity-factor must be >= 0 (0 = dropless), got ", moe_capacity_factor);
-  TESSERA_CHECK_AS(ConfigError, moe_aux_loss >= 0 && moe_z_loss >= 0,
-                   "--moe-aux-loss and --moe-z-loss must be >= 0");
-  nn::parse_recompute(recompute);       // throws a ConfigError naming the accepted values
-  kernels::parse_precision(precision);  // likewise
-  kernels::parse_bf16_gemm(bf16_gemm);
-  nn::parse_weight_copies(bf16_weight_copies);
-  float_dtype(grad_reduce_dtype, "--grad-reduce-dtype");
-  float_dtype(export_dtype, "--export-dtype");
-  comm_dtype(param_gather_dtype, precision, "--param-gather-dtype");
-  comm_dtype(activation_comm_dtype, precision, "--activation-comm-dtype");
-  TESSERA_CHECK_AS(
-      ConfigError, peak_gflops >= 0 && std::isfinite(peak_gflops),
-      "--peak-gflops must be a rate in GFLOP/s per rank (0: measure it at start), got ",
-      peak_gflops);
-  TESSERA_CHECK_AS(ConfigError, bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
-  TESSERA_CHECK_AS(ConfigError, comm_timeout >= 0 && comm_timeout <= 86400 * 365,
-                   "--comm-timeout must be a number of seconds in [0, 1 year] (0: "
-                   "TESSERA_COMM_TIMEOUT_S or 300 s), got ",
-                   comm_timeout);
-  TESSERA_CHECK_AS(ConfigError, io_timeout > 0 && io_timeout <= 86400 * 365,
-                   "--io-timeout must be a number of seconds in (0, 1 year], got ", io_timeout);
-  TESSERA_CHECK_AS(ConfigError, backend == "auto" || backend == "inproc" || backend == "mpi",
-                   "--backend must be auto, inproc or mpi, got '", backend, "'");
-  TESSERA_CHECK_AS(ConfigError, val_fraction >= 0 && val_fraction < 1,
-                   "--val-fraction must be in [0, 1), got ", val_fraction);
-  TESSERA_CHECK_AS(ConfigError, dropout >= 0 && dropout < 1, "--dropout must be in [0, 1), got ",
-                   dropout);
-  TESSERA_CHECK_AS(ConfigError, lr > 0, "--lr must be positive, got ", lr);
-  TESSERA_CHECK_AS(ConfigError, warmup >= 0, "--warmup must be >= 0, got ", warmup);
-  TESSERA_CHECK_AS(ConfigError, weight_decay >= 0, "--weight-decay must be >= 0");
-  TESSERA_CHECK_AS(ConfigError, grad_clip >= 0, "--grad-clip must be >= 0 (0 disables)");
-  TESSERA_CHECK_AS(ConfigError, optimizer == "adamw" || optimizer == "sgd",
-                   "--optimizer must be adamw or sgd, got '", optimizer, "'");
-  TESSERA_CHECK_AS(ConfigError, beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
-                   "--beta1 and --beta2 must be in [0, 1)");
-  TESSERA_CHECK_AS(ConfigError, threads >= 0, "--threads must be >= 0 (0 = one per core)");
-  TESSERA_CHECK_AS(ConfigError, eval_every >= 0 && save_every >= 0 && sample_tokens >= 0,
-                   "--eval-every, --save-every and --sample-tokens must be >= 0");
-  TESSERA_CHECK_AS(ConfigError, temperature > 0, "--temperature must be positive");
-  TESSERA_CHECK_AS(ConfigError, top_k >= 0, "--top-k must be >= 0 (0 = no limit)");
 }
 
 }  // namespace tessera::train

@@ -1,14 +1,33 @@
-// Everything a training run is configured by. The same keys are accepted as command-line flags
-// (`--grad-clip 1`) and in a JSON config file (`{"grad_clip": 1}`); flags win over the file.
+// Everything a training run is configured by, typed: the strings of a command line or a JSON file
+// (precision "bf16", schedule "zb-h1", ...) become enumerations once, when they are read, and the
+// libraries below take the typed values.
+//
+// One table of fields (train_config_fields(): key, type, default, help, own rule) drives the JSON
+// mapping (to_json / train_config_from_json), the command-line flags of `tessera train` (each key
+// is a flag: "grad_clip" is --grad-clip) and the validation of single values; validate() adds the
+// rules that relate several keys. Errors name the key with config_key() (core/error.h), which a
+// JSON reader sees as "grad_clip" and the command renders as "--grad-clip".
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/dtype.h"
+#include "tessera/kernels/precision.h"
+#include "tessera/nn/gpt_config.h"
+#include "tessera/parallel/pipeline/schedule.h"
 
 namespace tessera::train {
+
+enum class OptimizerKind { AdamW, Sgd };
+
+// What a kind of traffic travels in: the --precision's dtype (Auto), fp32 or bf16.
+enum class WireDtype { Auto, Fp32, Bf16 };
+DType resolve(WireDtype w, kernels::Precision p);
 
 struct TrainConfig {
   // Data.
@@ -40,55 +59,47 @@ struct TrainConfig {
   int64_t warmup = 50;
   float min_lr_ratio = 0.1f;
   float weight_decay = 0.1f;
-  float grad_clip = 1.0f;           // 0 disables
-  std::string optimizer = "adamw";  // adamw | sgd
-  float momentum = 0.9f;            // sgd only
+  float grad_clip = 1.0f;  // 0 disables
+  OptimizerKind optimizer = OptimizerKind::AdamW;
+  float momentum = 0.9f;  // sgd only
   float beta1 = 0.9f, beta2 = 0.95f;
   uint64_t seed = 1337;
 
   // Parallelism.
-  int dp = 1;                     // data-parallel ranks (threads here, or the processes of mpirun)
-  int tp = 1;                     // tensor-parallel ranks per data-parallel replica (world = dp*tp)
-  bool sp = false;                // sequence parallelism inside the tensor-parallel group (tp > 1)
-  int pp = 1;                     // pipeline stages (ranks); world = pp * dp * tp
-  int ep = 1;                     // expert-parallel ranks, carved from dp (must divide it)
-  std::string pp_split;           // units per model stage, e.g. "4,4"; "" = balanced by cost
-  std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved | zb-h1
-  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved schedule)
-  int zero = 0;                   // ZeRO stage 0..3
-  double bucket_mb = 25;          // gradient bucket size (MiB)
-  bool overlap = true;            // overlap bucket communication with backward
-  std::string backend = "auto";   // auto | inproc | mpi
-  std::string trace;              // Chrome trace-event JSON of the run's timeline
-  std::string recompute = "none";  // activation recomputation: none | selective | full
-  // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 33): "bf16" = GEMM inputs
-  // in bf16 with fp32 accumulation; master weights, gradients, optimizer state, LayerNorm, softmax,
-  // the loss and the router stay fp32. bf16_gemm: auto (oneDNN where the CPU has bf16 units, else
-  // emulated) | onednn | emulated.
-  std::string precision = "fp32";  // fp32 | bf16
-  std::string bf16_gemm = "auto";
-  // bf16 copies of the GEMM weights, converted once per forward instead of at every GEMM
-  // (nn::GPTLayout::bf16_weight_copies; 2 bytes per weight, no ZeRO-3): auto (where the GEMMs run
-  // through oneDNN) | on | off.
-  std::string bf16_weight_copies = "auto";
-  // The dtype of the data-parallel gradient reduction (fp32 | bf16: half the bytes; gradients are
-  // accumulated in fp32 before and after) and of the exported model.safetensors (fp32 | bf16;
-  // checkpoints always hold the fp32 masters).
-  std::string grad_reduce_dtype = "fp32";
-  std::string export_dtype = "fp32";
-  // The dtypes of the other traffic: ZeRO-3 parameter gathers (each rank rounds its fp32 master
-  // shard) and tensor- and pipeline-parallel activations and their gradients. auto = the
-  // --precision (so bf16 runs move half the bytes), or fp32 | bf16.
-  std::string param_gather_dtype = "auto";
-  std::string activation_comm_dtype = "auto";
+  int dp = 1;            // data-parallel ranks (threads here, or the processes of mpirun)
+  int tp = 1;            // tensor-parallel ranks per data-parallel replica
+  bool sp = false;       // sequence parallelism inside the tensor-parallel group (tp > 1)
+  int pp = 1;            // pipeline stages (ranks); world = pp * dp * tp
+  int ep = 1;            // expert-parallel ranks, carved from dp (must divide it)
+  std::string pp_split;  // units per model stage, e.g. "4,4"; "" = balanced by cost
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
+  int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule)
+  int zero = 0;            // ZeRO stage 0..3 (parallel::zero_stage)
+  double bucket_mb = 25;   // gradient bucket size (MiB)
+  bool overlap = true;     // overlap bucket communication with backward
+  comm::Backend backend = comm::Backend::Auto;
+  std::string trace;  // Chrome trace-event JSON of the run's timeline
+  nn::Recompute recompute = nn::Recompute::None;
+  // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 33): bf16 = GEMM inputs in
+  // bf16 with fp32 accumulation; master weights, gradients, optimizer state, LayerNorm, softmax,
+  // the loss and the router stay fp32.
+  kernels::Precision precision = kernels::Precision::F32;
+  kernels::Bf16Gemm bf16_gemm = kernels::Bf16Gemm::Auto;
+  // bf16 copies of the GEMM weights, converted once per forward (nn::GPTLayout).
+  nn::WeightCopies bf16_weight_copies = nn::WeightCopies::Auto;
+  // The dtype of the data-parallel gradient reduction and of the exported model.safetensors
+  // (F32 or BF16; checkpoints always hold the fp32 masters).
+  DType grad_reduce_dtype = DType::F32;
+  DType export_dtype = DType::F32;
+  // ZeRO-3 parameter gathers, and tensor- and pipeline-parallel activations and their gradients.
+  WireDtype param_gather_dtype = WireDtype::Auto;
+  WireDtype activation_comm_dtype = WireDtype::Auto;
   // One rank's GEMM peak in GFLOP/s for the precision in use, the denominator of the progress
-  // line's MFU (model FLOPs / (peak x ranks)); 0 = measured at start (kernels/gemm_peak.h).
+  // line's MFU; 0 = measured at start (kernels/gemm_peak.h).
   double peak_gflops = 0;
   // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
   double comm_timeout = 0;
-  // Deadline, in seconds, of the waits for one rank's file work: the others waiting while rank 0
-  // writes a checkpoint, or (under mpirun) prepares the data and reads the checkpoint first.
-  // Never shorter than the communication deadline.
+  // Deadline, in seconds, of the waits for one rank's file work (never below comm_timeout).
   double io_timeout = 3600;
 
   // Run.
@@ -106,26 +117,52 @@ struct TrainConfig {
   int top_k = 40;
   int log_every = 10;  // progress line cadence when not on a terminal
 
-  // Throws ConfigError naming the offending key and what is accepted.
+  // Every field's own rule (train_config_fields) and the rules relating several fields. Throws a
+  // ConfigError naming the keys and what is accepted.
   void validate() const;
   int new_model_heads() const { return heads > 0 ? heads : 4; }
   int world() const { return dp * pp * tp; }  // ranks of the job
 };
 
-// "fp32" -> F32, "bf16" -> BF16; otherwise a ConfigError naming `flag` and the accepted values.
-DType float_dtype(const std::string& s, const char* flag);
+// One key of TrainConfig.
+struct ConfigField {
+  enum class Kind { Integer, Number, Boolean, Text, Choice };
+  std::string key;    // the JSON key, "grad_clip"; the flag is flag_of(key), "--grad-clip"
+  std::string group;  // the section of --help: "Data", "Model", "Optimisation", ...
+  std::string help;
+  Kind kind = Kind::Text;
+  std::vector<std::string> choices;  // Choice: the accepted values
+  // A Boolean given as a bare flag (--sp, --sp=false); other Booleans take a value (--overlap
+  // false).
+  bool bare_flag = false;
+  std::function<nlohmann::json(const TrainConfig&)> get;
+  // Reads a JSON value into the field: a ConfigError naming the key for a value of the wrong type,
+  // one that does not fit the field exactly, or one the field's rule rejects.
+  std::function<void(TrainConfig&, const nlohmann::json&)> set;
+  // The field's own rule on its current value (ConfigError naming the key).
+  std::function<void(const TrainConfig&)> check;
+};
 
-// "auto" -> the dtype of `precision`, else as float_dtype (a ConfigError naming `flag` and
-// auto, fp32, bf16 otherwise).
-DType comm_dtype(const std::string& s, const std::string& precision, const char* flag);
+// The fields, in the order of --help.
+const std::vector<ConfigField>& train_config_fields();
+// "grad_clip" -> "--grad-clip".
+std::string flag_of(const std::string& key);
+// A command-line value as the JSON value the field reads ("3" -> 3, "bf16" -> "bf16", "false" ->
+// false); a ConfigError naming the key when the text is not of the field's type.
+nlohmann::json value_from_text(const ConfigField& f, const std::string& text);
 
-// ConfigError unless --tp divides the head count and the MLP width 4 * dim (Megatron's split).
-void check_tensor_parallel(int heads, int dim, int tp);
-
+// Every key, as JSON (enumerations by name: "precision": "bf16").
 nlohmann::json to_json(const TrainConfig& c);
-// Starts from the defaults; unknown keys and values of the wrong type are ConfigErrors.
+// Starts from the defaults; unknown keys, values of the wrong type and values a field's rule
+// rejects are ConfigErrors naming the key. (Rules between keys wait for validate().)
 TrainConfig train_config_from_json(const nlohmann::json& j);
 // Reads a JSON config file (ConfigError on a missing or malformed file).
 nlohmann::json read_json_file(const std::string& path);
+
+// ConfigError unless `tp` divides the head count and the MLP width 4 * dim (Megatron's split).
+void check_tensor_parallel(int heads, int dim, int tp);
+
+const char* to_string(OptimizerKind k);
+const char* to_string(WireDtype w);
 
 }  // namespace tessera::train

@@ -23,9 +23,12 @@ struct TrainResult {
   std::vector<std::string> memory_reports;  // one line per rank: allocator peaks by category
   std::vector<size_t> model_state_peaks;    // per rank: peak parameters + gradients + optimizer
   std::vector<size_t> memory_peaks;         // per rank: the allocator's peak over all categories
-  double comm_bytes_per_step = 0;           // bytes each rank sent per step (ring accounting)
-  double tp_bytes_per_step = 0;             // of which in tensor-parallel collectives
+  // Bytes rank 0 sent in its last step (ring accounting, Communicator::traffic): data- and
+  // tensor-parallel collectives, of which tensor-parallel ones.
+  double comm_bytes_per_step = 0;
+  double tp_bytes_per_step = 0;
   double pp_bytes_per_step = 0;  // bytes rank 0 sent to other pipeline stages (not in the above)
+  double ep_bytes_per_step = 0;  // bytes rank 0 sent in expert-parallel exchanges (not above)
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start
   // to the end of the rank's last forward or backward, over the steps after the first).

@@ -1,10 +1,45 @@
-#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/pipeline/schedule.h"
+
+#include <string>
+
+#include "tessera/core/error.h"
 
 namespace tessera::parallel {
 
+const ScheduleTraits& traits(ScheduleKind k) {
+  static const ScheduleTraits kTraits[] = {
+      {"single", false, false, false}, {"gpipe", true, false, false},
+      {"1f1b", true, false, false},    {"interleaved", true, true, false},
+      {"zb-h1", true, false, true},
+  };
+  return kTraits[static_cast<size_t>(k)];
+}
+
+const char* to_string(ScheduleKind k) {
+  return traits(k).name;
+}
+
+const std::vector<ScheduleKind>& pipeline_schedules() {
+  static const std::vector<ScheduleKind> kinds = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
+                                                  ScheduleKind::Interleaved,
+                                                  ScheduleKind::ZeroBubbleH1};
+  return kinds;
+}
+
+ScheduleKind parse_schedule(const std::string& name) {
+  std::vector<std::string> choices;
+  for (ScheduleKind k : pipeline_schedules()) {
+    if (name == to_string(k)) return k;
+    choices.push_back(to_string(k));
+  }
+  throw ConfigError(detail::concat(config_key("schedule"), " must be ",
+                                   detail::join(choices, ", ", " or "), ", got '", name, "'"));
+}
+
 Schedule single_stage_schedule(int micro_batches) {
   Schedule s;
-  s.name = "single";
+  s.kind = ScheduleKind::Single;
+  s.name = to_string(s.kind);
   s.micro_batches = micro_batches;
   s.ranks.resize(1);
   for (int m = 0; m < micro_batches; ++m) {

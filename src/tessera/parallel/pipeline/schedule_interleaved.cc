@@ -13,8 +13,8 @@
 #include <algorithm>
 
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule_builder.h"
-#include "tessera/parallel/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_builder.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
 
 namespace tessera::parallel {
 namespace {
@@ -48,7 +48,7 @@ Schedule interleaved_schedule(int pp, int micro_batches, int virtual_stages) {
                    "of the pipeline size pp=",
                    pp, ": ", micro_batches, " is not (the next multiple is ",
                    (micro_batches / pp + 1) * pp, ")");
-  Schedule s = detail::empty_schedule("interleaved", pp, micro_batches, v);
+  Schedule s = detail::empty_schedule(ScheduleKind::Interleaved, pp, micro_batches, v);
   const int total = micro_batches * v;
   for (int r = 0; r < pp; ++r) {
     detail::RankProgram prog(s, r);

@@ -1,19 +1,13 @@
-#include "tessera/nn/wire.h"
+#include "tessera/comm/wire.h"
 
 #include <cstring>
 
 #include "tessera/core/error.h"
 #include "tessera/kernels/bf16.h"
 
-namespace tessera::nn {
+namespace tessera::comm {
 
 namespace {
-double ring_all_reduce_bytes(DType wire, int ranks, int64_t n) {
-  return 2.0 * (ranks - 1) / ranks * static_cast<double>(n) * static_cast<double>(dtype_size(wire));
-}
-double ring_gather_bytes(DType wire, int ranks, int64_t count) {  // (t-1)/t x the gathered size
-  return (ranks - 1.0) * static_cast<double>(count) * static_cast<double>(dtype_size(wire));
-}
 void copy_floats(float* dst, const float* src, int64_t n) {
   if (dst != src && n > 0) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
 }
@@ -56,9 +50,9 @@ void add_from_wire(float* dst, const Tensor& wire, int64_t offset, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += from_bf16(bf16{src[i]});
 }
 
-double all_reduce_as(DType wire, comm::Communicator& c, float* x, int64_t n) {
+void all_reduce_as(DType wire, Communicator& c, float* x, int64_t n) {
   check_wire_dtype(wire);
-  if (c.size() == 1 || n == 0) return 0;
+  if (c.size() == 1 || n == 0) return;
   if (wire == DType::F32) {
     c.all_reduce(x, static_cast<size_t>(n), DType::F32).wait();
   } else {
@@ -66,17 +60,15 @@ double all_reduce_as(DType wire, comm::Communicator& c, float* x, int64_t n) {
     c.all_reduce(w.raw(), static_cast<size_t>(n), DType::BF16).wait();
     from_wire(x, w, 0, n);
   }
-  return ring_all_reduce_bytes(wire, c.size(), n);
 }
 
-double all_gather_as(DType wire, comm::Communicator& c, const float* slice, float* full,
-                     int64_t count) {
+void all_gather_as(DType wire, Communicator& c, const float* slice, float* full, int64_t count) {
   check_wire_dtype(wire);
   if (c.size() == 1) {
     copy_floats(full, slice, count);
-    return 0;
+    return;
   }
-  if (count == 0) return 0;
+  if (count == 0) return;
   if (wire == DType::F32) {
     c.all_gather(slice, full, static_cast<size_t>(count), DType::F32).wait();
   } else {
@@ -87,17 +79,16 @@ double all_gather_as(DType wire, comm::Communicator& c, const float* slice, floa
     c.all_gather(b + place, b, static_cast<size_t>(count), DType::BF16).wait();  // in place
     from_wire(full, w, 0, c.size() * count);
   }
-  return ring_gather_bytes(wire, c.size(), count);
 }
 
-double reduce_scatter_as(DType wire, comm::Communicator& c, const float* full, float* slice,
-                         int64_t count) {
+void reduce_scatter_as(DType wire, Communicator& c, const float* full, float* slice,
+                       int64_t count) {
   check_wire_dtype(wire);
   if (c.size() == 1) {
     copy_floats(slice, full, count);
-    return 0;
+    return;
   }
-  if (count == 0) return 0;
+  if (count == 0) return;
   if (wire == DType::F32) {
     c.reduce_scatter(full, slice, static_cast<size_t>(count), DType::F32).wait();
   } else {
@@ -107,7 +98,6 @@ double reduce_scatter_as(DType wire, comm::Communicator& c, const float* full, f
     c.reduce_scatter(b, b + place, static_cast<size_t>(count), DType::BF16).wait();  // in place
     from_wire(slice, w, place, count);
   }
-  return ring_gather_bytes(wire, c.size(), count);
 }
 
-}  // namespace tessera::nn
+}  // namespace tessera::comm

@@ -1,4 +1,4 @@
-#include "tessera/parallel/schedule_simulate.h"
+#include "tessera/parallel/pipeline/schedule_simulate.h"
 
 #include <algorithm>
 
@@ -184,13 +184,20 @@ Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& stage_cos
 std::optional<double> closed_form_bubble(const Schedule& s, const ActionCosts& c) {
   if (c.p2p != 0 || c.reduce != 0 || c.optimizer != 0) return std::nullopt;
   const double p = s.stages, m = s.micro_batches, v = s.virtual_stages;
-  if (s.name == "gpipe" || s.name == "1f1b") return (p - 1) / (m + p - 1);
-  if (s.name == "interleaved") return (p - 1) / (v * m + p - 1);
-  if (s.name == "zb-h1") {
-    const double bi = c.backward - c.weight;
-    if (m < p || c.weight > c.forward || c.weight > bi) return std::nullopt;
-    const double idle = (p - 1) * (c.forward + bi - c.weight);
-    return idle / (m * (c.forward + c.backward) + idle);
+  switch (s.kind) {
+    case ScheduleKind::GPipe:
+    case ScheduleKind::OneFOneB:
+      return (p - 1) / (m + p - 1);
+    case ScheduleKind::Interleaved:
+      return (p - 1) / (v * m + p - 1);
+    case ScheduleKind::ZeroBubbleH1: {
+      const double bi = c.backward - c.weight;
+      if (m < p || c.weight > c.forward || c.weight > bi) return std::nullopt;
+      const double idle = (p - 1) * (c.forward + bi - c.weight);
+      return idle / (m * (c.forward + c.backward) + idle);
+    }
+    case ScheduleKind::Single:
+      break;
   }
   return std::nullopt;
 }

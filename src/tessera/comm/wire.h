@@ -15,7 +15,7 @@
 #include "tessera/comm/communicator.h"
 #include "tessera/core/tensor.h"
 
-namespace tessera::nn {
+namespace tessera::comm {
 
 // A dtype data may travel in: F32 or BF16 (an internal error otherwise).
 void check_wire_dtype(DType wire);
@@ -31,18 +31,14 @@ void from_wire(float* dst, const Tensor& wire, int64_t offset, int64_t n);
 // ACCUMULATES dst[n] += wire[offset, offset + n) as fp32.
 void add_from_wire(float* dst, const Tensor& wire, int64_t offset, int64_t n);
 
-// Synchronous collectives on fp32 data that travels in `wire`. Each returns the bytes this rank
-// put on the wire as a ring moves them (all-reduce 2 (t-1)/t x n elements, all-gather and
-// reduce-scatter (t-1)/t x the gathered size), 0 on a group of one.
-// x[n] = sum over the group of x[n].
-double all_reduce_as(DType wire, comm::Communicator& c, float* x, int64_t n);
+// Synchronous collectives on fp32 data that travels in `wire` (the communicator counts the bytes
+// it sends, Communicator::traffic()). x[n] = sum over the group of x[n].
+void all_reduce_as(DType wire, Communicator& c, float* x, int64_t n);
 // full[size * count] = every rank's slice[count] in rank order; slice may be this rank's place in
 // full (full + rank * count).
-double all_gather_as(DType wire, comm::Communicator& c, const float* slice, float* full,
-                     int64_t count);
+void all_gather_as(DType wire, Communicator& c, const float* slice, float* full, int64_t count);
 // slice[count] = the sum over the group of full[rank * count, + count); slice may be that place
 // in full.
-double reduce_scatter_as(DType wire, comm::Communicator& c, const float* full, float* slice,
-                         int64_t count);
+void reduce_scatter_as(DType wire, Communicator& c, const float* full, float* slice, int64_t count);
 
-}  // namespace tessera::nn
+}  // namespace tessera::comm

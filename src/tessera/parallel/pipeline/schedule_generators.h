@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/pipeline/schedule.h"
 
 namespace tessera::parallel {
 
@@ -34,11 +34,8 @@ Schedule interleaved_schedule(int pp, int micro_batches, int virtual_stages);
 // micro-batches, the peak of 1F1B (on its first stage).
 Schedule zb_h1_schedule(int pp, int micro_batches);
 
-// The schedule called `name` ("gpipe", "1f1b", "interleaved", "zb-h1"). Throws ConfigError for an
-// unknown name, virtual_stages > 1 with a schedule other than interleaved, or an unmet constraint.
-Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
-
-// The names make_schedule accepts, in the order above.
-const std::vector<std::string>& schedule_names();
+// The pipeline schedule of `kind` (not Single). Throws ConfigError for virtual_stages > 1 with a
+// schedule other than interleaved, or an unmet constraint (interleaved: m a multiple of pp).
+Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int virtual_stages = 1);
 
 }  // namespace tessera::parallel

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
-#include "tessera/parallel/schedule_deadlock.h"
-#include "tessera/parallel/schedule_replay.h"
+#include "tessera/parallel/pipeline/schedule.h"
+#include "tessera/parallel/pipeline/schedule_deadlock.h"
+#include "tessera/parallel/pipeline/schedule_replay.h"
 
 namespace tessera::parallel {
 

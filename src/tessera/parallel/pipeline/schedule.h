@@ -36,8 +36,27 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
+// The kinds of schedule, and what each does: the planner, the drawings and the executor read these
+// traits instead of comparing names.
+enum class ScheduleKind : uint8_t { Single, GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+struct ScheduleTraits {
+  const char* name;      // "single", "gpipe", "1f1b", "interleaved", "zb-h1" (--schedule)
+  bool pipelined;        // stages on several ranks (Single: one stage, gradient accumulation)
+  bool interleaved;      // several model chunks per rank (virtual stages)
+  bool splits_backward;  // BackwardInput then BackwardWeight instead of Backward (zero bubble)
+};
+const ScheduleTraits& traits(ScheduleKind k);
+const char* to_string(ScheduleKind k);  // traits(k).name
+// The pipeline schedules a user chooses from (--schedule), in this order: gpipe, 1f1b,
+// interleaved, zb-h1.
+const std::vector<ScheduleKind>& pipeline_schedules();
+// A pipeline schedule's name -> its kind; otherwise a ConfigError naming the key "schedule" and
+// the choices.
+ScheduleKind parse_schedule(const std::string& name);
+
 struct Schedule {
-  std::string name;                        // "gpipe", "1f1b", "interleaved", "zb-h1", "single"
+  ScheduleKind kind = ScheduleKind::Single;
+  std::string name;                        // to_string(kind)
   int stages = 1;                          // pipeline ranks (pp)
   int micro_batches = 1;                   // per optimizer step
   int virtual_stages = 1;                  // chunks per rank (v)

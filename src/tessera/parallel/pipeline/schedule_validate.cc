@@ -1,11 +1,11 @@
-#include "tessera/parallel/schedule_validate.h"
+#include "tessera/parallel/pipeline/schedule_validate.h"
 
 #include <algorithm>
 #include <map>
 #include <tuple>
 
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule_replay.h"
+#include "tessera/parallel/pipeline/schedule_replay.h"
 
 namespace tessera::parallel {
 namespace {

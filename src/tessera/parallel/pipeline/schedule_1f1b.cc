@@ -5,13 +5,13 @@
 // (cool-down).
 #include <algorithm>
 
-#include "tessera/parallel/schedule_builder.h"
-#include "tessera/parallel/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_builder.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
 
 namespace tessera::parallel {
 
 Schedule one_f_one_b_schedule(int pp, int micro_batches) {
-  Schedule s = detail::empty_schedule("1f1b", pp, micro_batches, 1);
+  Schedule s = detail::empty_schedule(ScheduleKind::OneFOneB, pp, micro_batches, 1);
   const int m = micro_batches;
   for (int r = 0; r < pp; ++r) {
     detail::RankProgram prog(s, r);

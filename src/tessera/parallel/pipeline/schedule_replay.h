@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/pipeline/schedule.h"
 
 namespace tessera::parallel {
 

@@ -1,15 +1,17 @@
-#include "tessera/parallel/schedule_builder.h"
+#include "tessera/parallel/pipeline/schedule_builder.h"
 
 #include "tessera/core/error.h"
 
 namespace tessera::parallel::detail {
 
-Schedule empty_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages) {
+Schedule empty_schedule(ScheduleKind kind, int pp, int micro_batches, int virtual_stages) {
+  const char* name = to_string(kind);
   TESSERA_CHECK_AS(ConfigError, pp >= 1, "the ", name,
                    " schedule needs at least 1 pipeline rank, not ", pp);
   TESSERA_CHECK_AS(ConfigError, micro_batches >= 1, "the ", name,
                    " schedule needs at least 1 micro-batch, not ", micro_batches);
   Schedule s;
+  s.kind = kind;
   s.name = name;
   s.stages = pp;
   s.micro_batches = micro_batches;

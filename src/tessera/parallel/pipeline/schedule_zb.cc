@@ -16,13 +16,13 @@
 // time. With m < pp the chain of forwards and BIs is longer than that and sets the step time.
 #include <algorithm>
 
-#include "tessera/parallel/schedule_builder.h"
-#include "tessera/parallel/schedule_generators.h"
+#include "tessera/parallel/pipeline/schedule_builder.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
 
 namespace tessera::parallel {
 
 Schedule zb_h1_schedule(int pp, int micro_batches) {
-  Schedule s = detail::empty_schedule("zb-h1", pp, micro_batches, 1);
+  Schedule s = detail::empty_schedule(ScheduleKind::ZeroBubbleH1, pp, micro_batches, 1);
   const int m = micro_batches;
   for (int r = 0; r < pp; ++r) {
     detail::RankProgram prog(s, r);

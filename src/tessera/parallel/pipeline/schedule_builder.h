@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/pipeline/schedule.h"
 
 namespace tessera::parallel::detail {
 
 // A schedule with its shape set and one empty action list per rank. Checks pp >= 1 and
-// micro_batches >= 1 (ConfigError naming `name`).
-Schedule empty_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages);
+// micro_batches >= 1 (ConfigError naming the schedule).
+Schedule empty_schedule(ScheduleKind kind, int pp, int micro_batches, int virtual_stages);
 
 class RankProgram {
  public:

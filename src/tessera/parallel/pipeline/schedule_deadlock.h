@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/schedule.h"
+#include "tessera/parallel/pipeline/schedule.h"
 
 namespace tessera::parallel {
 

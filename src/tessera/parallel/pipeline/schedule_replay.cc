@@ -1,4 +1,4 @@
-#include "tessera/parallel/schedule_replay.h"
+#include "tessera/parallel/pipeline/schedule_replay.h"
 
 #include <algorithm>
 #include <deque>

@@ -1,4 +1,4 @@
-#include "tessera/parallel/pipeline_split.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-#include "tessera/parallel/schedule_deadlock.h"
+#include "tessera/parallel/pipeline/schedule_deadlock.h"
 
 #include "tessera/core/error.h"
-#include "tessera/parallel/schedule_replay.h"
+#include "tessera/parallel/pipeline/schedule_replay.h"
 
 namespace tessera::parallel {
 

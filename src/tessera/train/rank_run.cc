@@ -1,0 +1,336 @@
+#include "tessera/train/rank_run.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "tessera/core/error.h"
+#include "tessera/kernels/gemm_peak.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/sgd.h"
+#include "tessera/parallel/gather.h"
+#include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/train/generate.h"
+#include "tessera/train/stop_request.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+comm::Timeout timeout_of_seconds(double seconds) {
+  return comm::Timeout(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+comm::BarrierOptions file_work_wait(const TrainConfig& cfg, const comm::CommOptions& copts) {
+  comm::BarrierOptions o;
+  o.timeout = std::max(timeout_of_seconds(cfg.io_timeout), copts.timeout);
+  return o;
+}
+
+void say(std::FILE* log, ProgressLine* progress, const std::string& text) {
+  if (progress)
+    progress->message(text);
+  else if (log)
+    std::fprintf(log, "%s\n", text.c_str()), std::fflush(log);
+}
+
+namespace {
+
+// CPU seconds of this process so far: every rank thread of an inproc job, and BLAS's threads.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The schedule a rank runs: data parallelism alone is the one-stage schedule.
+parallel::Schedule step_schedule(const TrainConfig& cfg, int micro_batches) {
+  if (cfg.pp == 1) return parallel::single_stage_schedule(micro_batches);
+  return parallel::make_schedule(cfg.schedule, cfg.pp, micro_batches, cfg.virtual_stages);
+}
+
+parallel::DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
+  return {parallel::zero_stage(cfg.zero), cfg.bucket_mb, cfg.overlap, cfg.grad_reduce_dtype,
+          resolve(cfg.param_gather_dtype, cfg.precision)};
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, Allocator& alloc,
+                                                 std::vector<optim::Segment> segs, int64_t n) {
+  if (cfg.optimizer == OptimizerKind::Sgd)
+    return std::make_unique<optim::SGD>(std::move(segs), n,
+                                        optim::SGDConfig{cfg.momentum, cfg.weight_decay}, alloc);
+  return std::make_unique<optim::AdamW>(
+      std::move(segs), n, optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8f, cfg.weight_decay}, alloc);
+}
+
+void ensure_directory(const fs::path& dir, const char* what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TESSERA_CHECK_AS(IoError, !ec && fs::is_directory(dir), "cannot create the ", what,
+                   " directory '", dir.string(), "': ", ec ? ec.message() : "not a directory");
+}
+
+// The mean loss per token over the first `windows_wanted` validation windows (all of them if
+// fewer), `batch` rows per forward. The windows do not depend on `batch`, so every layout
+// evaluates the same tokens.
+double evaluate(PipelineForward& model, const data::EvalWindows& windows, int batch,
+                int64_t windows_wanted, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
+  const int64_t n = std::min(windows_wanted, windows.num_windows());
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t rows = std::min<int64_t>(batch, n - first);
+    windows.fetch(first, rows, in.data(), tgt.data());
+    nn::Batch mb{in.data(), tgt.data(), static_cast<int>(rows), windows.seq_len(), 0};
+    sum += model.loss_sum(mb, nn::StepContext{0, 0, false, 1.0f});
+    count += rows * windows.seq_len();
+  }
+  return count ? sum / static_cast<double>(count) : NAN;
+}
+
+}  // namespace
+
+RankRun::Chunk::Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc,
+                      const nn::GPTLayout& layout, const parallel::Mesh& mesh)
+    : model(m, micro, alloc, layout, mesh.tp(), mesh.ep()),
+      timeline(model.num_units(), model.num_units() - 1) {
+  model.add_hooks(&timeline);
+}
+
+nn::GPTLayout RankRun::model_layout(const parallel::UnitRange& units) const {
+  nn::GPTLayout base;
+  base.recompute = cfg_.recompute;
+  base.gemm = {cfg_.precision, plan_.bf16_gemm};
+  base.bf16_weight_copies = cfg_.bf16_weight_copies;
+  base.sequence_parallel = cfg_.sp;
+  base.activation_wire = resolve(cfg_.activation_comm_dtype, cfg_.precision);
+  base.first_unit = units.first;
+  base.last_unit = units.last;
+  base.starts_mid_block = units.starts_mid_block;
+  base.ends_mid_block = units.ends_mid_block;
+  return parallel::gpt_layout_for(dpo_, cfg_.dp, base, cfg_.dp / cfg_.ep);
+}
+
+RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
+                 std::FILE* log)
+    : cfg_(cfg),
+      plan_(plan),
+      world_(world),
+      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp, cfg.ep}),
+      split_(
+          parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
+      lead_(world.rank() == 0),
+      log_(lead_ ? log : nullptr),
+      alloc_("rank " + std::to_string(world.rank()),
+             cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit)),
+      alloc_scope_(alloc_),
+      tracer_(cfg.trace.empty()
+                  ? std::nullopt
+                  : std::optional<Tracer>(std::in_place, world.rank(), plan.trace_origin)),
+      trace_scope_(tracer_ ? &*tracer_ : nullptr),
+      per_rank_(cfg.batch / cfg.dp),
+      micro_(cfg.micro_batch > 0 ? cfg.micro_batch : per_rank_),
+      n_micro_(per_rank_ / micro_),
+      tokens_per_step_(static_cast<int64_t>(cfg.batch) * cfg.seq),
+      dpo_(data_parallel_options(cfg)),
+      schedule_(step_schedule(cfg, n_micro_)),
+      sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
+      sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
+      in_(static_cast<size_t>(micro_) * cfg.seq),
+      tgt_(in_.size()) {
+  result_.rank = world.rank();
+  result_.unigram_entropy = plan.unigram_entropy;
+  if (plan.split.validation.size() > cfg.seq)
+    val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
+  for (int c = 0; c < cfg.virtual_stages; ++c) {
+    const parallel::UnitRange& units =
+        split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
+    chunks_.push_back(
+        std::make_unique<Chunk>(plan.mcfg, micro_, alloc_, model_layout(units), mesh_));
+  }
+  engines_.emplace(stage_models(), mesh_, dpo_, alloc_,
+                   [&](std::vector<optim::Segment> segs, int64_t n) {
+                     return make_optimizer(cfg_, alloc_, std::move(segs), n);
+                   });
+  boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
+  if (lead_) {  // the progress line's MFU: against the given peak, or one measured now (~10 ms)
+    const kernels::GemmModeScope mode(first_model().layout().gemm);
+    peak_flops_ = cfg.peak_gflops > 0 ? cfg.peak_gflops * 1e9 : kernels::measure_gemm_peak(512, 2);
+  }
+  const DType wire = resolve(cfg.activation_comm_dtype, cfg.precision);
+  executor_.emplace(stage_models(), mesh_.pp(), wire);
+  forward_.emplace(models(), mesh_.pp(), wire);
+  restore_or_initialize();
+  result_.first_step = step_;
+}
+
+std::vector<nn::StageModel*> RankRun::stage_models() const {
+  std::vector<nn::StageModel*> out;
+  for (const auto& c : chunks_) out.push_back(&c->model);
+  return out;
+}
+
+std::vector<nn::GPT*> RankRun::models() const {
+  std::vector<nn::GPT*> out;
+  for (const auto& c : chunks_) out.push_back(&c->model);
+  return out;
+}
+
+std::string RankRun::first_non_finite() const {
+  for (const auto& c : chunks_) {
+    std::string where = c->model.first_non_finite();
+    if (!where.empty()) return where;
+  }
+  return "";
+}
+
+// The step's mean loss per token: the sum over the last stage's tensor-parallel rank 0 of each
+// replica (the other ranks add zeros), over the world.
+double RankRun::global_loss(double local_loss_sum) {
+  const bool counts = mesh_.pp_rank() == cfg_.pp - 1 && mesh_.tp_rank() == 0;
+  return parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
+}
+
+// The schedule's OptimizerStep: a finite loss and norm, clipping, the update.
+void RankRun::optimizer_step(double loss, double norm, float lr) {
+  if (!std::isfinite(loss) || !std::isfinite(norm)) {
+    const std::string where = first_non_finite();
+    throw NumericError(detail::concat(
+        "training diverged at step ", step_ + 1, ": the loss is ", loss, " and the gradient norm ",
+        norm, "; first non-finite tensor: ",
+        where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
+        ". Try a lower --lr or --grad-clip 1."));
+  }
+  if (cfg_.grad_clip > 0) engines_->clip(norm, cfg_.grad_clip);
+  engines_->step(lr);
+}
+
+void RankRun::train_step() {
+  const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
+  const float lr = sched_.at(step_);
+  for (const auto& c : chunks_) c->model.reset_moe_stats();
+  engines_->begin_step();
+  const data::SamplerPosition pos = sampler_.position();
+  const int dp_rank = mesh_.dp_rank();
+  double loss = 0, norm = 0;
+  parallel::StepCallbacks cb;
+  cb.fetch = [&](int m) {
+    const int first = dp_rank * per_rank_ + m * micro_;  // global sample of this micro-batch
+    sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
+    return nn::Batch{in_.data(), tgt_.data(), micro_, cfg_.seq, first};
+  };
+  cb.reduce_gradients = [&] { engines_->end_backward(); };
+  cb.optimizer_step = [&](double local_loss_sum) {
+    loss = global_loss(local_loss_sum);
+    norm = engines_->grad_norm();
+    optimizer_step(loss, norm, lr);
+  };
+  const nn::StepContext ctx{cfg_.seed, static_cast<uint64_t>(step_), true,
+                            1.0f / static_cast<float>(tokens_per_step_)};
+  executor_->run(schedule_, ctx, cb, boundary_elems_);
+  traffic_ = engines_->traffic();
+  if (step_ > result_.first_step) {  // the first step allocates; it is not timed
+    timing_sum_.compute_seconds += executor_->timing().compute_seconds;
+    timing_sum_.pipeline_seconds += executor_->timing().pipeline_seconds;
+  }
+  sampler_.set_position(sampler_.advance(pos, cfg_.batch));
+  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
+             process_cpu_seconds() - cpu0);
+}
+
+// A stop request (stop_request.h) counts once every rank has seen it: one small all-reduce per
+// step, so that all ranks stop after the same step.
+int RankRun::agreed_stop() {
+  int32_t signo = stop_requested();
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::Max;
+  world_.all_reduce(&signo, 1, DType::I32, o).wait();
+  return signo;
+}
+
+TrainResult RankRun::stop(int64_t at_step, bool saved, int signo) {
+  result_.steps = at_step;
+  result_.stopped_by = signo;
+  if (pl_) pl_->finish();
+  if (!saved) save(at_step);
+  return std::move(result_);
+}
+
+void RankRun::validate(int64_t at_step) {
+  if (!val_) return;
+  TraceSpan span("validation", "eval");
+  // --eval-batches batches of --batch sequences whatever the layout: every rank evaluates them
+  // all, micro-batch by micro-batch.
+  const double v = evaluate(*forward_, *val_, micro_,
+                            static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch, in_, tgt_);
+  result_.last_val_loss = v;
+  // With this rank's memory, so that a long run shows whether use and peaks stay flat
+  // (scripts/soak.sh).
+  nlohmann::json record = {{"step", at_step}, {"val_loss", v}, {"mem_in_use", alloc_.in_use()}};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    std::string key = "mem_peak_" + std::string(mem_category_name(static_cast<MemCategory>(c)));
+    std::replace(key.begin(), key.end(), ' ', '_');
+    record[key] = alloc_.peak(static_cast<MemCategory>(c));
+  }
+  metrics_->write(record);
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(at_step), v);
+  say(log_, pl_, buf);
+}
+
+void RankRun::sample() {
+  if (!plan_.pd.tokenizer || cfg_.sample_tokens <= 0) return;
+  // Every rank samples (ZeRO-3 gathers parameters, tensor parallelism the logits' vocabulary
+  // slices, collectively); rank 0 prints.
+  std::vector<uint32_t> p = plan_.pd.tokenizer->encode(cfg_.prompt);
+  std::vector<int32_t> prompt(p.begin(), p.end());
+  if (prompt.empty())
+    prompt.push_back(static_cast<int32_t>(plan_.pd.tokenizer->end_of_text().value_or(10)));
+  const SampleOptions so{cfg_.sample_tokens, cfg_.temperature, cfg_.top_k, cfg_.seed};
+  const std::vector<int32_t> outs = generate(*forward_, prompt, so);
+  const std::vector<uint32_t> ids(outs.begin(), outs.end());
+  result_.sample = plan_.pd.tokenizer->decode(ids);
+  say(log_, nullptr, "sample:\n" + cfg_.prompt + result_.sample);
+}
+
+TrainResult RankRun::run() {
+  print_header();
+  metrics_.emplace(lead_ ? cfg_.metrics : std::string(), plan_.ckpt.has_value());
+  if (log_) progress_.emplace(log_, cfg_.log_every);
+  pl_ = progress_ ? &*progress_ : nullptr;
+  if (!cfg_.save.empty() && lead_) ensure_directory(cfg_.save, "--save");
+  // Rank 0 has made --save and written a probe file in it.
+  if (!cfg_.save.empty()) wait_for_rank0_file_work("was creating '" + cfg_.save + "'");
+  if (step_ == 0 && cfg_.eval_every > 0) validate(0);
+
+  for (; step_ < cfg_.steps; ++step_) {
+    train_step();
+    const int64_t done = step_ + 1;
+    if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) validate(done);
+    const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
+    if (saved) save(done);
+    if (done != cfg_.steps)
+      if (const int signo = agreed_stop()) return stop(done, saved, signo);
+  }
+  result_.steps = step_;
+  if (pl_) pl_->finish();
+  if (cfg_.eval_every > 0 || cfg_.val_fraction > 0) validate(step_);
+  save(step_);
+  if (!step_times_.empty()) {
+    std::vector<double> t = step_times_;
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    result_.tokens_per_s = tokens_per_step_ / t[t.size() / 2];
+  }
+  sample();
+  report_memory();
+  report_pipeline();
+  write_timeline();
+  return std::move(result_);
+}
+
+}  // namespace tessera::train

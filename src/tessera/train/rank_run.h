@@ -1,0 +1,122 @@
+// Internal to the trainer: one rank of a training job. Its model chunks (pipeline stages of the
+// GPT; one without interleaving), the engines that reduce and update their gradients
+// (parallel::RankEngines), the executor that runs the rank's schedule (parallel::StepExecutor),
+// its data, and the run around the steps: validation, checkpoints, metrics, progress, reports.
+// Every layout runs the same code; a parallelism the layout lacks is a mesh group of one.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.h"
+#include "tessera/core/allocator.h"
+#include "tessera/core/trace.h"
+#include "tessera/data/eval_windows.h"
+#include "tessera/data/sampler.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/lr_schedule.h"
+#include "tessera/parallel/mesh.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
+#include "tessera/parallel/pipeline/schedule.h"
+#include "tessera/parallel/pipeline/step_executor.h"
+#include "tessera/parallel/rank_engines.h"
+#include "tessera/parallel/unit_timeline.h"
+#include "tessera/train/metrics.h"
+#include "tessera/train/pipeline_forward.h"
+#include "tessera/train/progress.h"
+#include "tessera/train/run_plan.h"
+#include "tessera/train/trainer.h"
+
+namespace tessera::train {
+
+class RankRun {
+ public:
+  RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world, std::FILE* log);
+  TrainResult run();
+
+ private:
+  // One model chunk of this rank, with the hook that puts its units on the timeline (added
+  // first, so its spans include what the engines' hooks wait for).
+  struct Chunk {
+    Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc, const nn::GPTLayout& layout,
+          const parallel::Mesh& mesh);
+    nn::GPT model;
+    parallel::UnitTimeline timeline;
+  };
+
+  // Set-up (rank_run.cc).
+  nn::GPTLayout model_layout(const parallel::UnitRange& units) const;
+  std::vector<nn::StageModel*> stage_models() const;
+  std::vector<nn::GPT*> models() const;
+  nn::GPT& first_model() const { return chunks_.front()->model; }
+  // The step (rank_run.cc).
+  void train_step();
+  double global_loss(double local_loss_sum);
+  void optimizer_step(double loss, double norm, float lr);
+  std::string first_non_finite() const;
+  int agreed_stop();
+  TrainResult stop(int64_t at_step, bool saved, int signo);
+  void validate(int64_t at_step);
+  void sample();
+  // Checkpoints (rank_run_checkpoint.cc).
+  void restore_or_initialize();
+  void save(int64_t at_step);
+  void wait_for_rank0_file_work(const std::string& what);
+  // Reports (rank_run_report.cc).
+  void print_header();
+  std::string precision_line() const;
+  void after_step(double loss, double norm, float lr, double secs, double cpu_secs);
+  void report_memory();
+  void report_pipeline();
+  void write_timeline();
+
+  const TrainConfig& cfg_;
+  const RunPlan& plan_;
+  comm::Communicator& world_;
+  parallel::Mesh mesh_;
+  const std::vector<parallel::UnitRange> split_;
+  const bool lead_;
+  std::FILE* log_;  // rank 0's log, null elsewhere
+  TrainResult result_;
+  Allocator alloc_;
+  CurrentAllocatorScope alloc_scope_;
+  std::optional<Tracer> tracer_;
+  TracerScope trace_scope_;
+  const int per_rank_, micro_, n_micro_;
+  const int64_t tokens_per_step_;
+  const parallel::DataParallelOptions dpo_;
+  const parallel::Schedule schedule_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::optional<parallel::RankEngines> engines_;
+  std::optional<parallel::StepExecutor> executor_;
+  std::optional<PipelineForward> forward_;
+  int64_t boundary_elems_ = 0;       // hidden-state elements a stage passes on per micro-batch
+  parallel::StepTiming timing_sum_;  // over the steps after the first
+  parallel::StepTraffic traffic_;    // of the last step
+  data::WindowSampler sampler_;
+  std::optional<data::EvalWindows> val_;
+  std::optional<MetricsWriter> metrics_;
+  std::optional<ProgressLine> progress_;
+  ProgressLine* pl_ = nullptr;
+  const optim::LrSchedule sched_;
+  std::vector<int32_t> in_, tgt_;
+  std::vector<double> step_times_;
+  double peak_flops_ = 0;  // the lead rank's GEMM peak (MFU's denominator, per rank)
+  int64_t step_ = 0;
+};
+
+// Milliseconds of a deadline given in (possibly fractional) seconds, rounded up.
+comm::Timeout timeout_of_seconds(double seconds);
+// A wait for one rank's file work (rank 0 writing a checkpoint; under mpirun, rank 0 preparing the
+// data and reading the checkpoint before the others, then the others doing the same):
+// --io-timeout, never shorter than --comm-timeout, so that a large checkpoint on slow storage does
+// not look like a hung peer.
+comm::BarrierOptions file_work_wait(const TrainConfig& cfg, const comm::CommOptions& copts);
+// A message on rank 0's log: through the progress line when there is one.
+void say(std::FILE* log, ProgressLine* progress, const std::string& text);
+
+}  // namespace tessera::train

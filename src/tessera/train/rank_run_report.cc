@@ -1,0 +1,210 @@
+// RankRun's reports: the header, the per-step metrics and progress line, memory, the pipeline's
+// bubbles and the timeline.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "tessera/io/atomic_file.h"
+#include "tessera/parallel/gather.h"
+#include "tessera/train/moe_stats.h"
+#include "tessera/train/rank_run.h"
+
+namespace tessera::train {
+
+namespace {
+
+const char* dtype_label(DType t) {
+  return t == DType::BF16 ? "bf16" : "fp32";
+}
+
+size_t model_state_peak(const Allocator& a) {
+  return a.peak(MemCategory::Parameters) + a.peak(MemCategory::Gradients) +
+         a.peak(MemCategory::OptimizerState);
+}
+
+std::string moe_line(const nn::MoeConfig& moe, const TrainConfig& cfg) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "mixture of experts: %d experts, top-%d, every %d block(s) (blocks l with l %% "
+                "%d == %d), capacity factor %g%s, aux loss %g, z loss %g | ep %d (%d experts "
+                "per rank, expert gradients summed over %d ranks)",
+                moe.experts, moe.top_k, moe.every, moe.every, moe.every - 1,
+                static_cast<double>(moe.capacity_factor),
+                moe.capacity_factor > 0 ? "" : " (dropless)", static_cast<double>(moe.aux_loss),
+                static_cast<double>(moe.z_loss), cfg.ep, moe.experts / cfg.ep, cfg.dp / cfg.ep);
+  return line;
+}
+
+}  // namespace
+
+void RankRun::print_header() {
+  if (!log_) return;  // the lead rank prints
+  const nn::GPTConfig& m = plan_.mcfg;
+  char line[700];
+  std::snprintf(
+      line, sizeof line,
+      "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d%s | pp %d | zero %d | recompute %s | %s "
+      "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
+      m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
+      static_cast<double>(first_model().num_params_without_wpe() +
+                          static_cast<int64_t>(m.block_size) * m.n_embd) /
+          1e6,
+      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp,
+      cfg_.zero, nn::to_string(cfg_.recompute), std::string(world_.backend()).c_str(),
+      plan_.threads, static_cast<long long>(plan_.split.train.size()),
+      static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
+  say(log_, nullptr, line);
+  say(log_, nullptr, precision_line());
+  if (m.moe.enabled()) say(log_, nullptr, moe_line(m.moe, cfg_));
+  if (parallel::traits(schedule_.kind).pipelined)
+    say(log_, nullptr,
+        "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
+            std::to_string(cfg_.virtual_stages) + " chunk(s), units per stage " +
+            parallel::to_string(split_) + " (0 = embedding, " + std::to_string(m.n_layer + 1) +
+            " = head; (attn) / (mlp): a block's half)");
+  if (plan_.ckpt)
+    say(log_, nullptr,
+        "resumed from " + plan_.ckpt->dir.string() + " at step " + std::to_string(step_));
+}
+
+std::string RankRun::precision_line() const {
+  const nn::GPTLayout& layout = first_model().layout();
+  const bool gathers = parallel::traits(dpo_.zero).shards_parameters;
+  const bool sends_activations = cfg_.tp > 1 || cfg_.pp > 1;
+  return std::string("precision: ") + kernels::to_string(layout.gemm.precision) + ", " +
+         kernels::describe(layout.gemm, cfg_.bf16_gemm, plan_.bf16_gemm_chosen_by) +
+         "; fp32 master weights, gradients and optimizer state; gradients reduced in " +
+         dtype_label(cfg_.grad_reduce_dtype) +
+         (gathers ? std::string(", parameters gathered in ") + dtype_label(dpo_.param_gather_dtype)
+                  : std::string()) +
+         (sends_activations
+              ? std::string(", activations sent in ") + dtype_label(layout.activation_wire)
+              : std::string()) +
+         "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
+         (cfg_.peak_gflops > 0 ? "--peak-gflops" : "measured: a 512^3 GEMM") + ") x " +
+         std::to_string(world_.size()) + " ranks";
+}
+
+void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {
+  step_times_.push_back(secs);
+  result_.losses.push_back(loss);
+  const double comm_bytes = traffic_.data_parallel + traffic_.tensor_parallel;
+  result_.comm_bytes_per_step = comm_bytes;
+  result_.tp_bytes_per_step = traffic_.tensor_parallel;
+  result_.pp_bytes_per_step = traffic_.pipeline;
+  result_.ep_bytes_per_step = traffic_.expert_parallel;
+  StepStats st;
+  st.step = step_ + 1;
+  st.total_steps = cfg_.steps;
+  st.loss = loss;
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.step_seconds = secs;
+  st.tokens_per_s = tokens_per_step_ / secs;
+  st.flops_per_s = first_model().flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
+  if (peak_flops_ > 0) st.mfu = st.flops_per_s / (peak_flops_ * world_.size());
+  double mean = 0;
+  const size_t recent = std::min<size_t>(step_times_.size(), 20);
+  for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];
+  st.eta_seconds = mean / recent * static_cast<double>(cfg_.steps - step_ - 1);
+  nlohmann::json record{{"step", st.step},
+                        {"loss", loss},
+                        {"lr", lr},
+                        {"grad_norm", norm},
+                        {"tokens_per_s", st.tokens_per_s},
+                        {"flops_per_s", st.flops_per_s},
+                        {"mfu", st.mfu},
+                        {"step_ms", secs * 1e3},
+                        {"process_cpu_ms", cpu_secs * 1e3},
+                        {"comm_bytes_per_rank", comm_bytes},
+                        {"tp_bytes_per_rank", traffic_.tensor_parallel},
+                        {"pp_bytes_per_rank", traffic_.pipeline}};
+  const MoeStepStats moe = moe_step_stats(plan_.mcfg, models(), mesh_.tp_rank() == 0, world_);
+  if (!moe.layers.empty()) {
+    st.moe = true;
+    st.moe_aux_loss = moe.aux_loss;
+    st.moe_z_loss = moe.z_loss;
+    st.moe_max_load_ratio = moe.max_load_ratio;
+    st.moe_dropped_fraction = moe.dropped_fraction;
+    st.moe_load = moe.mean_load;
+    nlohmann::json load = nlohmann::json::object(), balance = nlohmann::json::object();
+    for (const MoeStepStats::Layer& l : moe.layers) {
+      load["h." + std::to_string(l.layer)] = l.load;
+      balance["h." + std::to_string(l.layer)] = l.balance;
+    }
+    record["moe_aux_loss"] = moe.aux_loss;
+    record["moe_z_loss"] = moe.z_loss;
+    record["moe_balance"] = balance;
+    record["moe_load"] = load;
+    record["moe_max_load_ratio"] = moe.max_load_ratio;
+    record["moe_dropped_fraction"] = moe.dropped_fraction;
+    record["ep_bytes_per_rank"] = traffic_.expert_parallel;
+  }
+  metrics_->write(record);
+  if (pl_) pl_->update(st);
+}
+
+void RankRun::report_memory() {
+  // Every rank's memory peaks, reported by rank 0.
+  result_.memory_reports = parallel::all_gather_strings(world_, alloc_.report());
+  const int64_t peak = static_cast<int64_t>(model_state_peak(alloc_));
+  std::vector<int64_t> peaks(world_.size());
+  world_.all_gather(&peak, peaks.data(), 1, DType::I64).wait();
+  result_.model_state_peaks.assign(peaks.begin(), peaks.end());
+  const int64_t total = static_cast<int64_t>(alloc_.peak());
+  world_.all_gather(&total, peaks.data(), 1, DType::I64).wait();
+  result_.memory_peaks.assign(peaks.begin(), peaks.end());
+  for (const std::string& r : result_.memory_reports) say(log_, nullptr, "memory: " + r);
+}
+
+void RankRun::report_pipeline() {
+  int in_flight = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    in_flight += executor_->records_allocated(static_cast<int>(c));
+  std::vector<int64_t> flights(world_.size());
+  const int64_t mine = in_flight;
+  world_.all_gather(&mine, flights.data(), 1, DType::I64).wait();
+  result_.peak_micro_batches_in_flight.assign(flights.begin(), flights.end());
+  std::vector<double> bubbles(world_.size());
+  const double bubble = timing_sum_.bubble();
+  world_.all_gather(&bubble, bubbles.data(), 1, DType::F64).wait();
+  result_.measured_bubble = bubbles;
+  if (!parallel::traits(schedule_.kind).pipelined || !log_) return;
+  // The first step allocates and is not timed: with one step there is no measurement.
+  const bool measured = timing_sum_.pipeline_seconds > 0;
+  std::string line = measured ? "pipeline: measured bubble per stage"
+                              : "pipeline: bubble not measured (the first step is not timed; "
+                                "run 2 or more steps)";
+  char buf[96];
+  for (int r = 0; r < cfg_.pp; ++r) {
+    const int w = parallel::Mesh::world_rank(mesh_.shape(), 0, r, 0);
+    const long long flight = flights[static_cast<size_t>(w)];
+    if (measured)
+      std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld micro-batches in flight)", r,
+                    100 * bubbles[static_cast<size_t>(w)], flight);
+    else
+      std::snprintf(buf, sizeof buf, " | %d: %lld micro-batches in flight", r, flight);
+    line += buf;
+  }
+  say(log_, nullptr, line);
+}
+
+void RankRun::write_timeline() {
+  if (!tracer_) return;
+  nlohmann::json j = nlohmann::json::array();
+  for (const TraceEvent& e : with_idle_spans(tracer_->events()))
+    j.push_back({e.name, e.category, e.track, e.start_us, e.dur_us});
+  const std::vector<std::string> all = parallel::all_gather_strings(world_, j.dump());
+  if (!lead_) return;
+  std::vector<std::pair<int, std::vector<TraceEvent>>> ranks;
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::vector<TraceEvent> ev;
+    for (const auto& e : nlohmann::json::parse(all[r]))
+      ev.push_back(TraceEvent{e[0], e[1], e[2], e[3], e[4]});
+    ranks.emplace_back(static_cast<int>(r), std::move(ev));
+  }
+  io::write_file_atomic(cfg_.trace, chrome_trace_json(ranks));
+  say(log_, nullptr, "timeline written to " + cfg_.trace + " (open in ui.perfetto.dev)");
+}
+
+}  // namespace tessera::train
