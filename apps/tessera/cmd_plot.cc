@@ -9,10 +9,10 @@
 #include "commands.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
-#include "tessera/train/metrics_series.h"
-#include "tessera/train/plot_curves.h"
-#include "tessera/train/plot_timeline.h"
-#include "tessera/train/trace_timeline.h"
+#include "viz/metrics_series.h"
+#include "viz/plot_curves.h"
+#include "viz/plot_timeline.h"
+#include "viz/trace_timeline.h"
 
 namespace tessera::app {
 namespace {
@@ -23,8 +23,8 @@ struct PlotFlags {
 };
 
 // "FROM,TO" in milliseconds; either side may be empty ("100," is from 100 ms to the end).
-train::TraceWindow parse_window(const std::string& text) {
-  train::TraceWindow w;
+viz::TraceWindow parse_window(const std::string& text) {
+  viz::TraceWindow w;
   if (text.empty()) return w;
   const size_t comma = text.find(',');
   TESSERA_CHECK_AS(ConfigError, comma != std::string::npos, "--window '", text,
@@ -49,13 +49,13 @@ train::TraceWindow parse_window(const std::string& text) {
 }
 
 void plot_trace(const PlotFlags& f) {
-  train::Timeline t = train::read_trace_timeline(f.trace, parse_window(f.window));
+  viz::Timeline t = viz::read_trace_timeline(f.trace, parse_window(f.window));
   if (!f.title.empty()) t.title = f.title;
   size_t spans = 0;
-  for (const train::TimelineRow& row : t.rows) spans += row.boxes.size() + row.comm.size();
-  io::write_file_atomic(f.out, train::timeline_svg(t));
+  for (const viz::TimelineRow& row : t.rows) spans += row.boxes.size() + row.comm.size();
+  io::write_file_atomic(f.out, viz::timeline_svg(t));
   std::printf("wrote %s: %zu ranks, %zu spans, bubble %.1f%%\n", f.out.c_str(), t.rows.size(),
-              spans, 100 * train::overall_bubble(t));
+              spans, 100 * viz::overall_bubble(t));
 }
 
 void plot_metrics(const PlotFlags& f) {
@@ -63,24 +63,24 @@ void plot_metrics(const PlotFlags& f) {
                    "give one --label per --metrics file (", f.metrics.size(), " files, ",
                    f.labels.size(), " labels), or none");
   const std::vector<std::string> keys = f.keys.empty() ? std::vector<std::string>{"loss"} : f.keys;
-  std::vector<train::Series> series;
+  std::vector<viz::Series> series;
   size_t points = 0;
   for (size_t i = 0; i < f.metrics.size(); ++i) {
     const std::string base =
         f.labels.empty() ? std::filesystem::path(f.metrics[i]).stem().string() : f.labels[i];
     for (const std::string& key : keys) {
       const std::string label = keys.size() > 1 ? base + " " + key : base;
-      series.push_back(train::read_metrics_series(f.metrics[i], key, label));
+      series.push_back(viz::read_metrics_series(f.metrics[i], key, label));
       points += series.back().points.size();
     }
   }
-  train::CurvesOptions o;
+  viz::CurvesOptions o;
   o.title = f.title;
   std::string y;
   for (const std::string& k : keys) y += (y.empty() ? "" : ", ") + k;
   o.y_label = y;
   if (o.title.empty()) o.title = y + " by step";
-  io::write_file_atomic(f.out, train::curves_svg(series, o));
+  io::write_file_atomic(f.out, viz::curves_svg(series, o));
   std::printf("wrote %s: %zu curves, %zu points\n", f.out.c_str(), series.size(), points);
 }
 

@@ -12,9 +12,9 @@
 #include "tessera/parallel/pipeline/schedule_generators.h"
 #include "tessera/parallel/pipeline/schedule_simulate.h"
 #include "tessera/parallel/pipeline/schedule_validate.h"
-#include "tessera/train/plot_timeline.h"
-#include "tessera/train/svg.h"
-#include "tessera/train/timeline.h"
+#include "viz/plot_timeline.h"
+#include "viz/svg.h"
+#include "viz/timeline.h"
 
 namespace tessera::app {
 namespace {
@@ -75,18 +75,18 @@ void run(const ScheduleFlags& f, int& exit_code) {
   for (size_t r = 0; r < rank_costs.size(); ++r) {
     const parallel::ActionCosts& c = rank_costs[r];
     if (rank_costs.size() > 1) cost_line += " rank " + std::to_string(r);
-    cost_line += " F=" + train::format_number(c.forward) + " B=" + train::format_number(c.backward);
+    cost_line += " F=" + viz::format_number(c.forward) + " B=" + viz::format_number(c.backward);
     if (parallel::traits(s.kind).splits_backward)
-      cost_line += " (BI=" + train::format_number(c.backward - c.weight) +
-                   " W=" + train::format_number(c.weight) + ")";
+      cost_line += " (BI=" + viz::format_number(c.backward - c.weight) +
+                   " W=" + viz::format_number(c.weight) + ")";
     if (r + 1 < rank_costs.size()) cost_line += ";";
   }
-  cost_line += " p2p=" + train::format_number(costs.p2p);
+  cost_line += " p2p=" + viz::format_number(costs.p2p);
   if (s.virtual_stages > 1)
     cost_line += " per micro-batch through a rank's layers (1/" + std::to_string(s.virtual_stages) +
                  " per chunk)";
   std::printf("%s\n", cost_line.c_str());
-  std::printf("step time: %s\n", train::format_number(sim.makespan).c_str());
+  std::printf("step time: %s\n", viz::format_number(sim.makespan).c_str());
   std::string per_rank;
   for (double b : sim.bubble) per_rank += " " + percent(b);
   std::printf("bubble: %s of the step idle overall; per rank:%s\n",
@@ -100,13 +100,12 @@ void run(const ScheduleFlags& f, int& exit_code) {
   std::printf("peak micro-batches in flight per stage:%s\n", peaks.c_str());
   if (s.virtual_stages > 1) {
     std::string per_rank_act;
-    for (double a : sim.peak_rank_activations) per_rank_act += " " + train::format_number(a);
+    for (double a : sim.peak_rank_activations) per_rank_act += " " + viz::format_number(a);
     std::printf("peak activations per rank (micro-batches through all its chunks):%s\n",
                 per_rank_act.c_str());
   }
   if (!f.svg.empty()) {
-    io::write_file_atomic(f.svg,
-                          train::timeline_svg(train::timeline_from_simulation(s, sim, costs)));
+    io::write_file_atomic(f.svg, viz::timeline_svg(viz::timeline_from_simulation(s, sim, costs)));
     std::printf("wrote %s\n", f.svg.c_str());
   }
   exit_code = problems.empty() && !sim.deadlock.deadlocked() ? 0 : 1;

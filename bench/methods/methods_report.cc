@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
 namespace {
 
 using nlohmann::json;
-using tessera::train::format_number;
-using tessera::train::nice_ticks;
-using tessera::train::Svg;
+using tessera::viz::format_number;
+using tessera::viz::nice_ticks;
+using tessera::viz::Svg;
 
 std::optional<double> num(const json& j, const std::vector<std::string>& path) {
   const json* p = &j;
@@ -169,7 +169,7 @@ std::string memory_chart(const std::vector<Method>& ms) {
   for (int k = 0; k < 5; ++k) {
     s.rect(lx, height - 40, 12, 10, kTerms[k]);
     s.text(lx + 16, height - 31, kTermNames[k], 11);
-    lx += 24 + tessera::train::text_width(kTermNames[k], 11);
+    lx += 24 + tessera::viz::text_width(kTermNames[k], 11);
   }
   s.line(lx, height - 44, lx, height - 28, "#000", 3);
   s.text(lx + 8, height - 31, "measured peak", 11);

@@ -21,7 +21,7 @@ if [ "$step" = install ]; then
     [ -e "$prefix/$f" ] || fail "$f was not installed"
   done
   for f in tessera/comm/inproc tessera/comm/mpi tessera/comm/reduce.h tessera/kernels/vec_math.h \
-           tessera/parallel/schedule_builder.h tessera/io/json_parse.h tessera/train/svg.h; do
+           tessera/parallel/pipeline/schedule_builder.h tessera/io/json_parse.h tessera/nn/kept_input.h; do
     [ ! -e "$prefix/include/$f" ] || fail "internal $f was installed"
   done
   echo "PASS: installed $(find "$prefix/include" -name '*.h' | wc -l) headers into $prefix"

@@ -192,11 +192,8 @@ std::vector<std::pair<WireDtype, std::string>> wire_dtypes() {
   return {{WireDtype::Auto, "auto"}, {WireDtype::Fp32, "fp32"}, {WireDtype::Bf16, "bf16"}};
 }
 
-std::vector<ConfigField> make_fields() {
+void data_fields(std::vector<ConfigField>& f) {
   using T = TrainConfig;
-  using kernels::Bf16Gemm;
-  using kernels::Precision;
-  std::vector<ConfigField> f;
   const char* data = "Data";
   f.push_back(value(data, "data", &T::data,
                     "Text file or directory, tessera token file, or raw uint16 .bin (nanoGPT); "
@@ -208,7 +205,10 @@ std::vector<ConfigField> make_fields() {
                     in_range(0.0, 1.0, false)));
   f.push_back(value(data, "cache_dir", &T::cache_dir,
                     "Where tokenizers and token files prepared from text are cached"));
+}
 
+void model_fields(std::vector<ConfigField>& f) {
+  using T = TrainConfig;
   const char* model = "Model";
   f.push_back(value(model, "layers", &T::layers, "Transformer blocks", positive<int>()));
   f.push_back(value(model, "dim", &T::dim, "Model width (embedding size)", positive<int>()));
@@ -241,7 +241,10 @@ std::vector<ConfigField> make_fields() {
                     at_least(0.0f)));
   f.push_back(value(model, "moe_z_loss", &T::moe_z_loss,
                     "Router z-loss coefficient (mean logsumexp^2)", at_least(0.0f)));
+}
 
+void optimisation_fields(std::vector<ConfigField>& f) {
+  using T = TrainConfig;
   const char* opt = "Optimisation";
   f.push_back(value(opt, "steps", &T::steps, "Optimizer steps (the total, also when resuming)",
                     at_least<int64_t>(0)));
@@ -266,7 +269,10 @@ std::vector<ConfigField> make_fields() {
   f.push_back(value(opt, "beta2", &T::beta2, "AdamW beta2", in_range(0.0f, 1.0f, false)));
   f.push_back(
       value(opt, "seed", &T::seed, "Seed of initialisation, data order, dropout and sampling"));
+}
 
+void parallel_fields(std::vector<ConfigField>& f) {
+  using T = TrainConfig;
   const char* par = "Parallelism";
   f.push_back(value(par, "dp", &T::dp,
                     "Data-parallel ranks (replicas): threads of this process, or under mpirun "
@@ -322,7 +328,12 @@ std::vector<ConfigField> make_fields() {
                      {{nn::Recompute::None, "none"},
                       {nn::Recompute::Selective, "selective"},
                       {nn::Recompute::Full, "full"}}));
+}
 
+void precision_fields(std::vector<ConfigField>& f) {
+  using T = TrainConfig;
+  using kernels::Bf16Gemm;
+  using kernels::Precision;
   const char* prec = "Precision";
   f.push_back(choice(prec, "precision", &T::precision,
                      "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; fp32 master "
@@ -363,7 +374,10 @@ std::vector<ConfigField> make_fields() {
                     "One rank's GEMM peak in GFLOP/s for the precision in use, for the progress "
                     "line's MFU; 0 = measured at start on the rank's threads",
                     at_least(0.0, " (0: measure it at start)")));
+}
 
+void run_fields(std::vector<ConfigField>& f) {
+  using T = TrainConfig;
   const char* run = "Run";
   f.push_back(value(run, "comm_timeout", &T::comm_timeout,
                     "Seconds a rank waits for its peers in any communication call before the run "
@@ -410,6 +424,13 @@ std::vector<ConfigField> make_fields() {
                     at_least(0, " (0 = no limit)")));
   f.push_back(value(run, "log_every", &T::log_every,
                     "Progress line every N steps when not on a terminal", positive<int>()));
+}
+
+std::vector<ConfigField> make_fields() {
+  std::vector<ConfigField> f;
+  for (auto add : {data_fields, model_fields, optimisation_fields, parallel_fields,
+                   precision_fields, run_fields})
+    add(f);
   return f;
 }
 

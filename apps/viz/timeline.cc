@@ -1,12 +1,12 @@
-#include "tessera/train/timeline.h"
+#include "viz/timeline.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <limits>
 
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 namespace {
 // [first start, last end] over every row's compute boxes; {0, 0} when there are none.
@@ -114,4 +114,4 @@ Timeline timeline_from_simulation(const parallel::Schedule& s, const parallel::S
   return t;
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/train/metrics_series.h"
+#include "viz/metrics_series.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 struct CurvesOptions {
   std::string title;
@@ -21,4 +21,4 @@ struct CurvesOptions {
 // Throws ConfigError when there is no point to draw.
 std::string curves_svg(const std::vector<Series>& series, const CurvesOptions& options);
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

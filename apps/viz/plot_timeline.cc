@@ -1,13 +1,13 @@
-#include "tessera/train/plot_timeline.h"
+#include "viz/plot_timeline.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 namespace {
 
 struct Rgb {
@@ -175,4 +175,4 @@ std::string timeline_svg(const Timeline& t) {
   return svg.str();
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

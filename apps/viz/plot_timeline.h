@@ -7,10 +7,10 @@
 
 #include <string>
 
-#include "tessera/train/timeline.h"
+#include "viz/timeline.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 std::string timeline_svg(const Timeline& t);
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -1,4 +1,4 @@
-#include "tessera/train/metrics_series.h"
+#include "viz/metrics_series.h"
 
 #include <fstream>
 #include <map>
@@ -6,7 +6,7 @@
 
 #include "tessera/core/error.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 Series read_metrics_series(const std::string& path, const std::string& key,
                            const std::string& label) {
@@ -37,4 +37,4 @@ Series read_metrics_series(const std::string& path, const std::string& key,
   return s;
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

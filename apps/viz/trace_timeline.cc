@@ -1,4 +1,4 @@
-#include "tessera/train/trace_timeline.h"
+#include "viz/trace_timeline.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "tessera/core/error.h"
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 namespace {
 
@@ -122,4 +122,4 @@ Timeline read_trace_timeline(const std::string& path, const TraceWindow& window)
   return timeline_from_chrome_trace(text.str(), path, window);
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -1,13 +1,13 @@
-#include "tessera/train/plot_curves.h"
+#include "viz/plot_curves.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "tessera/core/error.h"
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 namespace {
 
 // Tableau 10: distinguishable, and readable for the common colour-vision deficiencies.
@@ -86,4 +86,4 @@ std::string curves_svg(const std::vector<Series>& series, const CurvesOptions& o
   return svg.str();
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

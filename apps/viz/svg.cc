@@ -1,10 +1,10 @@
-#include "tessera/train/svg.h"
+#include "viz/svg.h"
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-namespace tessera::train {
+namespace tessera::viz {
 
 std::string xml_escape(const std::string& s) {
   std::string out;
@@ -205,4 +205,4 @@ std::string Svg::str() const {
   return out;
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -12,15 +12,15 @@
 #include "tessera/core/trace.h"
 #include "tessera/parallel/pipeline/schedule_generators.h"
 #include "tessera/parallel/pipeline/schedule_simulate.h"
-#include "tessera/train/metrics_series.h"
-#include "tessera/train/plot_curves.h"
-#include "tessera/train/plot_timeline.h"
-#include "tessera/train/svg.h"
-#include "tessera/train/timeline.h"
-#include "tessera/train/trace_timeline.h"
 #include "train_fixture.h"
+#include "viz/metrics_series.h"
+#include "viz/plot_curves.h"
+#include "viz/plot_timeline.h"
+#include "viz/svg.h"
+#include "viz/timeline.h"
+#include "viz/trace_timeline.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 namespace {
 
 struct Element {
@@ -230,7 +230,7 @@ TEST(PlotTimeline, BadTraces) {
 }
 
 TEST(PlotCurves, MetricsFilesToCurves) {
-  const auto dir = testing::temp_dir("plot");
+  const auto dir = train::testing::temp_dir("plot");
   const auto a = dir / "a.jsonl", b = dir / "b.jsonl", bad = dir / "bad.jsonl";
   {
     std::ofstream out(a);
@@ -275,4 +275,4 @@ TEST(PlotCurves, MetricsFilesToCurves) {
 }
 
 }  // namespace
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -8,9 +8,9 @@
 #include <limits>
 #include <string>
 
-#include "tessera/train/timeline.h"
+#include "viz/timeline.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 // A part of the trace to draw: [from_ms, to_ms] after the earliest event.
 struct TraceWindow {
@@ -27,4 +27,4 @@ Timeline timeline_from_chrome_trace(const std::string& json_text, const std::str
 // Reads and parses the file at `path` (IoError if it cannot be read).
 Timeline read_trace_timeline(const std::string& path, const TraceWindow& window = {});
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::train {
+namespace tessera::viz {
 
 struct Series {
   std::string label;
@@ -20,4 +20,4 @@ struct Series {
 Series read_metrics_series(const std::string& path, const std::string& key,
                            const std::string& label);
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

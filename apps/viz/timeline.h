@@ -10,7 +10,7 @@
 #include "tessera/parallel/pipeline/schedule.h"
 #include "tessera/parallel/pipeline/schedule_simulate.h"
 
-namespace tessera::train {
+namespace tessera::viz {
 
 enum class BoxKind { Forward, Backward, BackwardInput, BackwardWeight, Comm, Other };
 
@@ -51,4 +51,4 @@ Timeline timeline_from_simulation(const parallel::Schedule& s, const parallel::S
 // "backward-weight", "comm"; anything else is Other). Matches parallel::trace_category.
 BoxKind box_kind_of_category(const std::string& category);
 
-}  // namespace tessera::train
+}  // namespace tessera::viz

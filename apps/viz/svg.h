@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::train {
+namespace tessera::viz {
 
 class Svg {
  public:
@@ -44,4 +44,4 @@ double text_width(const std::string& s, double size);
 // of them.
 std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 
-}  // namespace tessera::train
+}  // namespace tessera::viz
