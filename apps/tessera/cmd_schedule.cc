@@ -52,9 +52,9 @@ void run(const ScheduleFlags& f, int& exit_code) {
   const parallel::ActionCosts& costs = rank_costs.front();
 
   std::printf("schedule %s: pp=%d, %d micro-batches, %d chunk%s per rank (%d model stages)\n",
-              s.name.c_str(), s.stages, s.micro_batches, s.virtual_stages,
+              s.name.c_str(), s.pp, s.micro_batches, s.virtual_stages,
               s.virtual_stages > 1 ? "s" : "", s.num_model_stages());
-  for (int r = 0; r < s.stages; ++r) {
+  for (int r = 0; r < s.pp; ++r) {
     std::string line = "rank " + std::to_string(r) + ":";
     for (const parallel::Action& a : s.ranks[static_cast<size_t>(r)]) {
       const bool transfer = parallel::is_send(a.kind) || parallel::is_recv(a.kind);

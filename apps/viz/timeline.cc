@@ -65,7 +65,7 @@ Timeline timeline_from_simulation(const parallel::Schedule& s, const parallel::S
   t.shades = s.virtual_stages;
   char buf[256];
   std::string shape =
-      "pp=" + std::to_string(s.stages) + ", " + std::to_string(s.micro_batches) + " micro-batches";
+      "pp=" + std::to_string(s.pp) + ", " + std::to_string(s.micro_batches) + " micro-batches";
   if (s.virtual_stages > 1) shape += ", " + std::to_string(s.virtual_stages) + " chunks per rank";
   std::string cost_text =
       "F=" + format_number(costs.forward) + " B=" + format_number(costs.backward);

@@ -55,7 +55,7 @@ std::string config_error(const std::string& name, int pp, int m, int v) {
 TEST(ScheduleGenerators, OneFOneBListsWithTransfers) {
   const Schedule s = make_schedule(ScheduleKind::OneFOneB, 2, 3);
   EXPECT_EQ(s.name, "1f1b");
-  EXPECT_EQ(s.stages, 2);
+  EXPECT_EQ(s.pp, 2);
   EXPECT_EQ(s.micro_batches, 3);
   EXPECT_EQ(actions(s, 0),
             "F0 send F0 F1 send F1 recv B0 B0 F2 send F2 recv B1 B1 recv B2 B2 reduce step");
@@ -269,7 +269,7 @@ TEST(ScheduleValidate, ShapeMismatch) {
 Schedule crossed_waits() {
   Schedule s;
   s.name = "crossed";
-  s.stages = 2;
+  s.pp = 2;
   s.micro_batches = 1;
   using K = ActionKind;
   s.ranks = {{{K::Forward, 0, 0},

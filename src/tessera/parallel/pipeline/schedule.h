@@ -57,13 +57,13 @@ ScheduleKind parse_schedule(const std::string& name);
 struct Schedule {
   ScheduleKind kind = ScheduleKind::Single;
   std::string name;                        // to_string(kind)
-  int stages = 1;                          // pipeline ranks (pp)
+  int pp = 1;                              // pipeline ranks
   int micro_batches = 1;                   // per optimizer step
   int virtual_stages = 1;                  // chunks per rank (v)
   std::vector<std::vector<Action>> ranks;  // ranks[r] = rank r's actions, in order
   // The model stage of chunk c on pipeline rank r.
-  int stage_of(int rank, int chunk) const { return chunk * stages + rank; }
-  int num_model_stages() const { return stages * virtual_stages; }
+  int stage_of(int rank, int chunk) const { return chunk * pp + rank; }
+  int num_model_stages() const { return pp * virtual_stages; }
 };
 
 // The schedule of one stage: F0 B0 F1 B1 ... ReduceGradients OptimizerStep (gradient

@@ -13,7 +13,7 @@ Schedule empty_schedule(ScheduleKind kind, int pp, int micro_batches, int virtua
   Schedule s;
   s.kind = kind;
   s.name = name;
-  s.stages = pp;
+  s.pp = pp;
   s.micro_batches = micro_batches;
   s.virtual_stages = virtual_stages;
   s.ranks.resize(static_cast<size_t>(pp));

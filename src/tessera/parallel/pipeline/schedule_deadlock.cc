@@ -33,7 +33,7 @@ StuckRank explain(const Schedule& s, const std::vector<size_t>& next, int r, siz
                        " stage to send it");
     return st;
   }
-  st.peer = from % s.stages;
+  st.peer = from % s.pp;
   const std::vector<Action>& peer_list = s.ranks[static_cast<size_t>(st.peer)];
   const size_t peer_next = next[static_cast<size_t>(st.peer)];
   for (size_t j = peer_next; j < peer_list.size(); ++j) {

@@ -183,7 +183,7 @@ Simulation simulate(const Schedule& s, const std::vector<ActionCosts>& stage_cos
 
 std::optional<double> closed_form_bubble(const Schedule& s, const ActionCosts& c) {
   if (c.p2p != 0 || c.reduce != 0 || c.optimizer != 0) return std::nullopt;
-  const double p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  const double p = s.pp, m = s.micro_batches, v = s.virtual_stages;
   switch (s.kind) {
     case ScheduleKind::GPipe:
     case ScheduleKind::OneFOneB:

@@ -39,7 +39,7 @@ class Validator {
 
   std::vector<std::string> run() {
     if (!check_shape()) return problems_;
-    for (int r = 0; r < s_.stages; ++r) check_rank(r);
+    for (int r = 0; r < s_.pp; ++r) check_rank(r);
     check_matching();
     return problems_;
   }
@@ -51,13 +51,13 @@ class Validator {
   }
 
   bool check_shape() {
-    if (s_.stages < 1 || s_.micro_batches < 1 || s_.virtual_stages < 1) {
-      problem("the schedule needs at least 1 rank, micro-batch and chunk (it has ", s_.stages, ", ",
+    if (s_.pp < 1 || s_.micro_batches < 1 || s_.virtual_stages < 1) {
+      problem("the schedule needs at least 1 rank, micro-batch and chunk (it has ", s_.pp, ", ",
               s_.micro_batches, ", ", s_.virtual_stages, ")");
       return false;
     }
-    if (static_cast<int>(s_.ranks.size()) != s_.stages) {
-      problem("the schedule has action lists for ", s_.ranks.size(), " ranks but ", s_.stages,
+    if (static_cast<int>(s_.ranks.size()) != s_.pp) {
+      problem("the schedule has action lists for ", s_.ranks.size(), " ranks but ", s_.pp,
               " pipeline ranks");
       return false;
     }
@@ -195,7 +195,7 @@ class Validator {
     const int from = key.from_stage();
     // A transfer to or from a stage that does not exist is reported by check_micro_batch.
     if (key.to_stage < 0 || key.to_stage >= stages || from < 0 || from >= stages) return;
-    const Channel channel{from % s_.stages, key.to_stage % s_.stages, key.backward};
+    const Channel channel{from % s_.pp, key.to_stage % s_.pp, key.backward};
     if (is_send(a.kind)) {
       sends_[key].push_back({r, a});
       channel_sends_[channel].push_back(key);
@@ -210,13 +210,13 @@ class Validator {
       if (!recvs_.count(key)) {
         const Endpoint& e = senders.front();
         problem("rank ", e.rank, ": ", to_string(e.action), " to stage ", key.to_stage, " on rank ",
-                key.to_stage % s_.stages, " has no matching receive there");
+                key.to_stage % s_.pp, " has no matching receive there");
       }
     for (const auto& [key, receivers] : recvs_)
       if (!sends_.count(key)) {
         const Endpoint& e = receivers.front();
         problem("rank ", e.rank, ": ", to_string(e.action), " from stage ", key.from_stage(),
-                " on rank ", key.from_stage() % s_.stages, " has no matching send there");
+                " on rank ", key.from_stage() % s_.pp, " has no matching send there");
       }
     for (const auto& [channel, sent] : channel_sends_) {
       auto it = channel_recvs_.find(channel);

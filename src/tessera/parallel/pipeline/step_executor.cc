@@ -146,7 +146,7 @@ void StepExecutor::execute(const Schedule& s, int rank, const Action& a, const n
   nn::StageModel& model = *c.model;
   const int m = a.micro_batch;
   const int stage = s.stage_of(rank, a.chunk);
-  const int pp = s.stages;
+  const int pp = s.pp;
   const int prev = (rank + pp - 1) % pp, next = (rank + 1) % pp;
   // The gradient reductions happen in the step's last micro-batch (ZeRO-2/3: in every one).
   const nn::BackwardPass pass{m == s.micro_batches - 1};
@@ -218,7 +218,7 @@ void StepExecutor::execute(const Schedule& s, int rank, const Action& a, const n
 double StepExecutor::run(const Schedule& schedule, const nn::StepContext& ctx,
                          const StepCallbacks& callbacks, int64_t boundary_elems) {
   const int rank = pp_.rank();
-  TESSERA_ASSERT(schedule.stages == pp_.size(), "a schedule of ", schedule.stages,
+  TESSERA_ASSERT(schedule.pp == pp_.size(), "a schedule of ", schedule.pp,
                  " pipeline ranks on a pipeline group of ", pp_.size());
   TESSERA_ASSERT(schedule.virtual_stages == static_cast<int>(chunks_.size()), "the schedule has ",
                  schedule.virtual_stages, " chunks per rank, the executor ", chunks_.size());
