@@ -20,7 +20,7 @@ set(TESSERA_PUBLIC_HEADERS_kernels
 set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
-    activations.h attention.h block.h block_workspace.h embedding.h gelu_mlp.h gpt.h gpt_config.h
+    activations.h attention.h block.h block_workspace.h embedding.h gelu_mlp.h gpt.h gpt_config.h gpt_costs.h
     head.h linear.h mlp.h moe.h moe_exchange.h moe_mlp.h moe_router.h parameters.h
     stage_model.h tensor_parallel.h unit_hooks.h unit_model.h)
 set(TESSERA_PUBLIC_HEADERS_optim adamw.h grad_clip.h lr_schedule.h optimizer.h sgd.h)
@@ -39,7 +39,7 @@ set(TESSERA_PUBLIC_HEADERS_train
     generate.h metrics.h model_io.h pipeline_forward.h stop_request.h train_config.h trainer.h)
 # The planner: `tessera plan`'s model of memory and step time, usable from code.
 set(TESSERA_PUBLIC_HEADERS_plan
-    calibrate.h cluster.h collectives.h engine.h from_train.h korthikanti.h layout.h model_spec.h
+    calibrate.h cluster.h collectives.h engine.h korthikanti.h layout.h model_spec.h
     planner.h report.h work.h)
 
 # The generated version header, tessera/version.h.

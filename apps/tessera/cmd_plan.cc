@@ -10,11 +10,11 @@
 #include <optional>
 
 #include "commands.h"
+#include "from_train.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/plan/calibrate.h"
-#include "tessera/plan/from_train.h"
 #include "tessera/plan/planner.h"
 #include "tessera/plan/report.h"
 #include "tessera/train/train_config.h"

@@ -11,6 +11,7 @@
 #include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/gpt_config.h"
+#include "tessera/nn/gpt_costs.h"
 #include "tessera/nn/head.h"
 #include "tessera/nn/linear.h"
 #include "tessera/nn/mlp.h"

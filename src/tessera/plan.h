@@ -7,7 +7,6 @@
 #include "tessera/plan/cluster.h"
 #include "tessera/plan/collectives.h"
 #include "tessera/plan/engine.h"
-#include "tessera/plan/from_train.h"
 #include "tessera/plan/korthikanti.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"

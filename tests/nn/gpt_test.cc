@@ -7,6 +7,7 @@
 
 #include "gpt_reference.h"
 #include "tessera/core/error.h"
+#include "tessera/nn/gpt_costs.h"
 
 namespace tessera::nn {
 namespace {
@@ -257,6 +258,43 @@ TEST(GPT, ParameterNamesShapesAndFlops) {
   EXPECT_DOUBLE_EQ(m.flops_per_token(128), 6.0 * m.num_params_without_wpe() + 12.0 * 4 * 256 * 128);
   EXPECT_FALSE(ps.infos()[ps.index("h.0.ln_1.weight")].weight_decay);
   EXPECT_TRUE(ps.infos()[ps.index("wte.weight")].weight_decay);
+}
+
+// nn/gpt_costs.h is the one count of the model: it agrees with the parameters a built model
+// registers (every module, MoE blocks included, and each half of a block on its own), and the
+// pipeline split's unit costs are 3x its forward FLOPs.
+TEST(GPTCosts, CountsAreTheParametersTheModelRegisters) {
+  for (int experts : {0, 4}) {
+    GPTConfig c;
+    c.n_layer = 3;
+    c.n_embd = 32;
+    c.n_head = 4;
+    c.block_size = 16;
+    c.vocab_size = 50;
+    c.moe.experts = experts;
+    c.moe.every = 2;  // block 1 is an MoE block
+    Allocator alloc("test");
+    GPT m(c, 1, alloc);
+    int64_t registered = 0;
+    for (ParamGroup g : {ParamGroup::Model, ParamGroup::Experts})
+      for (const ParamInfo& p : m.params(g).infos()) registered += p.global_numel();
+    EXPECT_EQ(total_params(c), registered) << experts << " experts";
+    EXPECT_EQ(m.num_params_without_wpe(), registered - 16 * 32);
+    // The halves of a block register what the counts give them.
+    for (int layer = 0; layer < 3; ++layer) {
+      GPTLayout attn_half, mlp_half;
+      attn_half.first_unit = attn_half.last_unit = layer + 1;
+      attn_half.ends_mid_block = true;
+      mlp_half.first_unit = mlp_half.last_unit = layer + 1;
+      mlp_half.starts_mid_block = true;
+      GPT a(c, 1, alloc, attn_half), b(c, 1, alloc, mlp_half);
+      int64_t in_b = 0;
+      for (ParamGroup g : {ParamGroup::Model, ParamGroup::Experts})
+        for (const ParamInfo& p : b.params(g).infos()) in_b += p.global_numel();
+      EXPECT_EQ(a.params().global_numel(), attention_half_params(c));
+      EXPECT_EQ(in_b, mlp_half_params(c, layer, c.moe.experts)) << "layer " << layer;
+    }
+  }
 }
 
 TEST(GPT, FirstNonFiniteNamesTheTensor) {

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/plan/from_train.h"
+#include "from_train.h"
 #include "tessera/plan/planner.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"

@@ -35,6 +35,11 @@ void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
 // code reads the same for every layout: a model computed on one rank, a module in a test.
 std::unique_ptr<Communicator> one_rank(const CommOptions& opts = {});
 
+// A group that is only a shape: `size` ranks, this one `rank`. A planner builds a model stage on
+// it (with an allocator of address space only, core/allocator.h) to measure what one rank of a
+// tensor- or expert-parallel group allocates; any communication on it is an internal error.
+std::unique_ptr<Communicator> placeholder_group(int size, int rank = 0);
+
 // true when the process was started by mpirun / mpiexec (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK is set).
 bool launched_by_mpi();

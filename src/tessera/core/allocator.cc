@@ -1,5 +1,7 @@
 #include "tessera/core/allocator.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -27,8 +29,8 @@ std::string_view mem_category_name(MemCategory c) {
   return "?";
 }
 
-Allocator::Allocator(std::string name, size_t capacity_bytes)
-    : name_(std::move(name)), capacity_(capacity_bytes) {}
+Allocator::Allocator(std::string name, size_t capacity_bytes, Backing backing)
+    : name_(std::move(name)), backing_(backing), capacity_(capacity_bytes) {}
 
 void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
   {
@@ -57,6 +59,13 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
       it->second += bytes;
   }
   if (bytes == 0) return nullptr;
+  if (counts_only()) {  // address space, never touched (page-aligned, so 64-byte aligned too)
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) return p;
+    deallocate(nullptr, bytes, cat, tag);
+    throw OutOfMemory(detail::concat(name_, ": the operating system refused ", format_bytes(bytes),
+                                     " of address space for '", tag, "'"));
+  }
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
     deallocate(nullptr, bytes, cat, tag);
@@ -67,7 +76,11 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
 }
 
 void Allocator::deallocate(void* p, size_t bytes, MemCategory cat, std::string_view tag) {
-  std::free(p);
+  if (counts_only()) {
+    if (p != nullptr) munmap(p, bytes);
+  } else {
+    std::free(p);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ -= bytes;
   cat_in_use_[static_cast<int>(cat)] -= bytes;

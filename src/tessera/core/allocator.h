@@ -33,10 +33,17 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// What an allocator hands out: memory, or address space only. A planner builds a model against an
+// allocator of address space only to measure what the model allocates, to the byte, without the
+// memory (plan/measure.h): its tensors are never filled (Tensor::zero_ skips them), and any read
+// or write of them faults, which keeps the measuring honest.
+enum class Backing { Memory, AddressSpaceOnly };
+
 class Allocator {
  public:
   // capacity_bytes == 0 means unlimited.
-  explicit Allocator(std::string name = "rank 0", size_t capacity_bytes = 0);
+  explicit Allocator(std::string name = "rank 0", size_t capacity_bytes = 0,
+                     Backing backing = Backing::Memory);
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
@@ -45,6 +52,8 @@ class Allocator {
   void deallocate(void* p, size_t bytes, MemCategory cat, std::string_view tag);
 
   const std::string& name() const { return name_; }
+  // Backing::AddressSpaceOnly: the bytes are counted, not backed.
+  bool counts_only() const { return backing_ == Backing::AddressSpaceOnly; }
   size_t capacity() const;
   void set_capacity(size_t bytes);
   size_t in_use() const;
@@ -63,6 +72,7 @@ class Allocator {
  private:
   friend class CurrentAllocatorScope;
   std::string name_;
+  Backing backing_;
   mutable std::mutex mu_;
   size_t capacity_;
   size_t in_use_ = 0;

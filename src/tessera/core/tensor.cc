@@ -105,7 +105,7 @@ Tensor Tensor::clone(MemCategory cat, std::string tag) const {
 }
 
 void Tensor::zero_() {
-  if (nbytes()) std::memset(raw(), 0, nbytes());
+  if (nbytes() && !storage_->allocator().counts_only()) std::memset(raw(), 0, nbytes());
 }
 
 void Tensor::fill_(float v) {

@@ -26,6 +26,7 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  const Allocator& allocator() const { return *alloc_; }
 
  private:
   void* data_;
@@ -69,8 +70,8 @@ class Tensor {
   Tensor slice0(int64_t begin, int64_t end) const;  // rows [begin, end) of dimension 0
   Tensor clone(MemCategory cat = MemCategory::Other, std::string tag = "") const;
 
-  void zero_();
-  void fill_(float v);                   // F32 only
+  void zero_();         // a no-op on storage of address space only (Backing::AddressSpaceOnly)
+  void fill_(float v);  // F32 only
   void copy_from(const Tensor& src);     // same numel and dtype
   std::vector<float> to_vector() const;  // F32 only
   bool shares_storage_with(const Tensor& o) const { return storage_ && storage_ == o.storage_; }

@@ -176,22 +176,26 @@ void Attention::recompute(const BlockPass& mb, const float* x, float* y, BlockWo
   run_forward(mb, x, y, *ws.attention, ws);
 }
 
+std::shared_ptr<AttentionRecord::Deferred> Attention::make_deferred(int64_t tokens,
+                                                                    Allocator* alloc) const {
+  const int64_t C = cfg_.n_embd;
+  auto d = std::make_shared<AttentionRecord::Deferred>();
+  d->tokens = tokens;
+  auto make = [&](int64_t width, const char* name) {
+    return Tensor::zeros({tokens * width}, DType::F32, MemCategory::Activations, name, alloc);
+  };
+  d->d_proj = make(C, "block.deferred.d_attn_proj");
+  d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
+  // The record has no whole ln_1 under full recomputation or sequence parallelism.
+  if (recompute_ == Recompute::Full || split_.sequence_parallel())
+    d->ln1 = make(C, "block.deferred.ln_1");
+  if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
+  return d;
+}
+
 AttentionRecord::Deferred& Attention::deferred_for(const BlockPass& mb, AttentionRecord& r) const {
-  const int64_t BT = mb.tokens(), C = cfg_.n_embd;
-  if (!r.deferred || r.deferred->tokens != BT) {
-    auto d = std::make_shared<AttentionRecord::Deferred>();
-    d->tokens = BT;
-    auto make = [&](int64_t width, const char* name) {
-      return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
-    };
-    d->d_proj = make(C, "block.deferred.d_attn_proj");
-    d->d_attn = make(3 * c_local_, "block.deferred.d_qkv");
-    // The record has no whole ln_1 under full recomputation or sequence parallelism.
-    if (recompute_ == Recompute::Full || split_.sequence_parallel())
-      d->ln1 = make(C, "block.deferred.ln_1");
-    if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
-    r.deferred = std::move(d);
-  }
+  if (!r.deferred || r.deferred->tokens != mb.tokens())
+    r.deferred = make_deferred(mb.tokens(), nullptr);
   return *r.deferred;
 }
 

@@ -71,6 +71,9 @@ class Attention {
   void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
                 BlockWorkspace& ws, bool defer) const;
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const;
+  // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
+  // current allocator).
+  std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens, Allocator* alloc) const;
 
   int heads_local() const { return heads_local_; }
   int64_t c_local() const { return c_local_; }

@@ -114,6 +114,16 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
   if (attention_) attention_->backward(r.pass, r.x, *r.attention, dres, ws, defer_weights);
 }
 
+size_t Block::deferred_bytes(int64_t tokens) const {
+  size_t bytes = mlp_ ? mlp_->deferred_bytes(tokens) : 0;
+  if (attention_) {
+    Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
+    const auto d = attention_->make_deferred(tokens, &counting);
+    bytes += counting.in_use();
+  }
+  return bytes;
+}
+
 void Block::backward_weight(Record& r) const {
   if (mlp_) mlp_->backward_weight(r.pass, *r.mlp);
   if (attention_) attention_->backward_weight(r.pass, *r.attention);

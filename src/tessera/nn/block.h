@@ -78,6 +78,9 @@ class Block {
   void backward(Record& r, float* dres, Workspace& ws, bool defer_weights = false) const;
   // W: ACCUMULATES the weight and bias gradients a deferred backward left in r.
   void backward_weight(Record& r) const;
+  // The bytes a deferred backward keeps for W of a micro-batch of `tokens` tokens (measured:
+  // the modules allocate it against an allocator of address space only).
+  size_t deferred_bytes(int64_t tokens) const;
 
   int layer() const { return layer_; }
   BlockPart part() const { return part_; }

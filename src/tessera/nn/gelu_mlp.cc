@@ -138,22 +138,32 @@ void GeluMlp::recompute(const BlockPass& mb, const float* x, BlockWorkspace& ws)
   run_forward(mb, x, nullptr, scratch(ws), ws);
 }
 
+size_t GeluMlp::deferred_bytes(int64_t tokens) const {
+  Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
+  const auto d = make_deferred(tokens, &counting);
+  return counting.in_use();
+}
+
+std::shared_ptr<GeluMlpRecord::Deferred> GeluMlp::make_deferred(int64_t tokens,
+                                                                Allocator* alloc) const {
+  const int64_t C = cfg_.n_embd;
+  auto d = std::make_shared<GeluMlpRecord::Deferred>();
+  d->tokens = tokens;
+  auto make = [&](int64_t width, const char* name) {
+    return Tensor::zeros({tokens * width}, DType::F32, MemCategory::Activations, name, alloc);
+  };
+  d->d_proj = make(C, "block.deferred.d_mlp_proj");
+  d->d_fc = make(hidden_local_, "block.deferred.d_fc");
+  // The record has no whole ln_2 under full recomputation or sequence parallelism.
+  if (recompute_ == Recompute::Full || split_.sequence_parallel())
+    d->ln2 = make(C, "block.deferred.ln_2");
+  if (recompute_ == Recompute::Full) d->fch = make(hidden_local_, "block.deferred.fch");
+  return d;
+}
+
 GeluMlpRecord::Deferred& GeluMlp::deferred_for(const BlockPass& mb, GeluMlpRecord& r) const {
-  const int64_t BT = mb.tokens(), C = cfg_.n_embd;
-  if (!r.deferred || r.deferred->tokens != BT) {
-    auto d = std::make_shared<GeluMlpRecord::Deferred>();
-    d->tokens = BT;
-    auto make = [&](int64_t width, const char* name) {
-      return Tensor::zeros({BT * width}, DType::F32, MemCategory::Activations, name);
-    };
-    d->d_proj = make(C, "block.deferred.d_mlp_proj");
-    d->d_fc = make(hidden_local_, "block.deferred.d_fc");
-    // The record has no whole ln_2 under full recomputation or sequence parallelism.
-    if (recompute_ == Recompute::Full || split_.sequence_parallel())
-      d->ln2 = make(C, "block.deferred.ln_2");
-    if (recompute_ == Recompute::Full) d->fch = make(hidden_local_, "block.deferred.fch");
-    r.deferred = std::move(d);
-  }
+  if (!r.deferred || r.deferred->tokens != mb.tokens())
+    r.deferred = make_deferred(mb.tokens(), nullptr);
   return *r.deferred;
 }
 

@@ -46,6 +46,7 @@ class GeluMlp final : public Mlp {
   void backward(const BlockPass& mb, const float* x, MlpRecord& r, float* dres, BlockWorkspace& ws,
                 bool defer) const override;
   void backward_weight(const BlockPass& mb, MlpRecord& r) const override;
+  size_t deferred_bytes(int64_t tokens) const override;
 
   int64_t hidden_local() const { return hidden_local_; }
 
@@ -58,6 +59,7 @@ class GeluMlp final : public Mlp {
   void run_backward(const BlockPass& mb, const float* x, const GeluMlpRecord& r, float* dres,
                     BlockWorkspace& ws, GeluMlpRecord::Deferred* defer) const;
   GeluMlpRecord::Deferred& deferred_for(const BlockPass& mb, GeluMlpRecord& r) const;
+  std::shared_ptr<GeluMlpRecord::Deferred> make_deferred(int64_t tokens, Allocator* alloc) const;
   GeluMlpRecord& scratch(BlockWorkspace& ws) const;
   TpRegion region(const BlockPass& mb, BlockWorkspace& ws) const;
   BranchDropout dropout(const BlockPass& mb, const TpRegion& region, const Tensor& mask) const;

@@ -6,6 +6,7 @@
 
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
+#include "tessera/nn/gpt_costs.h"
 
 namespace tessera::nn {
 
@@ -135,6 +136,12 @@ std::vector<const MixtureOfExperts*> GPT::moe_layers() const {
   for (const Block& b : blocks_)
     if (b.moe()) out.push_back(b.moe());
   return out;
+}
+
+size_t GPT::deferred_bytes(int B, int T) const {
+  size_t bytes = 0;
+  for (const Block& b : blocks_) bytes += b.deferred_bytes(static_cast<int64_t>(B) * T);
+  return bytes;
 }
 
 void GPT::reset_moe_stats() {
@@ -320,27 +327,12 @@ const float* GPT::losses() const {
   return shared_if_made()->head->losses.f32();
 }
 
-namespace {
-// Parameters of the whole model minus wpe, with `experts_used` experts per MoE block.
-int64_t count_params(const GPTConfig& cfg, int64_t experts_used) {
-  const int64_t C = cfg.n_embd, V = cfg.vocab_size, L = cfg.n_layer;
-  const int64_t mlp = 8 * C * C + 5 * C;  // c_fc and c_proj with biases
-  int64_t moe_blocks = 0;
-  for (int l = 0; l < L; ++l) moe_blocks += cfg.moe.is_moe_layer(l) ? 1 : 0;
-  // wte + L blocks (ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj) + ln_f; an MoE block has
-  // experts_used MLPs and a router [C, E] instead of one MLP.
-  return V * C + L * (12 * C * C + 13 * C) + 2 * C +
-         moe_blocks * ((experts_used - 1) * mlp + C * cfg.moe.experts);
-}
-}  // namespace
-
 int64_t GPT::num_params_without_wpe() const {
-  return count_params(cfg_, cfg_.moe.experts);
+  return total_params(cfg_) - gpt_params(cfg_).wpe;
 }
 
 double GPT::flops_per_token(int T) const {
-  return 6.0 * static_cast<double>(count_params(cfg_, cfg_.moe.top_k)) +
-         12.0 * cfg_.n_layer * static_cast<double>(cfg_.n_embd) * T;
+  return model_flops_per_token(cfg_, T);
 }
 
 std::string GPT::first_non_finite(const Record* rec) const {

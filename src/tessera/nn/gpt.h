@@ -223,6 +223,10 @@ class GPT : public StageModel {
   // E experts of an MoE block, and its router.
   double flops_per_token(int T) const;
 
+  // The bytes a zero-bubble BI keeps for W of a (B, T) micro-batch through this stage's blocks
+  // (measured: the modules allocate them against an allocator of address space only).
+  size_t deferred_bytes(int B, int T) const;
+
   // The MoE blocks of this stage, and their statistics since the last reset.
   std::vector<const MixtureOfExperts*> moe_layers() const;
   void reset_moe_stats();

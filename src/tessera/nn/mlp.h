@@ -48,6 +48,9 @@ class Mlp {
   virtual void backward(const BlockPass& mb, const float* x, MlpRecord& r, float* dres,
                         BlockWorkspace& ws, bool defer) const = 0;
   virtual void backward_weight(const BlockPass& mb, MlpRecord& r) const = 0;
+  // The bytes a deferred backward (zero-bubble BI) keeps for W of a micro-batch of `tokens`
+  // tokens, measured by allocating them against an allocator of address space only.
+  virtual size_t deferred_bytes(int64_t tokens) const = 0;
 
   // The mixture of experts inside (its statistics), or null for a dense MLP.
   virtual const MixtureOfExperts* experts() const { return nullptr; }

@@ -46,6 +46,7 @@ class MoeMlp final : public Mlp {
   void backward(const BlockPass& mb, const float* x, MlpRecord& r, float* dres, BlockWorkspace& ws,
                 bool defer) const override;
   void backward_weight(const BlockPass& mb, MlpRecord& r) const override;
+  size_t deferred_bytes(int64_t) const override { return 0; }  // nothing is deferred
   const MixtureOfExperts* experts() const override { return &moe_; }
 
  private:

@@ -138,6 +138,7 @@ class ParameterSet {
   // not change between a forward and its backward (the fp32 gradients would be wrong too).
   void mark_gemm_weight(int i);
   bool has_bf16_copies() const { return bf16_copies_.defined(); }
+  size_t bf16_copy_bytes() const { return bf16_copies_.defined() ? bf16_copies_.nbytes() : 0; }
   // A no-op without a copy. const: the copies are a cache of the values (the modules hold their
   // parameter set const).
   void refresh_bf16_copy(int i) const;

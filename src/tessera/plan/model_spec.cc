@@ -5,56 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/nn/gpt_costs.h"
 
 namespace tessera::plan {
 
-int ModelSpec::moe_layers() const {
-  int n = 0;
-  for (int l = 0; l < layers; ++l) n += moe.is_moe_layer(l) ? 1 : 0;
-  return n;
-}
-
-int64_t ModelSpec::embedding_params() const {
-  return (static_cast<int64_t>(vocab) + block_size()) * hidden;
-}
-
-int64_t ModelSpec::attention_params() const {
-  const int64_t C = hidden;
-  return 4 * C + 3 * C * C + 3 * C + C * C + C;  // ln_1, ln_2, c_attn, attn c_proj
-}
-
-int64_t ModelSpec::mlp_params() const {
-  const int64_t C = hidden;
-  return C * 4 * C + 4 * C + 4 * C * C + C;
-}
-
-int64_t ModelSpec::router_params() const {
-  return static_cast<int64_t>(hidden) * moe.experts;
-}
-
-int64_t ModelSpec::block_params(int layer) const {
-  if (moe.is_moe_layer(layer))
-    return attention_params() + router_params() + moe.experts * mlp_params();
-  return attention_params() + mlp_params();
-}
-
 int64_t ModelSpec::total_params() const {
-  int64_t n = embedding_params() + head_params();
-  for (int l = 0; l < layers; ++l) n += block_params(l);
-  return n;
-}
-
-int64_t ModelSpec::active_params_without_wpe() const {
-  int64_t n = static_cast<int64_t>(vocab) * hidden + head_params();
-  for (int l = 0; l < layers; ++l)
-    n += moe.is_moe_layer(l) ? attention_params() + router_params() + moe.top_k * mlp_params()
-                             : attention_params() + mlp_params();
-  return n;
+  return nn::total_params(to_gpt_config(*this));
 }
 
 double ModelSpec::model_flops_per_token() const {
-  return 6.0 * static_cast<double>(active_params_without_wpe()) +
-         12.0 * layers * static_cast<double>(hidden) * seq;
+  return nn::model_flops_per_token(to_gpt_config(*this), seq);
 }
 
 void validate(const ModelSpec& m) {
@@ -86,6 +46,10 @@ nn::GPTConfig to_gpt_config(const ModelSpec& m) {
   c.block_size = m.block_size();
   c.vocab_size = m.vocab;
   c.dropout = static_cast<float>(m.dropout);
+  c.moe.experts = m.moe.experts;
+  c.moe.top_k = m.moe.top_k;
+  c.moe.every = m.moe.every;
+  c.moe.capacity_factor = static_cast<float>(m.moe.capacity_factor);
   return c;
 }
 

@@ -37,21 +37,11 @@ struct ModelSpec {
 
   int block_size() const { return context > 0 ? context : seq; }
   int64_t ffn() const { return 4 * static_cast<int64_t>(hidden); }
-  int moe_layers() const;  // how many blocks are MoE blocks
 
-  // Global parameter counts.
-  int64_t embedding_params() const;  // wte [V, C] + wpe [context, C]
-  int64_t attention_params() const;  // ln_1, c_attn, attn c_proj, ln_2 of one block
-  int64_t mlp_params() const;        // one GPT-2 MLP: c_fc [C, 4C] + bias, c_proj [4C, C] + bias
-  int64_t router_params() const;     // [C, experts]
-  int64_t block_params(int layer) const;
-  int64_t head_params() const { return 2 * static_cast<int64_t>(hidden); }  // ln_f (wte tied)
+  // Global parameter counts and model FLOPs, from the one model of the model (nn/gpt_costs.h).
   int64_t total_params() const;
-  // Parameters each token's forward multiplies with (experts: top_k of them), without wpe: the N
-  // of PaLM's 6 N + 12 L C T model FLOPs per token.
-  int64_t active_params_without_wpe() const;
   // Model FLOPs per token, forward + backward, no recomputation (PaLM, dense attention): 6 N + 12
-  // L C T. The numerator of MFU.
+  // L C T, N the parameters a token's forward multiplies with, without wpe. The numerator of MFU.
   double model_flops_per_token() const;
 
   friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
@@ -61,8 +51,8 @@ struct ModelSpec {
 // [0, 1), MoE settings out of range.
 void validate(const ModelSpec& m);
 
-// The tessera model configuration with these sizes (the pipeline split and parameter layout use
-// it).
+// The tessera model configuration with these sizes, mixture of experts included (the pipeline
+// split, the parameter layout and the counts of nn/gpt_costs.h use it).
 nn::GPTConfig to_gpt_config(const ModelSpec& m);
 
 // {"layers": .., "hidden": .., "heads": .., "seq": .., "vocab": .., "context": .., "dropout": ..,

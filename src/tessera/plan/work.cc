@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/kernels/attention.h"
+#include "tessera/nn/gpt_costs.h"
 
 namespace tessera::plan {
 
@@ -56,12 +57,14 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const bool attn = part != nn::BlockPart::Mlp, mlp = part != nn::BlockPart::Attention;
 
   UnitWork w;
-  const double attn_proj = 2 * BT * C * C / t;
-  const double attn_linear = attn ? 2 * BT * (3 * C * C) / t + attn_proj : 0;
+  // The model's FLOPs per token (nn/gpt_costs.h), split over tp, times the micro-batch's tokens.
+  const nn::BlockFlops flops = nn::block_flops(to_gpt_config(m), layer, m.seq);
+  const double attn_proj = BT * flops.attention_out / t;
+  const double attn_linear = attn ? BT * flops.qkv / t + attn_proj : 0;
   const double mlp_t = moe && !r.experts_split_over_tp ? 1.0 : t;  // the MLP's tp split
-  const double mlp_linear = mlp ? k * 2 * BT * (8 * C * C) / mlp_t : 0;
-  const double router = moe && mlp ? 2 * BT * C * m.moe.experts : 0;
-  const double core = attn ? 4 * b * s * s * C * causal / t : 0;  // Q K^T and P V
+  const double mlp_linear = mlp ? k * BT * flops.mlp / mlp_t : 0;
+  const double router = mlp ? BT * flops.router : 0;
+  const double core = attn ? BT * flops.attention_core * causal / t : 0;  // Q K^T and P V
   const double linear = attn_linear + mlp_linear + router;
   w.fwd_flops = linear + core;
   w.bwd_flops = 2 * w.fwd_flops;
@@ -123,7 +126,7 @@ UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRule
   }
   if (unit <= m.layers) return block_work(m, l, unit - 1, r, part);
   const double V = static_cast<double>(vocab_local(m.vocab, l.tp));
-  w.fwd_flops = 2 * BT * C * V;
+  w.fwd_flops = BT * (nn::head_flops(to_gpt_config(m)) / m.vocab * V);  // its vocabulary rows
   w.bwd_flops = 2 * w.fwd_flops;
   w.wgrad_flops = w.fwd_flops;
   w.fwd_bytes = BT * (2 * C * e + V * r.logit_bytes);

@@ -6,21 +6,21 @@
 #include <sstream>
 
 #include "tessera/core/error.h"
+#include "tessera/nn/gpt_costs.h"
 
 namespace tessera::parallel {
 
 std::vector<double> half_unit_costs(const nn::GPTConfig& cfg, int T) {
+  // Forward + backward is 3x the forward's matmul FLOPs (nn/gpt_costs.h).
   const double C = cfg.n_embd, V = cfg.vocab_size;
   std::vector<double> costs;
-  costs.push_back(4 * C);
+  costs.push_back(4 * C);  // the embedding: a gather and a scatter-add
   for (int l = 0; l < cfg.n_layer; ++l) {
-    // 6 x (attention 4 C^2 + MLP 8 C^2) per token; an MoE block runs top_k MLPs and its router.
-    const bool moe = cfg.moe.is_moe_layer(l);
-    const double mlp = moe ? 8 * C * C * cfg.moe.top_k + C * cfg.moe.experts : 8 * C * C;
-    costs.push_back(6 * 4 * C * C + 12 * T * C);
-    costs.push_back(6 * mlp);
+    const nn::BlockFlops f = nn::block_flops(cfg, l, T);
+    costs.push_back(3 * f.attention());
+    costs.push_back(3 * (nn::mlp_passes(cfg, l) * f.mlp + f.router));
   }
-  costs.push_back(6 * C * V + 10 * V);
+  costs.push_back(3 * nn::head_flops(cfg) + 10 * V);  // + the softmax and cross-entropy
   return costs;
 }
 

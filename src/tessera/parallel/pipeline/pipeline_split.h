@@ -21,11 +21,11 @@ struct UnitRange {
   friend bool operator==(const UnitRange&, const UnitRange&) = default;
 };
 
-// Modelled forward + backward FLOPs per token of each unit at context T: the embedding a gather
-// and a scatter-add (~4C), a block 6 * (12 C^2) for its matmuls plus 6 * 2 T C for attention
-// (PaLM's count, causal mask ignored; an MoE block counts top_k MLPs of 8 C^2 and its router C E
-// instead of one MLP), the head 6 C V for the tied projection plus ~10 V for the softmax and
-// cross-entropy.
+// Modelled forward + backward FLOPs per token of each unit at context T (nn/gpt_costs.h, 3x the
+// forward's matmuls): the embedding a gather and a scatter-add (~4C), a block 3 x (8 C^2 + 4 T C)
+// for its attention (causal mask ignored) and 3 x 16 C^2 for its MLP (an MoE block: top_k expert
+// MLPs and its router 2 C E), the head 3 x 2 C V for the tied projection plus ~10 V for the
+// softmax and cross-entropy.
 std::vector<double> unit_costs(const nn::GPTConfig& cfg, int T);
 // The same at half-block grain, 2L + 2 entries: the embedding, then per block its attention half
 // (6 x 4 C^2 + 12 T C) and its MLP half (6 x 8 C^2, or the MoE's), then the head.

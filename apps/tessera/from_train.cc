@@ -1,4 +1,4 @@
-#include "tessera/plan/from_train.h"
+#include "from_train.h"
 
 #include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt_config.h"

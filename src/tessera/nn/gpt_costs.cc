@@ -1,0 +1,71 @@
+#include "tessera/nn/gpt_costs.h"
+
+namespace tessera::nn {
+
+GPTParams gpt_params(const GPTConfig& c) {
+  const int64_t C = c.n_embd;
+  GPTParams p;
+  p.wte = static_cast<int64_t>(c.vocab_size) * C;
+  p.wpe = static_cast<int64_t>(c.block_size) * C;
+  p.layer_norm = 2 * C;
+  p.attention = p.layer_norm + (3 * C * C + 3 * C) + (C * C + C);
+  p.expert = (4 * C * C + 4 * C) + (4 * C * C + C);
+  p.mlp = p.layer_norm + p.expert;
+  p.router = C * c.moe.experts;
+  p.head = p.layer_norm;
+  return p;
+}
+
+int64_t attention_half_params(const GPTConfig& c) {
+  return gpt_params(c).attention;
+}
+
+int64_t mlp_half_params(const GPTConfig& c, int layer, int experts) {
+  const GPTParams p = gpt_params(c);
+  if (!c.moe.is_moe_layer(layer)) return p.mlp;
+  return p.layer_norm + p.router + static_cast<int64_t>(experts) * p.expert;
+}
+
+namespace {
+// Every parameter but wpe, with `experts` of each MoE block's experts.
+int64_t params_without_wpe(const GPTConfig& c, int experts) {
+  int64_t n = gpt_params(c).wte + gpt_params(c).head;
+  for (int l = 0; l < c.n_layer; ++l)
+    n += attention_half_params(c) + mlp_half_params(c, l, experts);
+  return n;
+}
+}  // namespace
+
+int64_t total_params(const GPTConfig& c) {
+  return params_without_wpe(c, c.moe.experts) + gpt_params(c).wpe;
+}
+
+int64_t active_params_without_wpe(const GPTConfig& c) {
+  return params_without_wpe(c, c.moe.top_k);
+}
+
+double model_flops_per_token(const GPTConfig& c, int T) {
+  return 6.0 * static_cast<double>(active_params_without_wpe(c)) +
+         12.0 * c.n_layer * static_cast<double>(c.n_embd) * T;
+}
+
+int mlp_passes(const GPTConfig& c, int layer) {
+  return c.moe.is_moe_layer(layer) ? c.moe.top_k : 1;
+}
+
+BlockFlops block_flops(const GPTConfig& c, int layer, int T) {
+  const double C = c.n_embd;
+  BlockFlops f;
+  f.qkv = 2 * 3 * C * C;
+  f.attention_out = 2 * C * C;
+  f.attention_core = 4.0 * T * C;
+  f.mlp = 2 * 8 * C * C;
+  if (c.moe.is_moe_layer(layer)) f.router = 2 * C * c.moe.experts;
+  return f;
+}
+
+double head_flops(const GPTConfig& c) {
+  return 2.0 * c.n_embd * c.vocab_size;
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,74 @@
+#include "tessera/plan/measure.h"
+
+#include <memory>
+
+#include "tessera/comm/launch.h"
+#include "tessera/core/allocator.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/parallel/data_parallel.h"
+
+namespace tessera::plan {
+
+namespace {
+
+// The layout the trainer gives this stage (train/rank_run.cc, model_layout).
+nn::GPTLayout stage_layout(const Layout& l, const parallel::UnitRange& units,
+                           const EngineOptions& o) {
+  nn::GPTLayout base;
+  base.first_unit = units.first;
+  base.last_unit = units.last;
+  base.starts_mid_block = units.starts_mid_block;
+  base.ends_mid_block = units.ends_mid_block;
+  base.recompute = l.recompute;
+  base.sequence_parallel = l.sp;
+  if (o.bf16_gemm_inputs) {  // --precision bf16 (the emulated path: nothing is measured at start)
+    base.gemm = {kernels::Precision::BF16, kernels::Bf16Gemm::Emulated};
+    base.bf16_weight_copies =
+        o.bf16_weight_copies ? nn::WeightCopies::Always : nn::WeightCopies::Never;
+  }
+  parallel::DataParallelOptions dpo;
+  dpo.zero = l.zero;
+  return parallel::gpt_layout_for(dpo, l.dp, base, l.dp / l.ep);
+}
+
+}  // namespace
+
+StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::UnitRange& units,
+                           const EngineOptions& o, Backing backing) {
+  const nn::GPTConfig cfg = to_gpt_config(m);
+  // Rank 0 of the tensor- and expert-parallel groups: the largest vocabulary shard.
+  const std::unique_ptr<comm::Communicator> tp = comm::placeholder_group(l.tp);
+  const std::unique_ptr<comm::Communicator> ep = comm::placeholder_group(l.ep);
+  Allocator counting("plan", 0, backing);
+  nn::GPT model(cfg, l.micro_batch, counting, stage_layout(l, units, o), *tp, *ep);
+
+  StageMeasure s;
+  for (int u = units.first; u <= units.last; ++u) {
+    const double dense = static_cast<double>(model.unit_begin(u + 1, nn::ParamGroup::Model) -
+                                             model.unit_begin(u, nn::ParamGroup::Model));
+    const double experts = static_cast<double>(model.unit_begin(u + 1, nn::ParamGroup::Experts) -
+                                               model.unit_begin(u, nn::ParamGroup::Experts));
+    s.unit_elems.push_back(dense + experts);
+    s.dense_elems += dense;
+    s.expert_elems += experts;
+  }
+  for (const nn::ParamInfo& p : model.params(nn::ParamGroup::Model).infos()) {
+    if (p.reduction.over_embedding_group) s.tied_wte_elems = static_cast<double>(p.local_numel());
+    if (p.reduction.over_tensor_parallel)
+      s.sequence_partial_elems += static_cast<double>(p.local_numel());
+  }
+  for (nn::ParamGroup g : {nn::ParamGroup::Model, nn::ParamGroup::Experts})
+    s.bf16_copy_bytes += static_cast<double>(model.params(g).bf16_copy_bytes());
+  s.moe_blocks = static_cast<int>(model.moe_layers().size());
+
+  s.workspace_bytes = static_cast<double>(counting.in_use(MemCategory::Activations));
+  {
+    const std::unique_ptr<nn::StageRecord> record = model.make_record();
+    s.record_bytes =
+        static_cast<double>(counting.in_use(MemCategory::Activations)) - s.workspace_bytes;
+  }
+  s.deferred_bytes = static_cast<double>(model.deferred_bytes(l.micro_batch, m.seq));
+  return s;
+}
+
+}  // namespace tessera::plan

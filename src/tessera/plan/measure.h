@@ -1,0 +1,42 @@
+// What one rank of a model stage allocates, measured rather than mirrored: the stage is built as
+// the trainer builds it (nn::GPT with the engine's layout, tensor- and expert-parallel groups of
+// the layout's sizes) against an allocator of address space only (core/allocator.h) and
+// placeholder groups (comm/launch.h), and its parameters, records, workspace and zero-bubble
+// copies are read off. So the tessera engine's memory prediction follows the code by construction:
+// a module that keeps one more tensor is planned with it.
+//
+// What depends on the data is not measured: a mixture of experts' routed rows (their buffers grow
+// to the largest routing seen) are modelled by the engine (engine_tessera.cc).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/parallel/pipeline/pipeline_split.h"
+#include "tessera/plan/engine.h"
+#include "tessera/plan/layout.h"
+#include "tessera/plan/model_spec.h"
+
+namespace tessera::plan {
+
+struct StageMeasure {
+  // Parameter elements of each unit of the stage, padded as the data-parallel engine needs
+  // (the model's set and the experts' set), and their sums.
+  std::vector<double> unit_elems;
+  double dense_elems = 0, expert_elems = 0;
+  double tied_wte_elems = 0;          // summed over the embedding group (a wte copy, pp > 1)
+  double sequence_partial_elems = 0;  // summed over the stage's ranks (--sp)
+  double bf16_copy_bytes = 0;         // bf16 copies of the GEMM weights
+  // Bytes of one micro-batch's record, of the stage's scratch (the blocks' workspace and the
+  // residual gradient), and of what a zero-bubble BI keeps for W (a micro-batch of
+  // micro_batch x seq tokens).
+  double record_bytes = 0, workspace_bytes = 0, deferred_bytes = 0;
+  int moe_blocks = 0;  // MoE blocks (or MLP halves) of the stage
+};
+
+// `backing`: Backing::Memory builds the stage in real memory (the tests compare the two).
+StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::UnitRange& units,
+                           const EngineOptions& o, Backing backing = Backing::AddressSpaceOnly);
+
+}  // namespace tessera::plan
