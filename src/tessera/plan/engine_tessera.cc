@@ -64,7 +64,7 @@ class TesseraEngine final : public Engine {
     for (int u = std::max(units.first, 1); u <= std::min(units.last, L); ++u) ++s.blocks;
 
     // Parameters and activations as the code allocates them (plan/measure.h).
-    const StageMeasure& got = measured(m, l, units);
+    const StageMeasure got = measured(m, l, units);
     s.unit_elems = got.unit_elems;
     s.dense_elems = got.dense_elems;
     s.expert_elems = got.expert_elems;
@@ -125,17 +125,18 @@ class TesseraEngine final : public Engine {
  private:
   // The measurement of one stage, made once per stage shape (a ranking asks for the same stages
   // under many layouts).
-  const StageMeasure& measured(const ModelSpec& m, const Layout& l,
-                               const parallel::UnitRange& u) const {
+  StageMeasure measured(const ModelSpec& m, const Layout& l, const parallel::UnitRange& u) const {
     if (!(m == measured_model_)) measures_.clear(), measured_model_ = m;
-    const parallel::ZeroTraits z = parallel::traits(l.zero);
-    const auto key =
-        std::make_tuple(u.first, u.last, u.starts_mid_block, u.ends_mid_block, l.tp, l.sp, l.ep,
-                        l.micro_batch, static_cast<int>(l.recompute), z.sharded() ? l.dp : 1,
-                        z.shards_gradients, z.shards_parameters);
+    // What a measurement depends on; dp and the ZeRO stage are applied to it (pad_units).
+    const auto key = std::make_tuple(u.first, u.last, u.starts_mid_block, u.ends_mid_block, l.tp,
+                                     l.sp, l.ep, l.micro_batch, static_cast<int>(l.recompute));
     auto it = measures_.find(key);
-    if (it == measures_.end()) it = measures_.emplace(key, measure_stage(m, l, u, options)).first;
-    return it->second;
+    if (it == measures_.end()) {
+      Layout unsharded = l;
+      unsharded.zero = parallel::ZeroStage::None;
+      it = measures_.emplace(key, measure_stage(m, unsharded, u, options)).first;
+    }
+    return pad_units(it->second, l);
   }
 
   // A mixture of experts' routed rows, which grow with the routing (nn/moe.h), modelled as
@@ -159,8 +160,7 @@ class TesseraEngine final : public Engine {
   }
 
   mutable ModelSpec measured_model_;
-  mutable std::map<std::tuple<int, int, bool, bool, int, bool, int, int, int, int, bool, bool>,
-                   StageMeasure>
+  mutable std::map<std::tuple<int, int, bool, bool, int, bool, int, int, int>, StageMeasure>
       measures_;
 
   struct BucketPeaks {

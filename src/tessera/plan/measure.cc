@@ -1,5 +1,6 @@
 #include "tessera/plan/measure.h"
 
+#include <cmath>
 #include <memory>
 
 #include "tessera/comm/launch.h"
@@ -40,17 +41,17 @@ StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::
   const std::unique_ptr<comm::Communicator> tp = comm::placeholder_group(l.tp);
   const std::unique_ptr<comm::Communicator> ep = comm::placeholder_group(l.ep);
   Allocator counting("plan", 0, backing);
-  nn::GPT model(cfg, l.micro_batch, counting, stage_layout(l, units, o), *tp, *ep);
+  Layout unsharded = l;  // 16-float units and resident weights (pad_units does the rest)
+  unsharded.zero = parallel::ZeroStage::None;
+  nn::GPT model(cfg, l.micro_batch, counting, stage_layout(unsharded, units, o), *tp, *ep);
 
   StageMeasure s;
+  auto span = [&](int u, nn::ParamGroup g) {
+    return static_cast<double>(model.unit_begin(u + 1, g) - model.unit_begin(u, g));
+  };
   for (int u = units.first; u <= units.last; ++u) {
-    const double dense = static_cast<double>(model.unit_begin(u + 1, nn::ParamGroup::Model) -
-                                             model.unit_begin(u, nn::ParamGroup::Model));
-    const double experts = static_cast<double>(model.unit_begin(u + 1, nn::ParamGroup::Experts) -
-                                               model.unit_begin(u, nn::ParamGroup::Experts));
-    s.unit_elems.push_back(dense + experts);
-    s.dense_elems += dense;
-    s.expert_elems += experts;
+    s.unit_dense.push_back(span(u, nn::ParamGroup::Model));
+    s.unit_experts.push_back(span(u, nn::ParamGroup::Experts));
   }
   for (const nn::ParamInfo& p : model.params(nn::ParamGroup::Model).infos()) {
     if (p.reduction.over_embedding_group) s.tied_wte_elems = static_cast<double>(p.local_numel());
@@ -68,6 +69,27 @@ StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::
         static_cast<double>(counting.in_use(MemCategory::Activations)) - s.workspace_bytes;
   }
   s.deferred_bytes = static_cast<double>(model.deferred_bytes(l.micro_batch, m.seq));
+  return pad_units(std::move(s), l);
+}
+
+StageMeasure pad_units(StageMeasure s, const Layout& l) {
+  const parallel::ZeroTraits z = parallel::traits(l.zero);
+  if (z.shards_parameters) s.bf16_copy_bytes = 0;  // ZeRO-3 keeps no resident weights to copy
+  // A unit's parameters lie the same way after a start aligned to any multiple of 16 floats, so
+  // ZeRO's alignment (parallel::flat_layout_for: 16 x the group's size) only moves its end. The
+  // model's set is sharded over dp, the experts' over dp / ep.
+  auto pad = [](double n, double multiple) { return std::ceil(n / multiple) * multiple; };
+  const double dense_align = 16.0 * (z.sharded() ? l.dp : 1);
+  const double expert_align = 16.0 * (z.sharded() ? l.dp / l.ep : 1);
+  s.unit_elems.clear();
+  s.dense_elems = s.expert_elems = 0;
+  for (size_t u = 0; u < s.unit_dense.size(); ++u) {
+    const double dense = pad(s.unit_dense[u], dense_align);
+    const double experts = pad(s.unit_experts[u], expert_align);
+    s.unit_elems.push_back(dense + experts);
+    s.dense_elems += dense;
+    s.expert_elems += experts;
+  }
   return s;
 }
 

@@ -21,9 +21,9 @@
 namespace tessera::plan {
 
 struct StageMeasure {
-  // Parameter elements of each unit of the stage, padded as the data-parallel engine needs
-  // (the model's set and the experts' set), and their sums.
-  std::vector<double> unit_elems;
+  // Parameter elements of each unit of the stage in the model's set and in the experts' set, and
+  // their sums, padded as the data-parallel engine of `layout` pads them (pad_units).
+  std::vector<double> unit_dense, unit_experts, unit_elems;
   double dense_elems = 0, expert_elems = 0;
   double tied_wte_elems = 0;          // summed over the embedding group (a wte copy, pp > 1)
   double sequence_partial_elems = 0;  // summed over the stage's ranks (--sp)
@@ -35,8 +35,13 @@ struct StageMeasure {
   int moe_blocks = 0;  // MoE blocks (or MLP halves) of the stage
 };
 
+// The stage of `units` under layout `l`. What the data-parallel engine changes (ZeRO's padding of
+// every unit to 16 x the group's size, ZeRO-3's lack of resident weights to copy) is applied to a
+// measurement without it (pad_units), so one measurement serves every dp and ZeRO stage.
 // `backing`: Backing::Memory builds the stage in real memory (the tests compare the two).
 StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::UnitRange& units,
                            const EngineOptions& o, Backing backing = Backing::AddressSpaceOnly);
+// A measurement made with 16-float units, as the data-parallel engine of `l` lays them out.
+StageMeasure pad_units(StageMeasure s, const Layout& l);
 
 }  // namespace tessera::plan
