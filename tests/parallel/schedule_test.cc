@@ -169,6 +169,14 @@ size_t position(const Schedule& s, int rank, const std::string& name) {
   return 0;
 }
 
+// Moves the action `name` of `rank` to just after the action `after`.
+void move_after(Schedule& s, int rank, const std::string& name, const std::string& after) {
+  auto& list = s.ranks[static_cast<size_t>(rank)];
+  const Action a = list[position(s, rank, name)];
+  erase_action(s, rank, name);
+  list.insert(list.begin() + static_cast<long>(position(s, rank, after)) + 1, a);
+}
+
 TEST(ScheduleValidate, GeneratedAndSingleStageAreValid) {
   EXPECT_TRUE(validate_schedule(single_stage_schedule(3)).empty());
   EXPECT_NO_THROW(check_schedule(make_schedule(ScheduleKind::ZeroBubbleH1, 3, 5)));
@@ -240,6 +248,45 @@ TEST(ScheduleValidate, ReceivesInTheOrderOfTheSends) {
             "transfer 1 is send B1 but rank 0 expects recv B0");
   // With tagged, asynchronous sends it still runs to the end.
   EXPECT_FALSE(check_deadlock(s).deadlocked());
+}
+
+// An executor may keep a chunk's input gradient in one buffer that each backward overwrites, so
+// micro-batch m's gradient must leave before the chunk's next backward (B or BI of another
+// micro-batch): sent after it, the next micro-batch's gradient could leave in its place. Later
+// than right after its own backward is fine.
+TEST(ScheduleValidate, InputGradientLeavesBeforeTheNextBackward) {
+  Schedule s = make_schedule(ScheduleKind::OneFOneB, 2, 3);
+  move_after(s, 1, "send B0", "B1");  // rank 1: ... B1 send B0 send B1 ...
+  std::vector<std::string> problems = validate_schedule(s);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_EQ(problems[0],
+            "rank 1 (stage 1): send B0 must come before B1, chunk 0's next backward, which may "
+            "overwrite micro-batch 0's input gradient");
+  EXPECT_FALSE(check_deadlock(s).deadlocked());  // it runs to the end: only this rule catches it
+
+  Schedule zb = make_schedule(ScheduleKind::ZeroBubbleH1, 3, 4);
+  move_after(zb, 1, "send B1", "BI2");
+  problems = validate_schedule(zb);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_EQ(problems[0],
+            "rank 1 (stage 1): send B1 must come before BI2, chunk 0's next backward, which may "
+            "overwrite micro-batch 1's input gradient");
+
+  Schedule il = make_schedule(ScheduleKind::Interleaved, 2, 4, 2);
+  move_after(il, 0, "send B0.1", "B1.1");
+  problems = validate_schedule(il);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_EQ(problems[0],
+            "rank 0 (stage 2): send B0.1 must come before B1.1, chunk 1's next backward, which may "
+            "overwrite micro-batch 0's input gradient");
+
+  // After other actions, but before the next backward: valid. So is a last W before the send.
+  Schedule late = make_schedule(ScheduleKind::OneFOneB, 2, 3);
+  move_after(late, 1, "send B0", "F1");
+  EXPECT_TRUE(validate_schedule(late).empty()) << joined(validate_schedule(late));
+  Schedule after_w = make_schedule(ScheduleKind::ZeroBubbleH1, 2, 2);
+  move_after(after_w, 1, "send B1", "W1");
+  EXPECT_TRUE(validate_schedule(after_w).empty()) << joined(validate_schedule(after_w));
 }
 
 TEST(ScheduleValidate, ReduceAndStepEndEveryRank) {

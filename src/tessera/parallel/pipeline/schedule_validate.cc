@@ -72,6 +72,7 @@ class Validator {
     const std::vector<Action>& list = s_.ranks[static_cast<size_t>(r)];
     const int v = s_.virtual_stages, m = s_.micro_batches;
     std::vector<MicroBatchActions> seen(static_cast<size_t>(v * m));
+    std::vector<std::vector<int>> backwards(static_cast<size_t>(v));  // per chunk: B / BI indices
     Seen reduce, step;
     int last_compute = -1;
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
@@ -90,6 +91,8 @@ class Validator {
         continue;
       }
       if (is_compute(a.kind)) last_compute = i;
+      if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput)
+        backwards[static_cast<size_t>(a.chunk)].push_back(i);
       if (is_send(a.kind) || is_recv(a.kind)) record_transfer(r, a);
       MicroBatchActions& mb = seen[static_cast<size_t>(a.chunk * m + a.micro_batch)];
       switch (a.kind) {
@@ -124,7 +127,35 @@ class Validator {
     for (int c = 0; c < v; ++c)
       for (int mbi = 0; mbi < m; ++mbi)
         check_micro_batch(r, c, mbi, seen[static_cast<size_t>(c * m + mbi)]);
+    for (int c = 0; c < v; ++c)
+      check_gradient_sends(r, c, list, backwards[static_cast<size_t>(c)], seen);
     check_ending(r, list, reduce, step, last_compute);
+  }
+
+  // An input gradient may live in a buffer that the chunk's next backward overwrites, so a
+  // SendBackward must come before the chunk's next B or BI of another micro-batch (else that
+  // micro-batch's gradient could leave in its place).
+  void check_gradient_sends(int r, int c, const std::vector<Action>& list,
+                            const std::vector<int>& backwards,
+                            const std::vector<MicroBatchActions>& seen) {
+    std::vector<bool> checked(static_cast<size_t>(s_.micro_batches), false);
+    for (size_t i = 0; i < backwards.size(); ++i) {
+      const int mb = list[static_cast<size_t>(backwards[i])].micro_batch;
+      if (checked[static_cast<size_t>(mb)]) continue;  // a second backward: reported elsewhere
+      checked[static_cast<size_t>(mb)] = true;
+      const Seen& send = seen[static_cast<size_t>(c * s_.micro_batches + mb)].send_b;
+      // A missing send, or one before its backward, is reported by check_micro_batch.
+      if (send.count == 0 || send.first < backwards[i]) continue;
+      for (size_t j = i + 1; j < backwards.size(); ++j) {
+        const Action& next = list[static_cast<size_t>(backwards[j])];
+        if (next.micro_batch == mb) continue;
+        if (send.first > backwards[j])
+          problem(at(r, c), ": ", to_string(Action{ActionKind::SendBackward, mb, c}),
+                  " must come before ", to_string(next), ", chunk ", c,
+                  "'s next backward, which may overwrite micro-batch ", mb, "'s input gradient");
+        break;
+      }
+    }
   }
 
   void check_micro_batch(int r, int c, int mb, const MicroBatchActions& a) {

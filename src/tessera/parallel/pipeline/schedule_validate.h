@@ -17,6 +17,8 @@ namespace tessera::parallel {
 // - a RecvForward before the F of every stage but the first and a SendForward after it on every
 //   stage but the last; a RecvBackward before the B / BI of every stage but the last and a
 //   SendBackward after it on every stage but the first; no other transfers;
+// - a chunk's SendBackward of micro-batch m before the chunk's next backward (B or BI of another
+//   micro-batch), which may overwrite m's input gradient;
 // - every send has a matching receive (same direction and micro-batch) on the rank that holds
 //   the stage it is meant for, and every receive a matching send;
 // - between two ranks, in each direction, receives are in the order of the sends (so an

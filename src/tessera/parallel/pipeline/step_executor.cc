@@ -34,10 +34,11 @@ StepExecutor::StepExecutor(std::vector<nn::StageModel*> chunks, comm::Communicat
   }
 }
 
-nn::StageRecord& StepExecutor::acquire(Chunk& c, int m) {
+nn::StageRecord& StepExecutor::acquire(Chunk& c, int m, int pending) {
   if (static_cast<int>(c.slot_of.size()) <= m) {
     c.slot_of.resize(m + 1, -1);
     c.dout_of.resize(m + 1, -1);
+    c.pending_of.resize(m + 1, 0);
   }
   TESSERA_ASSERT(c.slot_of[m] < 0, "micro-batch ", m, " is already in flight");
   if (c.free.empty()) {
@@ -53,6 +54,7 @@ nn::StageRecord& StepExecutor::acquire(Chunk& c, int m) {
   }
   c.slot_of[m] = c.free.back();
   c.free.pop_back();
+  c.pending_of[m] = pending;
   Slot& slot = c.pool[static_cast<size_t>(c.slot_of[m])];
   wait_all(slot.sends);  // its last micro-batch's activation and gradient have left
   return *slot.record;
@@ -64,7 +66,8 @@ StepExecutor::Slot& StepExecutor::in_flight(Chunk& c, int m) {
   return c.pool[static_cast<size_t>(c.slot_of[m])];
 }
 
-void StepExecutor::release(Chunk& c, int m) {
+void StepExecutor::done(Chunk& c, int m) {
+  if (--c.pending_of[m] > 0) return;
   c.free.push_back(c.slot_of[m]);
   c.slot_of[m] = -1;
 }
@@ -153,11 +156,12 @@ void StepExecutor::execute(const Schedule& s, int rank, const Action& a, const n
   switch (a.kind) {
     case ActionKind::RecvForward: {
       TraceSpan span(label("recv F", m), "comm", 2);
-      receive(model.input(acquire(c, m)), boundary_elems, prev, tag(stage, false));
+      // Held until its backward has ended and its input gradient has been posted.
+      receive(model.input(acquire(c, m, 2)), boundary_elems, prev, tag(stage, false));
       break;
     }
     case ActionKind::Forward: {
-      nn::StageRecord& rec = stage == 0 ? acquire(c, m) : *in_flight(c, m).record;
+      nn::StageRecord& rec = stage == 0 ? acquire(c, m, 1) : *in_flight(c, m).record;
       const nn::Batch b = cb.fetch(m);
       TraceSpan span(label("F", m), "forward", 2);
       loss_sum += model.forward(ctx, b, rec);
@@ -183,7 +187,7 @@ void StepExecutor::execute(const Schedule& s, int rank, const Action& a, const n
         TraceSpan span(label("B", m), "backward", 2);
         model.backward(rec, dout, pass);
       }
-      if (stage == 0) release(c, m);  // later stages: once the input gradient is posted
+      done(c, m);
       break;
     }
     case ActionKind::BackwardInput: {
@@ -198,13 +202,13 @@ void StepExecutor::execute(const Schedule& s, int rank, const Action& a, const n
         TraceSpan span(label("W", m), "backward-weight", 2);
         model.backward_weight(*in_flight(c, m).record, pass);
       }
-      release(c, m);
+      done(c, m);
       break;
     }
-    case ActionKind::SendBackward: {  // from the record; a whole backward's record returns now
+    case ActionKind::SendBackward: {  // from the record
       Slot& slot = in_flight(c, m);
       post_send(slot, model.input_grad(*slot.record), boundary_elems, prev, tag(stage - 1, true));
-      if (!traits(s.kind).splits_backward) release(c, m);
+      done(c, m);
       break;
     }
     case ActionKind::ReduceGradients:

@@ -6,10 +6,10 @@
 //
 // Forward and Backward of micro-batch m on chunk c use an activation record taken from the
 // chunk's pool when m's input arrives (or its forward starts, on the first stage) and returned
-// when its backward ends (after its input gradient was posted), so a schedule decides how many
-// micro-batches are in flight (and so the activation memory), not the executor. The backward says
-// which micro-batch of the step it is (nn::BackwardPass), so that the engines' hooks reduce in the
-// last one.
+// once its backward has ended (B, or W) and its input gradient has been posted, in whichever
+// order the schedule puts them, so a schedule decides how many micro-batches are in flight (and
+// so the activation memory), not the executor. The backward says which micro-batch of the step it
+// is (nn::BackwardPass), so that the engines' hooks reduce in the last one.
 //
 // Point-to-point (the pipeline group): a receive blocks until its message arrives (bounded by
 // the communicator's deadline); sends are asynchronous. In fp32 an activation is sent straight
@@ -84,15 +84,20 @@ class StepExecutor {
     std::vector<int> free;     // indices into pool
     std::vector<int> slot_of;  // micro-batch -> pool index, -1 when not in flight
     std::vector<int> dout_of;  // micro-batch -> received output gradient buffer, or -1
+    // micro-batch -> what its record waits for before it returns to the pool: the end of its
+    // backward (B or W) and, on a stage after the first, the send of its input gradient, in
+    // whichever order the schedule runs them.
+    std::vector<int> pending_of;
   };
   struct SendBuffer {
     Tensor data;
     comm::Work work;  // default: free
   };
 
-  nn::StageRecord& acquire(Chunk& c, int micro_batch);
+  // A record for micro-batch m, held until `pending` events (done) have happened.
+  nn::StageRecord& acquire(Chunk& c, int micro_batch, int pending);
   Slot& in_flight(Chunk& c, int micro_batch);
-  void release(Chunk& c, int micro_batch);
+  void done(Chunk& c, int micro_batch);  // one of the record's pending events; the last releases
   Tensor& output_grad_buffer(int& index, int64_t elems);
   SendBuffer& send_buffer(int64_t elems);  // of the wire's dtype
   // Posts n values of src to `peer` in the wire dtype (rounded into a send buffer under bf16);
