@@ -77,7 +77,7 @@ echo "== threads (inproc): pp=2 x dp=2 x tp=2"
 run "bad TESSERA_FAULT" 10 "rank=1,op=0,kind=throw" -- "$bin" train "${common[@]}" "${layout[@]}"
 expect_status "bad TESSERA_FAULT" 1
 expect_text "bad TESSERA_FAULT: says what is wrong and the format" \
-  "^tessera: error: TESSERA_FAULT='rank=1,op=0,kind=throw': op must be a call number counted from 1, got '0'\. The format is rank=R,op=N,kind="
+  "^tessera: error: TESSERA_FAULT='rank=1,op=0,kind=throw': op must be a call number counted from 1, got '0'; the format is rank=R,op=N,kind="
 ! grep -qE "^(data|model):" <<<"$out" && ok "bad TESSERA_FAULT: before any work" ||
   fail "bad TESSERA_FAULT: work was done" "$out"
 # A delay within the deadline only slows the run: the same losses.

@@ -94,7 +94,7 @@ first_kb=$(du -sk --exclude=step-00000008 "$dir/ref" | cut -f1)
 mkdir -p "$dir/disk" "$dir/ro"
 if why=$(mount -t tmpfs -o ro,size=1m tmpfs "$dir/ro" 2>&1); then
   echo "== read-only file system"
-  check save-read-only 1 "Cannot write into the directory $dir/ro.*Read-only file system" -- \
+  check save-read-only 1 "cannot write into the directory $dir/ro.*Read-only file system" -- \
     "$bin" train "${tiny[@]}" --steps 4 --save "$dir/ro"
   expect save-read-only-no-work no_work_done
   check metrics-read-only 1 "metrics file '$dir/ro/m.jsonl'.*Read-only file system" -- \
@@ -107,7 +107,7 @@ if why=$(mount -t tmpfs -o ro,size=1m tmpfs "$dir/ro" 2>&1); then
   size_kb=$((first_kb + step_kb / 2))
   echo "== full disk: a ${size_kb} KiB tmpfs (one save takes ${first_kb} KiB, a step directory ${step_kb} KiB)"
   mount -t tmpfs -o size=${size_kb}k tmpfs "$dir/disk"
-  check full-disk 1 "Could not save checkpoint step-00000008 in $dir/disk: .*$dir/disk/step-00000008.tmp/.*No space left on device.*still $dir/disk/step-00000004" -- \
+  check full-disk 1 "could not save checkpoint step-00000008 in $dir/disk: .*$dir/disk/step-00000008.tmp/.*No space left on device.*still $dir/disk/step-00000004" -- \
     "$bin" train "${tiny[@]}" --steps 8 --save-every 4 --save "$dir/disk" --metrics "$dir/disk.jsonl"
   expect full-disk-first-save-done grep -q "saved checkpoint $dir/disk/step-00000004" <<<"$out"
   expect full-disk-latest-is-step-4 latest_is "$dir/disk" step-00000004
@@ -131,7 +131,7 @@ limit_kb=$(( $(stat -c %s "$dir/ref/step-00000004/model.safetensors") / 1024 + 8
 check limit-first-run 0 "done: 4 steps" -- "$bin" train "${tiny[@]}" --steps 4 --save "$dir/lim" \
   --metrics "$dir/lim.jsonl"
 # SIGXFSZ ignored (inherited through exec): write() fails with EFBIG and tessera reports it.
-check limit-save-fails 1 "Could not save checkpoint step-00000008 in $dir/lim: .*File too large.*still $dir/lim/step-00000004" -- \
+check limit-save-fails 1 "could not save checkpoint step-00000008 in $dir/lim: .*File too large.*still $dir/lim/step-00000004" -- \
   bash -c 'trap "" XFSZ; ulimit -f "$1"; shift; exec "$@"' _ "$limit_kb" \
   "$bin" train --resume "$dir/lim" --cache-dir "$dir/cache" --steps 8 --save-every 4
 expect limit-latest-is-step-4 latest_is "$dir/lim" step-00000004

@@ -81,7 +81,7 @@ TEST(FaultSpec, RejectsMalformedSpecsSayingWhy) {
     const std::string msg = config_error(spec);
     EXPECT_TRUE(has(msg, std::string("TESSERA_FAULT='") + spec + "': ")) << msg;
     EXPECT_TRUE(has(msg, why)) << spec << " -> " << msg;
-    EXPECT_TRUE(has(msg, "The format is rank=R,op=N,kind=")) << msg;
+    EXPECT_TRUE(has(msg, "; the format is rank=R,op=N,kind=")) << msg;
   }
 }
 

@@ -84,7 +84,7 @@ TEST_F(CheckpointTest, CorruptByteIsAChecksumError) {
   flip_byte(model, 3);  // inside the tensor data: the header still parses
   expect_error<IoError>(
       [&] { load_checkpoint(ckdir()); },
-      {"Checksum mismatch in " + model.string(), "the file is corrupt; use an earlier checkpoint"});
+      {"checksum mismatch in " + model.string(), "the file is corrupt; use an earlier checkpoint"});
   CheckpointLoadOptions no_verify;
   no_verify.verify_checksums = false;
   EXPECT_EQ(load_checkpoint(ckdir(), no_verify).step, 100);
@@ -93,7 +93,7 @@ TEST_F(CheckpointTest, CorruptByteIsAChecksumError) {
   flip_byte(model, 3);  // repaired
   flip_byte(config, 2);
   expect_error<IoError>([&] { load_checkpoint(ckdir()); },
-                        {"Checksum mismatch in " + config.string()});
+                        {"checksum mismatch in " + config.string()});
 }
 
 TEST_F(CheckpointTest, TruncatedOrMissingFile) {
@@ -102,7 +102,7 @@ TEST_F(CheckpointTest, TruncatedOrMissingFile) {
   const std::string bytes = slurp(opt);
   spit(opt, bytes.substr(0, bytes.size() - 10));
   expect_error<IoError>([&] { load_checkpoint(ckdir()); },
-                        {"Size mismatch in " + opt.string(), "use an earlier checkpoint"});
+                        {"size mismatch in " + opt.string(), "use an earlier checkpoint"});
   fs::remove(opt);
   expect_error<IoError>([&] { load_checkpoint(ckdir()); }, {opt.string(), "is missing"});
   spit(ckdir() / "step-00000100" / kStateFile, "{\"format\": ");
@@ -193,7 +193,7 @@ TEST_F(CheckpointTest, ResavingAStepReplacesIt) {
 
 TEST_F(CheckpointTest, EmptyOrMissingDirectory) {
   expect_error<IoError>([&] { load_checkpoint(ckdir()); },
-                        {"No complete checkpoint in " + ckdir().string()});
+                        {"no complete checkpoint in " + ckdir().string()});
   EXPECT_FALSE(find_latest_checkpoint(ckdir()).has_value());
   EXPECT_TRUE(list_checkpoints(ckdir()).empty());
 }

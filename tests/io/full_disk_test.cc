@@ -240,10 +240,10 @@ TEST_F(FullDiskTest, SaveCheckpointAtEveryPointOfAFullDisk) {
           out << "FAIL (" << extra << " bytes free): the path is not named: " << msg << "\n";
         if (msg.find("No space left on device") == std::string::npos)
           out << "FAIL (" << extra << " bytes free): the reason is not given: " << msg << "\n";
-        // "... Cannot write <path>: ..." names the file being written when space ran out.
-        const size_t at = msg.find("Cannot write ");
+        // "... cannot write <path>: ..." names the file being written when space ran out.
+        const size_t at = msg.find("cannot write ");
         if (at != std::string::npos) {
-          const size_t begin = at + std::string_view("Cannot write ").size();
+          const size_t begin = at + std::string_view("cannot write ").size();
           failed_in.insert(fs::path(msg.substr(begin, msg.find(": ", begin) - begin)).filename());
         }
       }

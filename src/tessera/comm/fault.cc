@@ -15,7 +15,7 @@ constexpr std::string_view kFormat =
     "rank=1,op=37,kind=delay:5000ms";
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
-  throw ConfigError(detail::concat("TESSERA_FAULT='", text, "': ", why, ". The format is ", kFormat,
+  throw ConfigError(detail::concat("TESSERA_FAULT='", text, "': ", why, "; the format is ", kFormat,
                                    " (docs/RELIABILITY.md)"));
 }
 

@@ -42,9 +42,9 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view tag) {
       std::string msg =
           detail::concat(name_, ": out of memory: requested ", format_bytes(bytes), " for '", tag,
                          "' (", mem_category_name(cat), ") with ", format_bytes(in_use_), " of ",
-                         format_bytes(capacity_), " in use. Largest holders:");
+                         format_bytes(capacity_), " in use; largest holders:");
       for (size_t i = 0; i < std::min<size_t>(5, top.size()); ++i)
-        msg += detail::concat(" ", top[i].second, " ", format_bytes(top[i].first), ";");
+        msg += detail::concat(i ? "; " : " ", top[i].second, " ", format_bytes(top[i].first));
       throw OutOfMemory(msg);
     }
     in_use_ += bytes;

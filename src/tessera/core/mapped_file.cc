@@ -18,17 +18,17 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot open ", path.string(),
-                   " for reading: ", std::strerror(errno), ".");
+  TESSERA_CHECK_AS(IoError, fd >= 0, "cannot open ", path.string(),
+                   " for reading: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    throw IoError(detail::concat("Cannot stat ", path.string(), ": ", std::strerror(err), "."));
+    throw IoError(detail::concat("cannot stat ", path.string(), ": ", std::strerror(err)));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw IoError(detail::concat("Cannot map ", path.string(), ": it is not a regular file."));
+    throw IoError(detail::concat("cannot map ", path.string(), ": it is not a regular file"));
   }
   const auto size = static_cast<std::size_t>(st.st_size);
   if (size > 0) {  // mmap of 0 bytes fails with EINVAL; an empty file maps to nothing
@@ -37,7 +37,7 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
       const int err = errno;
       ::close(fd);
       throw IoError(
-          detail::concat("Cannot map ", path.string(), " into memory: ", std::strerror(err), "."));
+          detail::concat("cannot map ", path.string(), " into memory: ", std::strerror(err)));
     }
     data_ = static_cast<const std::byte*>(p);
     size_ = size;

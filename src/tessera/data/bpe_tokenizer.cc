@@ -139,10 +139,10 @@ class Trainer {
 };
 
 [[noreturn]] void malformed(const std::string& source, const std::string& what) {
-  throw IoError(detail::concat("The tokenizer file ", source, " is malformed: ", what,
-                               ". Expected a tessera BPE tokenizer (JSON with format \"",
+  throw IoError(detail::concat("the tokenizer file ", source, " is malformed: ", what,
+                               "; expected a tessera BPE tokenizer (JSON with format \"",
                                kFormatName, "\", version ", kFormatVersion,
-                               ", vocab_size, end_of_text and merges); see docs/DATA.md."));
+                               ", vocab_size, end_of_text and merges); see docs/DATA.md"));
 }
 
 }  // namespace
@@ -154,8 +154,8 @@ BpeTokenizer::BpeTokenizer() {
 BpeTokenizer::BpeTokenizer(std::vector<Merge> merges, bool end_of_text)
     : merges_(std::move(merges)) {
   constexpr std::size_t kMaxMerges = kMaxVocabSize - kNumByteTokens;
-  TESSERA_CHECK_AS(ConfigError, merges_.size() <= kMaxMerges, "A BPE tokenizer of ", merges_.size(),
-                   " merges is too large; at most ", kMaxMerges, " are supported.");
+  TESSERA_CHECK_AS(ConfigError, merges_.size() <= kMaxMerges, "a BPE tokenizer of ", merges_.size(),
+                   " merges is too large; at most ", kMaxMerges, " are supported");
   // Token lengths in bytes: merges never cross a pre-tokenizer chunk, so no token is longer than
   // kMaxChunkBytes. Checked before the vocabulary is built: doubling merges ((a, a), then the
   // result with itself, ...) would otherwise ask for 2^k bytes after k merges.
@@ -164,11 +164,11 @@ BpeTokenizer::BpeTokenizer(std::vector<Merge> merges, bool end_of_text)
     const uint32_t next = kNumByteTokens + static_cast<uint32_t>(i);
     const auto [a, b] = merges_[i];
     TESSERA_CHECK_AS(ConfigError, a < next && b < next, "BPE merge ", i, " (", a, ", ", b,
-                     ") names an id that is not defined before it (ids must be < ", next, ").");
+                     ") names an id that is not defined before it (ids must be < ", next, ")");
     length[next] = length[a] + length[b];
     TESSERA_CHECK_AS(ConfigError, length[next] <= kMaxChunkBytes, "BPE merge ", i, " (", a, ", ", b,
                      ") makes a token of ", length[next], " bytes; tokens are at most ",
-                     kMaxChunkBytes, " bytes (one pre-tokenizer chunk).");
+                     kMaxChunkBytes, " bytes (one pre-tokenizer chunk)");
   }
   if (end_of_text) end_of_text_ = kNumByteTokens + static_cast<uint32_t>(merges_.size());
   build_tables();
@@ -185,7 +185,7 @@ void BpeTokenizer::build_tables() {
     vocab_.push_back(vocab_[a] + vocab_[b]);
     auto [it, inserted] = rank_.emplace(pair_key(a, b), static_cast<uint32_t>(i));
     TESSERA_CHECK_AS(ConfigError, inserted, "BPE merge ", i, " (", a, ", ", b, ") repeats merge ",
-                     it->second, "; every pair may be merged only once.");
+                     it->second, "; every pair may be merged only once");
   }
   if (end_of_text_) vocab_.emplace_back(kEndOfTextText);
 }
@@ -201,9 +201,9 @@ BpeTokenizer BpeTokenizer::train(std::span<const std::string> documents,
   const int min_vocab = static_cast<int>(kNumByteTokens) + reserved;
   TESSERA_CHECK_AS(
       ConfigError, options.vocab_size >= min_vocab && options.vocab_size <= kMaxVocabSize,
-      "The BPE vocabulary size ", options.vocab_size, " is out of range; it must be in [",
+      "the BPE vocabulary size ", options.vocab_size, " is out of range; it must be in [",
       min_vocab, ", ", kMaxVocabSize, "] (256 byte tokens",
-      options.end_of_text ? " plus <|endoftext|>" : "", " come first).");
+      options.end_of_text ? " plus <|endoftext|>" : "", " come first)");
   const int num_merges = options.vocab_size - min_vocab;
 
   std::unordered_map<std::string_view, int64_t> word_counts;
@@ -217,9 +217,9 @@ BpeTokenizer BpeTokenizer::train(std::span<const std::string> documents,
     Merge m;
     if (!trainer.step(kNumByteTokens + static_cast<uint32_t>(i), m)) {
       throw ConfigError(detail::concat(
-          "The corpus is too small for a BPE vocabulary of ", options.vocab_size,
+          "the corpus is too small for a BPE vocabulary of ", options.vocab_size,
           " tokens: it has only enough distinct byte pairs for ", min_vocab + i,
-          ". Choose a vocabulary size of at most ", min_vocab + i, " or use a larger corpus."));
+          "; choose a vocabulary size of at most ", min_vocab + i, " or use a larger corpus"));
     }
     merges.push_back(m);
   }
@@ -297,8 +297,8 @@ std::vector<uint32_t> BpeTokenizer::encode_documents(std::span<const std::string
 }
 
 const std::string& BpeTokenizer::token_bytes(uint32_t id) const {
-  TESSERA_CHECK_AS(ConfigError, id < vocab_.size(), "Token id ", id,
-                   " is out of range for this tokenizer; ids must be < ", vocab_.size(), ".");
+  TESSERA_CHECK_AS(ConfigError, id < vocab_.size(), "token id ", id,
+                   " is out of range for this tokenizer; ids must be < ", vocab_.size());
   return vocab_[id];
 }
 
@@ -376,9 +376,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
   try {
     return BpeTokenizer(std::move(merges), !eot.is_null());
   } catch (const ConfigError& e) {
-    std::string what = e.what();
-    if (what.ends_with('.')) what.pop_back();  // malformed() continues the sentence
-    malformed(source, what);
+    malformed(source, e.what());
   }
 }
 
@@ -391,8 +389,8 @@ void BpeTokenizer::save(const std::filesystem::path& path) const {
 
 BpeTokenizer BpeTokenizer::load(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
-  TESSERA_CHECK_AS(IoError, f.is_open(), "Could not open the tokenizer file ", path.string(),
-                   "; it does not exist or is not readable.");
+  TESSERA_CHECK_AS(IoError, f.is_open(), "could not open the tokenizer file ", path.string(),
+                   "; it does not exist or is not readable");
   std::ostringstream ss;
   ss << f.rdbuf();
   return from_json(ss.str(), path.string());

@@ -38,14 +38,13 @@ DataFormat detect_data_format(const fs::path& path) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (!fs::exists(st)) {
-    throw ConfigError(detail::concat("The data path ", path.string(), " does not exist. ",
-                                     kAccepted, "; omit --data for the default corpus."));
+    throw ConfigError(detail::concat("the data path ", path.string(), " does not exist; ",
+                                     kAccepted, "; omit --data for the default corpus"));
   }
   if (fs::is_directory(st)) return DataFormat::kTextDirectory;
   if (!fs::is_regular_file(st)) {
-    throw ConfigError(detail::concat("The data path ", path.string(),
-                                     " is neither a regular file nor a directory. ", kAccepted,
-                                     "."));
+    throw ConfigError(detail::concat("the data path ", path.string(),
+                                     " is neither a regular file nor a directory; ", kAccepted));
   }
   if (has_token_file_magic(path)) return DataFormat::kTokenFile;
   if (ends_with(path.filename().string(), ".bin")) return DataFormat::kRawUint16;
@@ -58,7 +57,7 @@ std::vector<fs::path> list_text_files(const fs::path& dir) {
   fs::directory_iterator it(dir, ec);
   if (ec) {
     throw ConfigError(
-        detail::concat("Could not list the directory ", dir.string(), ": ", ec.message(), "."));
+        detail::concat("could not list the directory ", dir.string(), ": ", ec.message()));
   }
   for (const fs::directory_entry& e : it) {
     const std::string name = e.path().filename().string();
@@ -70,8 +69,8 @@ std::vector<fs::path> list_text_files(const fs::path& dir) {
   std::sort(files.begin(), files.end());
   if (files.empty()) {
     throw ConfigError(detail::concat(
-        "The directory ", dir.string(),
-        " holds no text files (regular files, not hidden, not ending in .dat or .u8)."));
+        "the directory ", dir.string(),
+        " holds no text files (regular files, not hidden, not ending in .dat or .u8)"));
   }
   return files;
 }
@@ -89,10 +88,10 @@ std::vector<fs::path> default_corpus_files(const fs::path& dir) {
   }
   if (!usable) {
     throw ConfigError(detail::concat(
-        "The default corpus is missing: ", dir.string(),
-        " does not exist or holds no fortune files. Install it with `apt-get install fortunes` "
+        "the default corpus is missing: ", dir.string(),
+        " does not exist or holds no fortune files; install it with `apt-get install fortunes` "
         "(Debian/Ubuntu), or pass --data with a text file, a directory of text files, or a token "
-        "file."));
+        "file"));
   }
   return files;
 }
@@ -136,15 +135,15 @@ TextCorpus read_text_corpus(std::span<const fs::path> files) {
   corpus.fingerprint = stable_hash("tessera-text-corpus-v1");
   for (const fs::path& file : files) {
     std::ifstream f(file, std::ios::binary);
-    TESSERA_CHECK_AS(IoError, f.is_open(), "Could not open the text file ", file.string(),
-                     "; it does not exist or is not readable.");
+    TESSERA_CHECK_AS(IoError, f.is_open(), "could not open the text file ", file.string(),
+                     "; it does not exist or is not readable");
     std::ostringstream ss;
     ss << f.rdbuf();
-    TESSERA_CHECK_AS(IoError, !f.bad(), "Could not read the text file ", file.string(), ".");
+    TESSERA_CHECK_AS(IoError, !f.bad(), "could not read the text file ", file.string());
     const std::string text = std::move(ss).str();
     const std::size_t nul = text.find('\0');
-    TESSERA_CHECK_AS(ConfigError, nul == std::string::npos, "The file ", file.string(),
-                     " holds a NUL byte at offset ", nul, ", so it is not text. ", kAccepted, ".");
+    TESSERA_CHECK_AS(ConfigError, nul == std::string::npos, "the file ", file.string(),
+                     " holds a NUL byte at offset ", nul, ", so it is not text; ", kAccepted);
     for (std::string& doc : split_documents(text)) {
       corpus.bytes += doc.size();
       corpus.fingerprint = mix_stream(corpus.fingerprint, stable_hash(doc));
@@ -152,9 +151,9 @@ TextCorpus read_text_corpus(std::span<const fs::path> files) {
     }
     corpus.files.push_back(file);
   }
-  TESSERA_CHECK_AS(ConfigError, !corpus.documents.empty(), "The text corpus (",
+  TESSERA_CHECK_AS(ConfigError, !corpus.documents.empty(), "the text corpus (",
                    files.empty() ? std::string("no files") : files.front().string(),
-                   files.size() > 1 ? " and others" : "", ") holds no text.");
+                   files.size() > 1 ? " and others" : "", ") holds no text");
   return corpus;
 }
 

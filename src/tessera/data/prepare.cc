@@ -125,8 +125,8 @@ PreparedData prepare_tokens(const DataOptions& o, DataFormat format) {
   } else {
     p.vocab_size = o.vocab_size;
   }
-  TESSERA_CHECK_AS(ConfigError, file->size() > 0, "The token file ", o.data.string(),
-                   " holds no tokens.");
+  TESSERA_CHECK_AS(ConfigError, file->size() > 0, "the token file ", o.data.string(),
+                   " holds no tokens");
   check_token_ids(*file, p.vocab_size);
   p.description = detail::concat(o.data.string(), ": ", format_name(format), ", ", file->size(),
                                  " tokens (vocab ", p.vocab_size, ")");

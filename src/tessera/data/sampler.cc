@@ -36,22 +36,22 @@ uint64_t offset_stream(int64_t epoch) {
 WindowSampler::WindowSampler(std::shared_ptr<const TokenSource> tokens, TokenRange range,
                              const SamplerOptions& options)
     : tokens_(std::move(tokens)), range_(range), options_(options) {
-  TESSERA_CHECK_AS(ConfigError, tokens_ != nullptr, "The sampler needs a token source.");
-  TESSERA_CHECK_AS(ConfigError, options_.seq_len > 0, "The sequence length must be positive, not ",
-                   options_.seq_len, ".");
+  TESSERA_CHECK_AS(ConfigError, tokens_ != nullptr, "the sampler needs a token source");
+  TESSERA_CHECK_AS(ConfigError, options_.seq_len > 0, "the sequence length must be positive, not ",
+                   options_.seq_len);
   TESSERA_CHECK_AS(ConfigError,
                    range_.begin >= 0 && range_.begin <= range_.end && range_.end <= tokens_->size(),
-                   "The token range [", range_.begin, ", ", range_.end, ") is outside ",
-                   tokens_->name(), ", which holds ", tokens_->size(), " tokens.");
-  TESSERA_CHECK_AS(ConfigError, range_.size() >= options_.seq_len + 1, "The training data (",
+                   "the token range [", range_.begin, ", ", range_.end, ") is outside ",
+                   tokens_->name(), ", which holds ", tokens_->size(), " tokens");
+  TESSERA_CHECK_AS(ConfigError, range_.size() >= options_.seq_len + 1, "the training data (",
                    tokens_->name(), ", tokens [", range_.begin, ", ", range_.end, ")) holds ",
                    range_.size(), " tokens, fewer than one window of sequence length ",
-                   options_.seq_len, " + 1. Use more data or a shorter sequence length.");
+                   options_.seq_len, " + 1; use more data or a shorter sequence length");
   windows_ = (range_.size() - 1) / options_.seq_len;
   slack_ = (range_.size() - 1) % options_.seq_len;
   TESSERA_CHECK_AS(ConfigError, windows_ <= std::numeric_limits<uint32_t>::max(),
-                   "The training data has ", windows_,
-                   " windows per epoch; at most 2^32-1 are supported. Use a longer sequence.");
+                   "the training data has ", windows_,
+                   " windows per epoch; at most 2^32-1 are supported; use a longer sequence");
 }
 
 int64_t WindowSampler::epoch_offset(int64_t epoch) const {
@@ -75,17 +75,17 @@ const std::vector<uint32_t>& WindowSampler::permutation(int64_t epoch) {
 }
 
 int64_t WindowSampler::window_start(int64_t epoch, int64_t k) {
-  TESSERA_CHECK(epoch >= 0 && k >= 0 && k < windows_, "Sequence ", k, " of epoch ", epoch,
-                " does not exist; an epoch has ", windows_, " sequences.");
+  TESSERA_CHECK(epoch >= 0 && k >= 0 && k < windows_, "sequence ", k, " of epoch ", epoch,
+                " does not exist; an epoch has ", windows_, " sequences");
   const int64_t w = permutation(epoch)[static_cast<std::size_t>(k)];
   return range_.begin + epoch_offset(epoch) + w * options_.seq_len;
 }
 
 void WindowSampler::set_position(SamplerPosition p) {
   TESSERA_CHECK_AS(ConfigError, p.epoch >= 0 && p.index >= 0 && p.index < windows_,
-                   "The sampler position (epoch ", p.epoch, ", index ", p.index,
+                   "the sampler position (epoch ", p.epoch, ", index ", p.index,
                    ") is invalid for this data: an epoch has ", windows_,
-                   " sequences. Was the checkpoint made with other data or another sequence "
+                   " sequences; was the checkpoint made with other data or another sequence "
                    "length?");
   pos_ = p;
 }
@@ -98,8 +98,8 @@ SamplerPosition WindowSampler::advance(SamplerPosition p, int64_t n) const {
 void WindowSampler::fetch(SamplerPosition p, int batch_size, int row_begin, int row_end,
                           int32_t* inputs, int32_t* targets) {
   TESSERA_CHECK(batch_size > 0 && 0 <= row_begin && row_begin <= row_end && row_end <= batch_size,
-                "Rows [", row_begin, ", ", row_end, ") are not a range of a batch of ", batch_size,
-                " sequences.");
+                "rows [", row_begin, ", ", row_end, ") are not a range of a batch of ", batch_size,
+                " sequences");
   const int64_t T = options_.seq_len;
   for (int r = row_begin; r < row_end; ++r) {
     const SamplerPosition q = advance(p, r);

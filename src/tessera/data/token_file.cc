@@ -51,22 +51,22 @@ uint64_t payload_checksum(const unsigned char* p, std::size_t n) {
 }
 
 [[noreturn]] void corrupt(const std::filesystem::path& path, const std::string& what) {
-  throw IoError(detail::concat("The token file ", path.string(), " is corrupt: ", what,
-                               ". Recreate it (delete it and rerun to re-tokenize the corpus)."));
+  throw IoError(detail::concat("the token file ", path.string(), " is corrupt: ", what,
+                               "; recreate it (delete it and rerun to re-tokenize the corpus)"));
 }
 
 }  // namespace
 
 void write_token_file(const std::filesystem::path& path, std::span<const uint32_t> tokens,
                       uint32_t vocab_size) {
-  TESSERA_CHECK_AS(ConfigError, vocab_size > 0, "Cannot write ", path.string(),
-                   ": the vocabulary size must be positive.");
+  TESSERA_CHECK_AS(ConfigError, vocab_size > 0, "cannot write ", path.string(),
+                   ": the vocabulary size must be positive");
   const int width = vocab_size <= 65536 ? 2 : 4;
   std::vector<unsigned char> payload(tokens.size() * static_cast<std::size_t>(width));
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const uint32_t t = tokens[i];
-    TESSERA_CHECK_AS(ConfigError, t < vocab_size, "Cannot write ", path.string(), ": token id ", t,
-                     " at position ", i, " is not below the vocabulary size ", vocab_size, ".");
+    TESSERA_CHECK_AS(ConfigError, t < vocab_size, "cannot write ", path.string(), ": token id ", t,
+                     " at position ", i, " is not below the vocabulary size ", vocab_size);
     unsigned char* p = payload.data() + i * static_cast<std::size_t>(width);
     if (width == 2) {
       p[0] = static_cast<unsigned char>(t);
@@ -140,9 +140,9 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::filesystem::path& path,
 std::shared_ptr<TokenFile> TokenFile::open_raw_uint16(const std::filesystem::path& path) {
   std::shared_ptr<TokenFile> tf(new TokenFile(MappedFile(path), Format::kRawUint16));
   const std::size_t bytes = tf->file_.size();
-  TESSERA_CHECK_AS(IoError, bytes % 2 == 0, "The raw token file ", path.string(), " has ", bytes,
+  TESSERA_CHECK_AS(IoError, bytes % 2 == 0, "the raw token file ", path.string(), " has ", bytes,
                    " bytes, an odd number; a raw .bin file must hold little-endian uint16 token "
-                   "ids (2 bytes each), as nanoGPT's prepare.py writes them.");
+                   "ids (2 bytes each), as nanoGPT's prepare.py writes them");
   tf->payload_ = reinterpret_cast<const unsigned char*>(tf->file_.data());
   tf->count_ = static_cast<int64_t>(bytes / 2);
   tf->token_bytes_ = 2;

@@ -23,9 +23,9 @@ uint32_t TokenSource::max_id() const {
 }
 
 void check_token_range(const TokenSource& source, int64_t first, int64_t n) {
-  TESSERA_CHECK(first >= 0 && n >= 0 && first <= source.size() - n, "Token range [", first, ", ",
+  TESSERA_CHECK(first >= 0 && n >= 0 && first <= source.size() - n, "token range [", first, ", ",
                 first + n, ") is outside ", source.name(), ", which holds ", source.size(),
-                " tokens.");
+                " tokens");
 }
 
 void TokenVector::read(int64_t first, int64_t n, int32_t* out) const {
@@ -35,18 +35,18 @@ void TokenVector::read(int64_t first, int64_t n, int32_t* out) const {
 }
 
 void check_token_ids(const TokenSource& source, int64_t vocab_size) {
-  TESSERA_CHECK_AS(ConfigError, vocab_size > 0, "The vocabulary size must be positive, not ",
-                   vocab_size, ".");
+  TESSERA_CHECK_AS(ConfigError, vocab_size > 0, "the vocabulary size must be positive, not ",
+                   vocab_size);
   if (static_cast<int64_t>(source.max_id()) < vocab_size) return;  // fast path: chunked scan
   const int64_t n = source.size();
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t t = source.get(i);
     if (static_cast<int64_t>(t) >= vocab_size) {
       throw ConfigError(detail::concat(
-          "Token id ", t, " at position ", i, " of ", source.name(),
+          "token id ", t, " at position ", i, " of ", source.name(),
           " is out of range: the vocabulary has ", vocab_size, " ids (0..", vocab_size - 1,
-          "). Use the tokenizer these tokens were made with, or a vocabulary size of at least ",
-          static_cast<int64_t>(t) + 1, " (GPT-2 token files need 50257)."));
+          "); use the tokenizer these tokens were made with, or a vocabulary size of at least ",
+          static_cast<int64_t>(t) + 1, " (GPT-2 token files need 50257)"));
     }
   }
 }

@@ -48,9 +48,9 @@ AtomicFileWriter::AtomicFileWriter(std::filesystem::path target)
   if (fd_ < 0) {
     const int err = errno;
     done_ = true;  // nothing to clean up
-    throw IoError(detail::concat("Cannot write ", target_.string(),
+    throw IoError(detail::concat("cannot write ", target_.string(),
                                  ": creating the temporary file ", temp_.string(),
-                                 " failed: ", std::strerror(err), "."));
+                                 " failed: ", std::strerror(err)));
   }
 }
 
@@ -67,13 +67,13 @@ void AtomicFileWriter::discard() noexcept {
 
 void AtomicFileWriter::fail(const std::string& what, int err) {
   discard();
-  throw IoError(detail::concat("Cannot write ", target_.string(), ": ", what, " failed: ",
-                               std::strerror(err), ". The previous file, if any, is unchanged."));
+  throw IoError(detail::concat("cannot write ", target_.string(), ": ", what, " failed: ",
+                               std::strerror(err), "; the previous file, if any, is unchanged"));
 }
 
 void AtomicFileWriter::write(const void* data, size_t bytes) {
-  TESSERA_CHECK_AS(IoError, !done_, "Cannot write ", target_.string(),
-                   ": the atomic writer was already committed or abandoned.");
+  TESSERA_CHECK_AS(IoError, !done_, "cannot write ", target_.string(),
+                   ": the atomic writer was already committed or abandoned");
   digest_.crc32 = crc32_update(digest_.crc32, data, bytes);
   digest_.bytes += bytes;
   const auto* p = static_cast<const char*>(data);
@@ -91,8 +91,8 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 }
 
 FileDigest AtomicFileWriter::commit() {
-  TESSERA_CHECK_AS(IoError, !done_, "Cannot write ", target_.string(),
-                   ": the atomic writer was already committed or abandoned.");
+  TESSERA_CHECK_AS(IoError, !done_, "cannot write ", target_.string(),
+                   ": the atomic writer was already committed or abandoned");
   // errno is read before the message is built: building it allocates, which may change errno.
   if (::fsync(fd_) != 0) {
     const int err = errno;
@@ -122,28 +122,27 @@ FileDigest write_file_atomic(const std::filesystem::path& path, std::string_view
 void fsync_directory(const std::filesystem::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   const int open_err = errno;
-  TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot open directory ", dir.string(),
-                   " to make its entries durable: ", std::strerror(open_err), ".");
+  TESSERA_CHECK_AS(IoError, fd >= 0, "cannot open directory ", dir.string(),
+                   " to make its entries durable: ", std::strerror(open_err));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   // Some file systems cannot fsync a directory (EINVAL); their renames are as durable as they get.
   TESSERA_CHECK_AS(IoError, rc == 0 || err == EINVAL, "fsync of directory ", dir.string(),
-                   " failed: ", std::strerror(err), ".");
+                   " failed: ", std::strerror(err));
 }
 
 void check_writable_directory(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  TESSERA_CHECK_AS(IoError, !ec, "Cannot create the directory ", dir.string(), ": ", ec.message(),
-                   ".");
-  TESSERA_CHECK_AS(IoError, std::filesystem::is_directory(dir, ec), "Cannot write into ",
-                   dir.string(), ": it exists and is not a directory.");
+  TESSERA_CHECK_AS(IoError, !ec, "cannot create the directory ", dir.string(), ": ", ec.message());
+  TESSERA_CHECK_AS(IoError, std::filesystem::is_directory(dir, ec), "cannot write into ",
+                   dir.string(), ": it exists and is not a directory");
   const std::filesystem::path probe = temp_name_for(dir / ".tessera-write-check");
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   const int err = errno;
-  TESSERA_CHECK_AS(IoError, fd >= 0, "Cannot write into the directory ", dir.string(),
-                   ": creating a file there failed: ", std::strerror(err), ".");
+  TESSERA_CHECK_AS(IoError, fd >= 0, "cannot write into the directory ", dir.string(),
+                   ": creating a file there failed: ", std::strerror(err));
   ::close(fd);
   ::unlink(probe.c_str());
 }
@@ -151,8 +150,8 @@ void check_writable_directory(const std::filesystem::path& dir) {
 std::string read_file(const std::filesystem::path& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   const int open_err = errno;
-  TESSERA_CHECK_AS(IoError, f != nullptr, "Cannot open ", path.string(),
-                   " for reading: ", std::strerror(open_err), ".");
+  TESSERA_CHECK_AS(IoError, f != nullptr, "cannot open ", path.string(),
+                   " for reading: ", std::strerror(open_err));
   std::string out;
   char buf[1 << 16];
   size_t n;
@@ -160,8 +159,7 @@ std::string read_file(const std::filesystem::path& path) {
   const bool failed = std::ferror(f) != 0;
   const int err = errno;
   std::fclose(f);
-  TESSERA_CHECK_AS(IoError, !failed, "Reading ", path.string(), " failed: ", std::strerror(err),
-                   ".");
+  TESSERA_CHECK_AS(IoError, !failed, "reading ", path.string(), " failed: ", std::strerror(err));
   return out;
 }
 

@@ -50,7 +50,7 @@ bool is_complete(const fs::path& step_dir) {
 }
 
 [[noreturn]] void fs_error(const std::string& what, const fs::path& p, const std::error_code& ec) {
-  throw IoError(detail::concat(what, " ", p.string(), " failed: ", ec.message(), "."));
+  throw IoError(detail::concat(what, " ", p.string(), " failed: ", ec.message()));
 }
 
 json file_entry(const FileDigest& d) {
@@ -94,9 +94,9 @@ void prune(const fs::path& dir, int keep, const fs::path& current) {
 }
 
 const json& field(const json& j, const char* key, const fs::path& file) {
-  TESSERA_CHECK_AS(IoError, j.is_object() && j.contains(key), "The checkpoint state file ",
+  TESSERA_CHECK_AS(IoError, j.is_object() && j.contains(key), "the checkpoint state file ",
                    file.string(), " has no \"", key,
-                   "\" field: the checkpoint is corrupt; use an earlier checkpoint.");
+                   "\" field: the checkpoint is corrupt; use an earlier checkpoint");
   return j[key];
 }
 
@@ -109,24 +109,24 @@ void verify_file(const fs::path& dir, const std::string& name, const json& entry
   TESSERA_CHECK_AS(IoError,
                    bytes.is_number_unsigned() && crc.is_string() &&
                        parse_crc32_hex(crc.get<std::string>(), &want_crc),
-                   "The checkpoint state file ", state_path.string(), " has an invalid entry for ",
-                   name, ": ", entry.dump(), ".");
+                   "the checkpoint state file ", state_path.string(), " has an invalid entry for ",
+                   name, ": ", entry.dump());
   std::error_code ec;
   const bool exists = fs::is_regular_file(p, ec);
-  TESSERA_CHECK_AS(IoError, exists, "The checkpoint file ", p.string(),
-                   " is missing: the checkpoint is incomplete; use an earlier checkpoint.");
+  TESSERA_CHECK_AS(IoError, exists, "the checkpoint file ", p.string(),
+                   " is missing: the checkpoint is incomplete; use an earlier checkpoint");
   const uint64_t size = fs::file_size(p, ec);
-  if (ec) fs_error("Getting the size of", p, ec);
-  TESSERA_CHECK_AS(IoError, size == bytes.get<uint64_t>(), "Size mismatch in ", p.string(), ": ",
+  if (ec) fs_error("getting the size of", p, ec);
+  TESSERA_CHECK_AS(IoError, size == bytes.get<uint64_t>(), "size mismatch in ", p.string(), ": ",
                    state_path.filename().string(), " records ", bytes.get<uint64_t>(),
                    " bytes but the file has ", size,
-                   ": the file is truncated or corrupt; use an earlier checkpoint.");
+                   ": the file is truncated or corrupt; use an earlier checkpoint");
   if (!verify_checksums) return;
   const MappedFile map(p);
   const uint32_t got = crc32_update(0, map.data(), map.size());
-  TESSERA_CHECK_AS(IoError, got == want_crc, "Checksum mismatch in ", p.string(),
+  TESSERA_CHECK_AS(IoError, got == want_crc, "checksum mismatch in ", p.string(),
                    ": the file is corrupt; use an earlier checkpoint (CRC-32 ", crc32_hex(got),
-                   ", expected ", crc32_hex(want_crc), ").");
+                   ", expected ", crc32_hex(want_crc), ")");
 }
 
 }  // namespace
@@ -148,15 +148,15 @@ fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
                                const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) fs_error("Creating the checkpoint directory", dir, ec);
+  if (ec) fs_error("creating the checkpoint directory", dir, ec);
 
   const std::string name = step_dir_name(ckpt.step);
   const fs::path final_dir = dir / name;
   const fs::path staging = dir / (name + kTmpSuffix);
   fs::remove_all(staging, ec);  // a crashed save of the same step
-  if (ec) fs_error("Removing the stale directory", staging, ec);
+  if (ec) fs_error("removing the stale directory", staging, ec);
   fs::create_directory(staging, ec);
-  if (ec) fs_error("Creating", staging, ec);
+  if (ec) fs_error("creating", staging, ec);
 
   try {
     const std::map<std::string, std::string> meta = {{"format", "pt"}};
@@ -182,10 +182,10 @@ fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
     // Re-saving a step (e.g. after resuming): rename cannot replace a non-empty directory, so
     // the old copy goes first. A crash in between falls back to the newest complete checkpoint.
     remove_step_dir(final_dir, ec);
-    if (ec) fs_error("Removing the previous copy of", final_dir, ec);
+    if (ec) fs_error("removing the previous copy of", final_dir, ec);
   }
   fs::rename(staging, final_dir, ec);
-  if (ec) fs_error("Renaming " + staging.string() + " to", final_dir, ec);
+  if (ec) fs_error("renaming " + staging.string() + " to", final_dir, ec);
   fsync_directory(dir);
   write_file_atomic(dir / kLatestFile, name + "\n");
   prune(dir, options.keep_last, final_dir);
@@ -197,9 +197,9 @@ fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
 fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
                          const CheckpointOptions& options) {
   TESSERA_CHECK_AS(ConfigError, options.keep_last >= 1, "keep_last must be at least 1, got ",
-                   options.keep_last, ".");
-  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "A checkpoint step must be non-negative, got ",
-                   ckpt.step, ".");
+                   options.keep_last);
+  TESSERA_CHECK_AS(ConfigError, ckpt.step >= 0, "a checkpoint step must be non-negative, got ",
+                   ckpt.step);
   try {
     return save_checkpoint_steps(dir, ckpt, options);
   } catch (const IoError& e) {
@@ -208,11 +208,11 @@ fs::path save_checkpoint(const fs::path& dir, const Checkpoint& ckpt,
     std::string still;
     try {
       const auto latest = find_latest_checkpoint(dir);
-      still = latest ? " The latest complete checkpoint is still " + latest->string() + "."
-                     : " There is no earlier complete checkpoint in " + dir.string() + ".";
+      still = latest ? "; the latest complete checkpoint is still " + latest->string()
+                     : "; there is no earlier complete checkpoint in " + dir.string();
     } catch (const Error&) {
     }
-    throw IoError(detail::concat("Could not save checkpoint ", step_dir_name(ckpt.step), " in ",
+    throw IoError(detail::concat("could not save checkpoint ", step_dir_name(ckpt.step), " in ",
                                  dir.string(), ": ", e.what(), still));
   }
 }
@@ -246,8 +246,8 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   fs::path step_dir = path;
   if (!is_complete(path)) {
     auto found = find_latest_checkpoint(path);
-    TESSERA_CHECK_AS(IoError, found.has_value(), "No complete checkpoint in ", path.string(),
-                     ": expected a step-<N> directory holding ", kStateFile, ".");
+    TESSERA_CHECK_AS(IoError, found.has_value(), "no complete checkpoint in ", path.string(),
+                     ": expected a step-<N> directory holding ", kStateFile);
     step_dir = *found;
   }
   const fs::path state_path = step_dir / kStateFile;
@@ -255,21 +255,21 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   try {
     state = parse_json(read_file(state_path));
   } catch (const json::exception& e) {
-    throw IoError(detail::concat("The checkpoint state file ", state_path.string(),
+    throw IoError(detail::concat("the checkpoint state file ", state_path.string(),
                                  " is not valid JSON (", e.what(),
-                                 "): the checkpoint is corrupt; use an earlier checkpoint."));
+                                 "): the checkpoint is corrupt; use an earlier checkpoint"));
   }
   const json& format = field(state, "format", state_path);
   TESSERA_CHECK_AS(IoError, format == kFormat, state_path.string(), " is not a tessera ",
-                   "checkpoint state file: \"format\" is ", format.dump(), ".");
+                   "checkpoint state file: \"format\" is ", format.dump());
   const json& version = field(state, "format_version", state_path);
   TESSERA_CHECK_AS(IoError, version.is_number_integer() && version.get<int>() == kFormatVersion,
                    state_path.string(), " has checkpoint format_version ", version.dump(),
-                   "; this build of tessera reads version ", kFormatVersion, ".");
+                   "; this build of tessera reads version ", kFormatVersion);
   const json& step = field(state, "step", state_path);
   TESSERA_CHECK_AS(IoError, step.is_number_integer() && step.get<int64_t>() >= 0,
                    state_path.string(),
-                   " has a \"step\" that is not a non-negative integer: ", step.dump(), ".");
+                   " has a \"step\" that is not a non-negative integer: ", step.dump());
   const json& files = field(state, "files", state_path);
   for (const char* name : {kModelFile, kOptimizerFile, kConfigFile}) {
     verify_file(step_dir, name, field(files, name, state_path), state_path,
@@ -280,10 +280,10 @@ LoadedCheckpoint load_checkpoint(const fs::path& path, const CheckpointLoadOptio
   out.dir = step_dir;
   out.step = step.get<int64_t>();
   out.state = state.contains("state") ? state["state"] : json::object();
-  TESSERA_CHECK_AS(IoError, out.state.is_object(), "The checkpoint state file ",
+  TESSERA_CHECK_AS(IoError, out.state.is_object(), "the checkpoint state file ",
                    state_path.string(),
                    " has a \"state\" that is not an object: the checkpoint is corrupt; use an "
-                   "earlier checkpoint.");
+                   "earlier checkpoint");
   const json& tv = field(state, "tessera_version", state_path);
   out.tessera_version = tv.is_string() ? tv.get<std::string>() : tv.dump();
   out.config = read_hf_config(step_dir / kConfigFile);

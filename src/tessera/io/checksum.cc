@@ -28,8 +28,8 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
 
 FileDigest digest_file(const std::filesystem::path& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  TESSERA_CHECK_AS(IoError, f != nullptr, "Cannot open ", path.string(),
-                   " to compute its checksum: ", std::strerror(errno), ".");
+  TESSERA_CHECK_AS(IoError, f != nullptr, "cannot open ", path.string(),
+                   " to compute its checksum: ", std::strerror(errno));
   FileDigest d;
   std::vector<unsigned char> buf(size_t{1} << 20);
   size_t n;
@@ -40,8 +40,8 @@ FileDigest digest_file(const std::filesystem::path& path) {
   const bool failed = std::ferror(f) != 0;
   const int err = errno;
   std::fclose(f);
-  TESSERA_CHECK_AS(IoError, !failed, "Reading ", path.string(),
-                   " to compute its checksum failed: ", std::strerror(err), ".");
+  TESSERA_CHECK_AS(IoError, !failed, "reading ", path.string(),
+                   " to compute its checksum failed: ", std::strerror(err));
   return d;
 }
 

@@ -18,14 +18,14 @@ int positive_int(const json& j, const char* key, const std::string& source) {
   const json& v = j.at(key);
   const bool ok = v.is_number_integer() && v.get<int64_t>() > 0 &&
                   v.get<int64_t>() <= std::numeric_limits<int>::max();
-  TESSERA_CHECK_AS(ConfigError, ok, "In ", source, ", \"", key,
-                   "\" must be a positive integer, got ", v.dump(), ".");
+  TESSERA_CHECK_AS(ConfigError, ok, "in ", source, ", \"", key,
+                   "\" must be a positive integer, got ", v.dump());
   return static_cast<int>(v.get<int64_t>());
 }
 
 int required_int(const json& j, const char* key, const std::string& source) {
-  TESSERA_CHECK_AS(ConfigError, j.contains(key), "The GPT-2 config ", source, " has no \"", key,
-                   "\" field.");
+  TESSERA_CHECK_AS(ConfigError, j.contains(key), "the GPT-2 config ", source, " has no \"", key,
+                   "\" field");
   return positive_int(j, key, source);
 }
 
@@ -39,13 +39,13 @@ std::string strip(const std::string& name, const std::vector<std::string>& prefi
 }  // namespace
 
 HfGptConfig parse_hf_config(const json& j, const std::string& source) {
-  TESSERA_CHECK_AS(ConfigError, j.is_object(), "The GPT-2 config ", source,
-                   " must be a JSON object, but it is a JSON ", j.type_name(), ".");
+  TESSERA_CHECK_AS(ConfigError, j.is_object(), "the GPT-2 config ", source,
+                   " must be a JSON object, but it is a JSON ", j.type_name());
   if (j.contains("model_type")) {
     const json& mt = j["model_type"];
-    TESSERA_CHECK_AS(ConfigError, mt.is_string() && mt.get<std::string>() == "gpt2", "In ", source,
+    TESSERA_CHECK_AS(ConfigError, mt.is_string() && mt.get<std::string>() == "gpt2", "in ", source,
                      ", \"model_type\" is ", mt.dump(),
-                     "; tessera reads GPT-2 configs (model_type \"gpt2\").");
+                     "; tessera reads GPT-2 configs (model_type \"gpt2\")");
   }
   HfGptConfig c;
   c.n_layer = required_int(j, "n_layer", source);
@@ -55,50 +55,50 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
   if (j.contains("n_positions")) {
     c.n_positions = positive_int(j, "n_positions", source);
   } else {
-    TESSERA_CHECK_AS(ConfigError, j.contains("n_ctx"), "The GPT-2 config ", source,
-                     " has neither \"n_positions\" nor \"n_ctx\" (the context length).");
+    TESSERA_CHECK_AS(ConfigError, j.contains("n_ctx"), "the GPT-2 config ", source,
+                     " has neither \"n_positions\" nor \"n_ctx\" (the context length)");
     c.n_positions = positive_int(j, "n_ctx", source);
   }
   if (j.contains("layer_norm_epsilon")) {
     const json& e = j["layer_norm_epsilon"];
     const bool ok = e.is_number() && std::isfinite(e.get<double>()) && e.get<double>() > 0;
-    TESSERA_CHECK_AS(ConfigError, ok, "In ", source,
-                     ", \"layer_norm_epsilon\" must be a positive number, got ", e.dump(), ".");
+    TESSERA_CHECK_AS(ConfigError, ok, "in ", source,
+                     ", \"layer_norm_epsilon\" must be a positive number, got ", e.dump());
     c.layer_norm_epsilon = e.get<double>();
   }
   if (j.contains("n_inner") && !j["n_inner"].is_null()) {
     const int inner = positive_int(j, "n_inner", source);
     const int64_t mlp = 4 * static_cast<int64_t>(c.n_embd);  // n_embd may be up to INT_MAX
-    TESSERA_CHECK_AS(ConfigError, inner == mlp, "In ", source, ", \"n_inner\" is ", inner,
-                     "; tessera's GPT-2 MLP is 4 * n_embd = ", mlp, " wide.");
+    TESSERA_CHECK_AS(ConfigError, inner == mlp, "in ", source, ", \"n_inner\" is ", inner,
+                     "; tessera's GPT-2 MLP is 4 * n_embd = ", mlp, " wide");
   }
-  TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "In ", source, ", n_embd ", c.n_embd,
-                   " is not divisible by n_head ", c.n_head, ".");
+  TESSERA_CHECK_AS(ConfigError, c.n_embd % c.n_head == 0, "in ", source, ", n_embd ", c.n_embd,
+                   " is not divisible by n_head ", c.n_head);
   if (j.contains("num_local_experts")) {
     const json& e = j["num_local_experts"];
     TESSERA_CHECK_AS(ConfigError,
                      e.is_number_integer() && e.get<int64_t>() >= 0 &&
                          e.get<int64_t>() <= std::numeric_limits<int>::max(),
-                     "In ", source, ", \"num_local_experts\" must be a non-negative integer, got ",
-                     e.dump(), ".");
+                     "in ", source, ", \"num_local_experts\" must be a non-negative integer, got ",
+                     e.dump());
     c.num_local_experts = static_cast<int>(e.get<int64_t>());
   }
   if (c.num_local_experts > 0) {
     if (j.contains("num_experts_per_tok"))
       c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", source);
     if (j.contains("moe_every")) c.moe_every = positive_int(j, "moe_every", source);
-    TESSERA_CHECK_AS(ConfigError, c.num_experts_per_tok <= c.num_local_experts, "In ", source,
+    TESSERA_CHECK_AS(ConfigError, c.num_experts_per_tok <= c.num_local_experts, "in ", source,
                      ", num_experts_per_tok ", c.num_experts_per_tok, " exceeds num_local_experts ",
-                     c.num_local_experts, ".");
-    TESSERA_CHECK_AS(ConfigError, c.moe_every <= c.n_layer, "In ", source, ", moe_every ",
-                     c.moe_every, " exceeds n_layer ", c.n_layer, ".");
+                     c.num_local_experts);
+    TESSERA_CHECK_AS(ConfigError, c.moe_every <= c.n_layer, "in ", source, ", moe_every ",
+                     c.moe_every, " exceeds n_layer ", c.n_layer);
     auto non_negative = [&](const char* key, double& out) {
       if (!j.contains(key)) return;
       const json& v = j[key];
       const bool ok = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
                       v.get<double>() <= 1e30;
-      TESSERA_CHECK_AS(ConfigError, ok, "In ", source, ", \"", key,
-                       "\" must be a non-negative number, got ", v.dump(), ".");
+      TESSERA_CHECK_AS(ConfigError, ok, "in ", source, ", \"", key,
+                       "\" must be a non-negative number, got ", v.dump());
       out = v.get<double>();
     };
     non_negative("moe_capacity_factor", c.moe_capacity_factor);
@@ -115,7 +115,7 @@ HfGptConfig read_hf_config(const std::filesystem::path& path) {
     j = parse_json(text);
   } catch (const json::exception& e) {
     throw ConfigError(
-        detail::concat("The GPT-2 config ", path.string(), " is not valid JSON (", e.what(), ")."));
+        detail::concat("the GPT-2 config ", path.string(), " is not valid JSON (", e.what(), ")"));
   }
   return parse_hf_config(j, path.string());
 }
@@ -159,32 +159,32 @@ GptShape infer_gpt_shape(const SafetensorsFile& file,
       const std::string idx = name.substr(2, dot == std::string::npos ? dot : dot - 2);
       const bool numeric = !idx.empty() && idx.size() < 9 &&
                            idx.find_first_not_of("0123456789") == std::string::npos;
-      TESSERA_CHECK_AS(IoError, numeric, "Tensor '", fname, "' in ", where,
-                       " does not follow the GPT-2 naming h.<layer>.<...>.");
+      TESSERA_CHECK_AS(IoError, numeric, "tensor '", fname, "' in ", where,
+                       " does not follow the GPT-2 naming h.<layer>.<...>");
       layers.insert(std::stoi(idx));
     }
   }
   auto shape2 = [&](const char* name) {
     auto it = names.find(name);
-    TESSERA_CHECK_AS(IoError, it != names.end(), "Cannot infer the GPT-2 shape of ", where,
-                     ": it has no '", name, "' tensor.");
+    TESSERA_CHECK_AS(IoError, it != names.end(), "cannot infer the GPT-2 shape of ", where,
+                     ": it has no '", name, "' tensor");
     const Shape& s = file.shape(it->second);
-    TESSERA_CHECK_AS(IoError, s.size() == 2 && s[0] > 0 && s[1] > 0, "Tensor '", it->second,
-                     "' in ", where, " has shape ", shape_str(s), "; expected two dimensions.");
+    TESSERA_CHECK_AS(IoError, s.size() == 2 && s[0] > 0 && s[1] > 0, "tensor '", it->second,
+                     "' in ", where, " has shape ", shape_str(s), "; expected two dimensions");
     return s;
   };
   const Shape wte = shape2("wte.weight");
   const Shape wpe = shape2("wpe.weight");
-  TESSERA_CHECK_AS(IoError, wte[1] == wpe[1], "In ", where, ", wte.weight ", shape_str(wte),
-                   " and wpe.weight ", shape_str(wpe), " disagree on the embedding width.");
+  TESSERA_CHECK_AS(IoError, wte[1] == wpe[1], "in ", where, ", wte.weight ", shape_str(wte),
+                   " and wpe.weight ", shape_str(wpe), " disagree on the embedding width");
   GptShape g;
   g.vocab_size = static_cast<int>(wte[0]);
   g.n_embd = static_cast<int>(wte[1]);
   g.n_positions = static_cast<int>(wpe[0]);
   g.n_layer = static_cast<int>(layers.size());
-  TESSERA_CHECK_AS(IoError, layers.empty() || *layers.rbegin() == g.n_layer - 1, "In ", where,
+  TESSERA_CHECK_AS(IoError, layers.empty() || *layers.rbegin() == g.n_layer - 1, "in ", where,
                    ", tensors of ", g.n_layer, " layer(s) are present but the highest index is h.",
-                   layers.empty() ? 0 : *layers.rbegin(), "; some layers are missing.");
+                   layers.empty() ? 0 : *layers.rbegin(), "; some layers are missing");
   return g;
 }
 

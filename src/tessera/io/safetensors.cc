@@ -73,14 +73,14 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(path)), map_(path_) {
   const uint64_t size = map_.size();
   TESSERA_CHECK_AS(IoError, size >= 8, where(), " is not a valid safetensors file: it is ", size,
-                   " bytes long, but the format starts with an 8-byte header length.");
+                   " bytes long, but the format starts with an 8-byte header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) {
     header_len |= static_cast<uint64_t>(std::to_integer<uint8_t>(map_.data()[i])) << (8 * i);
   }
   TESSERA_CHECK_AS(IoError, header_len <= size - 8, where(),
                    " is truncated or not a safetensors file: its header length field says ",
-                   header_len, " bytes, but only ", size - 8, " bytes follow it.");
+                   header_len, " bytes, but only ", size - 8, " bytes follow it");
   parse_header(header_len);
 }
 
@@ -89,7 +89,7 @@ std::string SafetensorsFile::where() const {
 }
 
 void SafetensorsFile::invalid(const std::string& msg) const {
-  throw IoError(detail::concat("Invalid safetensors file ", where(), ": ", msg, "."));
+  throw IoError(detail::concat("invalid safetensors file ", where(), ": ", msg));
 }
 
 void SafetensorsFile::parse_header(uint64_t header_len) {
@@ -206,8 +206,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = tensors_.find(name);
-  TESSERA_CHECK_AS(IoError, it != tensors_.end(), "The safetensors file ", where(),
-                   " has no tensor named '", name, "'.");
+  TESSERA_CHECK_AS(IoError, it != tensors_.end(), "the safetensors file ", where(),
+                   " has no tensor named '", name, "'");
   return it->second;
 }
 
@@ -218,9 +218,9 @@ std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const
 
 void SafetensorsFile::read_f32(const std::string& name, float* out, int64_t count) const {
   const TensorInfo& ti = info(name);
-  TESSERA_CHECK_AS(ShapeError, count == ti.numel(), "Cannot read tensor '", name, "' of ", where(),
+  TESSERA_CHECK_AS(ShapeError, count == ti.numel(), "cannot read tensor '", name, "' of ", where(),
                    ": it has shape ", shape_str(ti.shape), " (", ti.numel(),
-                   " elements) but the destination holds ", count, " floats.");
+                   " elements) but the destination holds ", count, " floats");
   read_slice_f32(name, 0, count, out);
 }
 
@@ -234,12 +234,12 @@ Tensor SafetensorsFile::read_f32(const std::string& name, MemCategory cat) const
 void SafetensorsFile::read_slice_f32(const std::string& name, int64_t offset, int64_t count,
                                      float* out) const {
   const TensorInfo& ti = info(name);
-  TESSERA_CHECK_AS(IoError, convertible_to_f32(ti.dtype), "Cannot read tensor '", name, "' of ",
+  TESSERA_CHECK_AS(IoError, convertible_to_f32(ti.dtype), "cannot read tensor '", name, "' of ",
                    where(), " as F32: its dtype is ", dtype_name(ti.dtype),
-                   ", and only F32, BF16 and F16 convert to F32.");
+                   ", and only F32, BF16 and F16 convert to F32");
   TESSERA_CHECK_AS(ShapeError, offset >= 0 && count >= 0 && offset <= ti.numel() - count,
-                   "Elements [", offset, ", ", offset + count, ") are out of range for tensor '",
-                   name, "' of ", where(), ", which has ", ti.numel(), " elements.");
+                   "elements [", offset, ", ", offset + count, ") are out of range for tensor '",
+                   name, "' of ", where(), ", which has ", ti.numel(), " elements");
   const size_t es = dtype_size(ti.dtype);
   convert_to_f32(ti.dtype, data_ + ti.begin + static_cast<uint64_t>(offset) * es, count, out);
 }

@@ -13,17 +13,17 @@ FileDigest save_safetensors(const std::filesystem::path& path, const NamedTensor
   std::vector<const std::pair<std::string, Tensor>*> order;
   order.reserve(tensors.size());
   for (const auto& nt : tensors) {
-    TESSERA_CHECK_AS(IoError, !nt.first.empty() && nt.first != "__metadata__", "Cannot write ",
-                     path.string(), ": \"", nt.first, "\" is not a valid tensor name.");
-    TESSERA_CHECK_AS(IoError, nt.second.defined(), "Cannot write ", path.string(), ": tensor '",
-                     nt.first, "' is undefined (it has no storage).");
+    TESSERA_CHECK_AS(IoError, !nt.first.empty() && nt.first != "__metadata__", "cannot write ",
+                     path.string(), ": \"", nt.first, "\" is not a valid tensor name");
+    TESSERA_CHECK_AS(IoError, nt.second.defined(), "cannot write ", path.string(), ": tensor '",
+                     nt.first, "' is undefined (it has no storage)");
     order.push_back(&nt);
   }
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->first < b->first; });
   for (size_t i = 1; i < order.size(); ++i) {
-    TESSERA_CHECK_AS(IoError, order[i - 1]->first != order[i]->first, "Cannot write ",
+    TESSERA_CHECK_AS(IoError, order[i - 1]->first != order[i]->first, "cannot write ",
                      path.string(), ": the tensor name '", order[i]->first,
-                     "' appears more than once.");
+                     "' appears more than once");
   }
 
   nlohmann::json header = nlohmann::json::object();

@@ -28,8 +28,8 @@ std::map<std::string, std::string> match(const SafetensorsFile& file,
       }
     }
     auto [it, inserted] = canonical.emplace(name, fname);
-    TESSERA_CHECK_AS(IoError, inserted, "The safetensors file ", where, " holds both '", it->second,
-                     "' and '", fname, "', which name the same tensor '", name, "'.");
+    TESSERA_CHECK_AS(IoError, inserted, "the safetensors file ", where, " holds both '", it->second,
+                     "' and '", fname, "', which name the same tensor '", name, "'");
   }
 
   std::map<std::string, std::string> found;  // expected name -> file name
@@ -41,16 +41,15 @@ std::map<std::string, std::string> match(const SafetensorsFile& file,
       continue;
     }
     TESSERA_CHECK_AS(IoError, found.emplace(e.name, it->second).second,
-                     "The expected tensor set names '", e.name, "' twice.");
+                     "the expected tensor set names '", e.name, "' twice");
   }
-  TESSERA_CHECK_AS(IoError, missing.empty(), "The safetensors file ", where, " is missing ",
+  TESSERA_CHECK_AS(IoError, missing.empty(), "the safetensors file ", where, " is missing ",
                    missing.size() == 1 ? "the tensor " : "the tensors ", list_names(missing),
-                   " that the model needs.");
+                   " that the model needs");
   for (const ExpectedTensor& e : expected) {
     const Shape& got = file.shape(found.at(e.name));
-    TESSERA_CHECK_AS(IoError, got == e.shape, "Tensor '", found.at(e.name), "' in ", where,
-                     " has shape ", shape_str(got), " but the model expects ", shape_str(e.shape),
-                     ".");
+    TESSERA_CHECK_AS(IoError, got == e.shape, "tensor '", found.at(e.name), "' in ", where,
+                     " has shape ", shape_str(got), " but the model expects ", shape_str(e.shape));
   }
 
   TensorLoadReport rep;
@@ -61,9 +60,9 @@ std::map<std::string, std::string> match(const SafetensorsFile& file,
     (ignored ? rep.ignored : rep.unexpected).push_back(fname);
   }
   TESSERA_CHECK_AS(IoError, rep.unexpected.empty() || !opt.error_on_unexpected,
-                   "The safetensors file ", where, " holds ", rep.unexpected.size(),
+                   "the safetensors file ", where, " holds ", rep.unexpected.size(),
                    " tensor(s) the model does not have: ", list_names(rep.unexpected),
-                   ". Is it a checkpoint of a different model?");
+                   "; is it a checkpoint of a different model?");
   if (report) *report = std::move(rep);
   return found;
 }
