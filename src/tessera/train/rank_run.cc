@@ -8,7 +8,6 @@
 #include <filesystem>
 
 #include "tessera/core/error.h"
-#include "tessera/kernels/gemm_peak.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/sgd.h"
 #include "tessera/parallel/gather.h"
@@ -157,10 +156,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
                      return make_optimizer(cfg_, alloc_, std::move(segs), n);
                    });
   boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
-  if (lead_) {  // the progress line's MFU: against the given peak, or one measured now (~10 ms)
-    const kernels::GemmModeScope mode(first_model().layout().gemm);
-    peak_flops_ = cfg.peak_gflops > 0 ? cfg.peak_gflops * 1e9 : kernels::measure_gemm_peak(512, 2);
-  }
+  if (lead_) peak_flops_ = plan.peak_flops_per_rank;  // MFU's denominator (choose_peak)
   const DType wire = resolve(cfg.activation_comm_dtype, cfg.precision);
   executor_.emplace(stage_models(), mesh_.pp(), wire);
   forward_.emplace(models(), mesh_.pp(), wire);

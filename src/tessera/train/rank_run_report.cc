@@ -80,9 +80,10 @@ std::string RankRun::precision_line() const {
          (sends_activations
               ? std::string(", activations sent in ") + dtype_label(layout.activation_wire)
               : std::string()) +
-         "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
-         (cfg_.peak_gflops > 0 ? "--peak-gflops" : "measured: a 512^3 GEMM") + ") x " +
-         std::to_string(world_.size()) + " ranks";
+         (peak_flops_ > 0 ? "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
+                                plan_.peak_source + ") x " + std::to_string(world_.size()) +
+                                " ranks"
+                          : std::string());
 }
 
 void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {

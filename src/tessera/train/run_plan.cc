@@ -6,6 +6,7 @@
 #include "tessera/core/error.h"
 #include "tessera/data/sampler.h"
 #include "tessera/io/hf_config.h"
+#include "tessera/kernels/gemm_peak.h"
 #include "tessera/train/model_io.h"
 
 namespace tessera::train {
@@ -108,6 +109,22 @@ void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan) {
     }
   }
   plan.bf16_gemm = kernels::resolve_bf16_gemm(requested);
+}
+
+void choose_peak(const TrainConfig& cfg, RunPlan& plan, bool reported) {
+  if (cfg.peak_gflops > 0) {
+    plan.peak_flops_per_rank = cfg.peak_gflops * 1e9;
+    plan.peak_source = "--peak-gflops";
+    return;
+  }
+  if (!reported) return;
+  const kernels::GemmModeScope mode({cfg.precision, plan.bf16_gemm});
+  constexpr int n = 1024;
+  const double core = kernels::measure_core_gemm_peak(n);
+  plan.peak_flops_per_rank = core * plan.threads;
+  plan.peak_source = detail::concat("measured: one core's best ", n, "^3 ",
+                                    kernels::to_string(cfg.precision), " GEMM in CPU time x ",
+                                    plan.threads, plan.threads == 1 ? " thread" : " threads");
 }
 
 }  // namespace tessera::train

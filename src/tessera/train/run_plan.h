@@ -28,6 +28,10 @@ struct RunPlan {
   // --bf16-gemm resolved (choose_bf16_gemm), and why when not by auto's measurement here.
   kernels::Bf16Gemm bf16_gemm = kernels::Bf16Gemm::Emulated;
   std::string bf16_gemm_chosen_by;
+  // MFU's denominator: what one rank's threads can compute (choose_peak), and how it was found;
+  // 0 when nothing reports MFU.
+  double peak_flops_per_rank = 0;
+  std::string peak_source;
 };
 
 // Reads the checkpoint (--resume) or the weights' config (--init-from), prepares the data, and
@@ -39,5 +43,12 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log);
 // auto measures the two paths (kernels/precision.h), except that a resumed run keeps the path its
 // checkpoint ran where this machine has it, so that it continues bitwise.
 void choose_bf16_gemm(const TrainConfig& cfg, RunPlan& plan);
+
+// MFU's peak per rank, once per process before the ranks start (after choose_bf16_gemm, in the
+// model's GEMM precision): --peak-gflops when given, otherwise, when `reported` (a progress line
+// or a metrics file will show MFU), one core's best GEMM rate in CPU time
+// (kernels::measure_core_gemm_peak) times the rank's threads: what the rank's cores could do if
+// every thread ran the best GEMM all the time, so MFU stays at most 100% on a busy machine too.
+void choose_peak(const TrainConfig& cfg, RunPlan& plan, bool reported);
 
 }  // namespace tessera::train

@@ -372,7 +372,8 @@ void precision_fields(std::vector<ConfigField>& f) {
                      float_dtypes()));
   f.push_back(value(prec, "peak_gflops", &T::peak_gflops,
                     "One rank's GEMM peak in GFLOP/s for the precision in use, for the progress "
-                    "line's MFU; 0 = measured at start on the rank's threads",
+                    "line's MFU; 0 = measured at start: one core's best 1024^3 GEMM in CPU time x "
+                    "the rank's threads",
                     at_least(0.0, " (0: measure it at start)")));
 }
 

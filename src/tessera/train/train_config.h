@@ -95,7 +95,7 @@ struct TrainConfig {
   WireDtype param_gather_dtype = WireDtype::Auto;
   WireDtype activation_comm_dtype = WireDtype::Auto;
   // One rank's GEMM peak in GFLOP/s for the precision in use, the denominator of the progress
-  // line's MFU; 0 = measured at start (kernels/gemm_peak.h).
+  // line's MFU; 0 = measured at start (train::choose_peak).
   double peak_gflops = 0;
   // Deadline of every communication wait, in seconds; 0 = TESSERA_COMM_TIMEOUT_S, else 300.
   double comm_timeout = 0;

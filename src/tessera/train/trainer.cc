@@ -56,7 +56,10 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
   world->barrier(ready).wait();
   if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
   plan->threads = threads;
-  if (world->rank() == 0) choose_bf16_gemm(cfg, *plan);
+  if (world->rank() == 0) {
+    choose_bf16_gemm(cfg, *plan);
+    choose_peak(cfg, *plan, log != nullptr || !cfg.metrics.empty());  // rank 0 reports MFU
+  }
   world->barrier(ready).wait();
   // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
   // processes of one machine; across machines the tracks are aligned to within clock skew);
@@ -81,6 +84,7 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   RunPlan plan = make_plan(cfg, log);
   plan.threads = threads;
   choose_bf16_gemm(cfg, plan);
+  choose_peak(cfg, plan, log != nullptr || !cfg.metrics.empty());
   // The ranks as threads of this process (one rank: its size-1 communicator short-circuits every
   // collective).
   TrainResult result;
