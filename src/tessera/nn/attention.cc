@@ -96,22 +96,6 @@ void Attention::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) con
                                   nullptr)("block.recomputed_atty", c_local_);
 }
 
-TpRegion Attention::region(const BlockPass& mb, BlockWorkspace& ws) const {
-  return TpRegion(split_, mb.tokens(), cfg_.n_embd,
-                  ws.gathered.defined() ? ws.gathered.f32() : nullptr, ws.proj.f32());
-}
-
-BranchDropout Attention::dropout(const BlockPass& mb, const TpRegion& region,
-                                 const Tensor& mask) const {
-  BranchDropout d;
-  d.p = mb.p;
-  d.seed = mb.seed;
-  d.stream = mix_stream(mb.step, site_resid_drop_);
-  d.first_row = mb.first_sample * mb.T + region.rows.begin;
-  d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
-  return d;
-}
-
 void Attention::core(const BlockPass& mb, float* atty, float* att, float* att_drop,
                      const float* qkv) const {
   const bool drop = mb.p > 0.0f;
@@ -128,7 +112,7 @@ void Attention::core(const BlockPass& mb, float* atty, float* att, float* att_dr
 void Attention::run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
                             BlockWorkspace& ws) const {
   const int64_t BT = mb.tokens(), C = cfg_.n_embd;
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   ps_.refresh_bf16_copy(c_attn_.weight);  // bf16 copies (refreshed here) or nothing
   ps_.refresh_bf16_copy(c_proj_.weight);
@@ -141,7 +125,7 @@ void Attention::run_forward(const BlockPass& mb, const float* x, float* y, Atten
   float* atty = staging(r.atty, ws.datty);
   core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r.qkv.f32());
   keep_rounded(r.atty, atty, BT * c_local_);
-  const BranchDropout drop = dropout(mb, tp, r.mask);
+  const BranchDropout drop = branch_dropout(mb, tp, site_resid_drop_, r.mask);
   if (y == nullptr) {  // recomputing an attention half: the mask is what the backward needs
     if (drop.p > 0.0f)
       k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
@@ -231,7 +215,7 @@ void Attention::run_backward(const BlockPass& mb, const float* x, const Attentio
                              AttentionRecord::Deferred* defer) const {
   const int B = mb.B, T = mb.T, BT = B * T, C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_);
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   // Weight gradients now, or (zero-bubble BI) the output gradient kept for W.
   auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
@@ -239,7 +223,8 @@ void Attention::run_backward(const BlockPass& mb, const float* x, const Attentio
     if (defer && slot.defined())
       std::memcpy(slot.f32(), from, sizeof(float) * static_cast<size_t>(BT * width));
   };
-  const float* dy = row_linear_grad_output(tp, dres, dropout(mb, tp, r.mask));
+  const float* dy =
+      row_linear_grad_output(tp, dres, branch_dropout(mb, tp, site_resid_drop_, r.mask));
   if (defer) keep(defer->d_proj, dy, C);
   k::matmul_backward(ws.datty.f32(), g(c_proj_.weight), g(c_proj_.bias), dy, kept(r.atty),
                      ps_.gemm_weight(c_proj_.weight), BT, Cl, C);

@@ -89,8 +89,6 @@ class Attention {
   // The attention core: atty, att and att_drop from qkv.
   void core(const BlockPass& mb, float* atty, float* att, float* att_drop, const float* qkv) const;
   AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
-  TpRegion region(const BlockPass& mb, BlockWorkspace& ws) const;
-  BranchDropout dropout(const BlockPass& mb, const TpRegion& region, const Tensor& mask) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/moe.h"
@@ -54,5 +55,13 @@ struct BlockWorkspace {
   std::map<std::string, std::unique_ptr<MlpRecord>> mlp;
   std::shared_ptr<MixtureOfExperts::Workspace> moe;  // exchange buffers of the MoE blocks
 };
+
+// The recomputation record an MLP of `kind` reserved in `ws` (Mlp::reserve), as its own type R.
+template <class R>
+R& reserved_mlp_record(BlockWorkspace& ws, const std::string& kind, int layer) {
+  auto it = ws.mlp.find(kind);
+  TESSERA_ASSERT(it != ws.mlp.end(), "h.", layer, ".mlp: no recomputation record reserved");
+  return static_cast<R&>(*it->second);
+}
 
 }  // namespace tessera::nn

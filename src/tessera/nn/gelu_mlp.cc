@@ -81,31 +81,13 @@ void GeluMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const
 }
 
 GeluMlpRecord& GeluMlp::scratch(BlockWorkspace& ws) const {
-  auto it = ws.mlp.find(kind());
-  TESSERA_ASSERT(it != ws.mlp.end(), "h.", layer_, ".mlp: no recomputation record reserved");
-  return static_cast<GeluMlpRecord&>(*it->second);
-}
-
-TpRegion GeluMlp::region(const BlockPass& mb, BlockWorkspace& ws) const {
-  return TpRegion(split_, mb.tokens(), cfg_.n_embd,
-                  ws.gathered.defined() ? ws.gathered.f32() : nullptr, ws.proj.f32());
-}
-
-BranchDropout GeluMlp::dropout(const BlockPass& mb, const TpRegion& region,
-                               const Tensor& mask) const {
-  BranchDropout d;
-  d.p = mb.p;
-  d.seed = mb.seed;
-  d.stream = mix_stream(mb.step, site_drop_);
-  d.first_row = mb.first_sample * mb.T + region.rows.begin;
-  d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
-  return d;
+  return reserved_mlp_record<GeluMlpRecord>(ws, kind(), layer_);
 }
 
 void GeluMlp::run_forward(const BlockPass& mb, const float* x, float* y, GeluMlpRecord& r,
                           BlockWorkspace& ws) const {
   const int64_t BT = mb.tokens(), C = cfg_.n_embd, F = hidden_local_;
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   ps_.refresh_bf16_copy(c_fc_.weight);
   ps_.refresh_bf16_copy(c_proj_.weight);
@@ -117,7 +99,7 @@ void GeluMlp::run_forward(const BlockPass& mb, const float* x, float* y, GeluMlp
   float* fch = staging(r.fch, ws.dfch);
   k::gelu_forward(fch, r.fc.f32(), BT * F);
   keep_rounded(r.fch, fch, BT * F);
-  const BranchDropout drop = dropout(mb, tp, r.mask);
+  const BranchDropout drop = branch_dropout(mb, tp, site_drop_, r.mask);
   if (y == nullptr) {  // a recomputation needs only the mask of the last dropout
     if (drop.p > 0.0f)
       k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
@@ -186,14 +168,14 @@ void GeluMlp::run_backward(const BlockPass& mb, const float* x, const GeluMlpRec
                            BlockWorkspace& ws, GeluMlpRecord::Deferred* defer) const {
   const int BT = static_cast<int>(mb.tokens()), C = cfg_.n_embd;
   const int F = static_cast<int>(hidden_local_);
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   auto g = [&](int i) { return defer ? nullptr : ps_.grad_data(i); };
   auto keep = [&](Tensor& slot, const float* from, int64_t width) {
     if (defer && slot.defined())
       std::memcpy(slot.f32(), from, sizeof(float) * static_cast<size_t>(BT * width));
   };
-  const float* dy = row_linear_grad_output(tp, dres, dropout(mb, tp, r.mask));
+  const float* dy = row_linear_grad_output(tp, dres, branch_dropout(mb, tp, site_drop_, r.mask));
   float* dfch = ws.dfch.f32();
   if (defer) keep(defer->d_proj, dy, C);
   k::matmul_backward(dfch, g(c_proj_.weight), g(c_proj_.bias), dy, kept(r.fch),

@@ -61,8 +61,6 @@ class GeluMlp final : public Mlp {
   GeluMlpRecord::Deferred& deferred_for(const BlockPass& mb, GeluMlpRecord& r) const;
   std::shared_ptr<GeluMlpRecord::Deferred> make_deferred(int64_t tokens, Allocator* alloc) const;
   GeluMlpRecord& scratch(BlockWorkspace& ws) const;
-  TpRegion region(const BlockPass& mb, BlockWorkspace& ws) const;
-  BranchDropout dropout(const BlockPass& mb, const TpRegion& region, const Tensor& mask) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;

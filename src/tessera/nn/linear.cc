@@ -7,6 +7,23 @@
 
 namespace tessera::nn {
 
+TpRegion branch_region(const TensorSplit& split, const BlockPass& mb, BlockWorkspace& ws,
+                       int64_t width) {
+  return TpRegion(split, mb.tokens(), width, ws.gathered.defined() ? ws.gathered.f32() : nullptr,
+                  ws.proj.f32());
+}
+
+BranchDropout branch_dropout(const BlockPass& mb, const TpRegion& region, uint64_t site,
+                             const Tensor& mask) {
+  BranchDropout d;
+  d.p = mb.p;
+  d.seed = mb.seed;
+  d.stream = mix_stream(mb.step, site);
+  d.first_row = mb.first_sample * mb.T + region.rows.begin;
+  d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
+  return d;
+}
+
 namespace k = tessera::kernels;
 
 TpRegion::TpRegion(const TensorSplit& s, int64_t n, int64_t w, float* g, float* p)

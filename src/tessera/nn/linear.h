@@ -14,6 +14,7 @@
 
 #include "tessera/core/tensor.h"
 #include "tessera/kernels/gemm.h"
+#include "tessera/nn/block_workspace.h"
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"
 
@@ -51,6 +52,15 @@ struct BranchDropout {
   int64_t first_row = 0;
   uint8_t* mask = nullptr;  // U8 [rows, width]; needed when p > 0
 };
+
+// A block branch's region for micro-batch `mb`: its tokens, the residual stream's width, and the
+// stage's scratch in `ws`.
+TpRegion branch_region(const TensorSplit& split, const BlockPass& mb, BlockWorkspace& ws,
+                       int64_t width);
+// The dropout of a branch's output for micro-batch `mb` at the dropout site `site` (a stable hash
+// of its name), over the region's rows; `mask` is the record's (undefined when p = 0).
+BranchDropout branch_dropout(const BlockPass& mb, const TpRegion& region, uint64_t site,
+                             const Tensor& mask);
 
 // Column-parallel forward: ASSIGNS y[tokens, l.out] = to_tp(x) W + b. x is this rank's rows of the
 // input twice over: its fp32 values (x_rows) and what the caller keeps of them (kept: the same

@@ -71,31 +71,13 @@ void MoeMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const 
 }
 
 MoeMlpRecord& MoeMlp::scratch(BlockWorkspace& ws) const {
-  auto it = ws.mlp.find(kind());
-  TESSERA_ASSERT(it != ws.mlp.end(), "h.", layer_, ".mlp: no recomputation record reserved");
-  return static_cast<MoeMlpRecord&>(*it->second);
-}
-
-TpRegion MoeMlp::region(const BlockPass& mb, BlockWorkspace& ws) const {
-  return TpRegion(split_, mb.tokens(), cfg_.n_embd,
-                  ws.gathered.defined() ? ws.gathered.f32() : nullptr, ws.proj.f32());
-}
-
-BranchDropout MoeMlp::dropout(const BlockPass& mb, const TpRegion& region,
-                              const Tensor& mask) const {
-  BranchDropout d;
-  d.p = mb.p;
-  d.seed = mb.seed;
-  d.stream = mix_stream(mb.step, site_drop_);
-  d.first_row = mb.first_sample * mb.T + region.rows.begin;
-  d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
-  return d;
+  return reserved_mlp_record<MoeMlpRecord>(ws, kind(), layer_);
 }
 
 void MoeMlp::run_forward(const BlockPass& mb, const float* x, float* y, MoeMlpRecord& r,
                          BlockWorkspace& ws) const {
   const int64_t C = cfg_.n_embd;
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   // Under sequence parallelism this rank's rows go to their place of the gathered record.
   float* ln2 = r.ln2.f32() + (tp.sequence() ? tp.rows.place() * C : 0);
@@ -109,7 +91,7 @@ void MoeMlp::run_forward(const BlockPass& mb, const float* x, float* y, MoeMlpRe
   // Every token on every tp rank: complete, no reduce point.
   moe_.forward(r.ln2.f32(), ws.proj.f32(), mb.B, mb.T, mb.loss_scale, *r.moe, *ws.moe,
                y != nullptr && mb.training);
-  const BranchDropout drop = dropout(mb, tp, r.mask);
+  const BranchDropout drop = branch_dropout(mb, tp, site_drop_, r.mask);
   if (y == nullptr) {  // a recomputation needs only the mask of the last dropout
     if (drop.p > 0.0f)
       k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
@@ -140,11 +122,11 @@ void MoeMlp::backward(const BlockPass& mb, const float* x, MlpRecord& r, float* 
 void MoeMlp::run_backward(const BlockPass& mb, const float* x, const MoeMlpRecord& r, float* dres,
                           BlockWorkspace& ws) const {
   const int64_t C = cfg_.n_embd;
-  const TpRegion tp = region(mb, ws);
+  const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   // Every token's output gradient (all-gathered under sequence parallelism); the input gradient
   // is complete on every tp rank: no reduction, this rank's rows of it.
-  const float* dy = row_linear_grad_output(tp, dres, dropout(mb, tp, r.mask));
+  const float* dy = row_linear_grad_output(tp, dres, branch_dropout(mb, tp, site_drop_, r.mask));
   float* dln = ws.dln.f32();
   moe_.backward(*r.moe, dy, dln, *ws.moe);
   k::layernorm_backward(dres, ps_.grad_data(ln_w_), ps_.grad_data(ln_b_), dln + tp.rows.begin * C,

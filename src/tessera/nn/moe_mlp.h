@@ -57,8 +57,6 @@ class MoeMlp final : public Mlp {
   void run_backward(const BlockPass& mb, const float* x, const MoeMlpRecord& r, float* dres,
                     BlockWorkspace& ws) const;
   MoeMlpRecord& scratch(BlockWorkspace& ws) const;
-  TpRegion region(const BlockPass& mb, BlockWorkspace& ws) const;
-  BranchDropout dropout(const BlockPass& mb, const TpRegion& region, const Tensor& mask) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
