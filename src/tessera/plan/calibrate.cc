@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <thread>
 #include <vector>
@@ -53,6 +54,47 @@ double time_gemm(bool ta, bool tb, int M, int N, int K, int reps) {
   return median(t);
 }
 
+// Seconds of one call of `f`, median of `reps` after a warm-up.
+template <typename F>
+double time_call(int reps, F f) {
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = thread_seconds();
+    f();
+    t.push_back(thread_seconds() - t0);
+  }
+  return median(t);
+}
+
+// Seconds of one C[M,N] = A[M,K] B[K,N] on buffers of `big` floats each (row-major, packed):
+// calls repeated to at least ~0.5 ms of work per sample, median of `reps` samples.
+double time_small_gemm(int M, int N, int K, int reps, std::vector<float>& a, std::vector<float>& b,
+                       std::vector<float>& c) {
+  const double flops = 2.0 * M * N * K;
+  const int calls = static_cast<int>(std::max(1.0, std::ceil(5e7 / flops)));
+  auto once = [&] {
+    for (int i = 0; i < calls; ++i)
+      kernels::sgemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  };
+  return time_call(reps, once) / calls;
+}
+
+// The efficiency grid (gemm_efficiency.h): every (M, N, K) of `dims`, timed against `peak`.
+GemmEfficiency measure_gemm_grid(const std::vector<double>& dims, double peak, int reps) {
+  const size_t big = static_cast<size_t>(dims.back() * dims.back());
+  std::vector<float> a(big, 0.5f), b(big, 0.25f), c(big, 0.0f);
+  std::vector<double> values;
+  for (double M : dims)
+    for (double N : dims)
+      for (double K : dims) {
+        const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+        const double rate = 2.0 * M * N * K / time_small_gemm(m, n, k, reps, a, b, c);
+        values.push_back(std::clamp(rate / peak, 0.01, 2.0));
+      }
+  return GemmEfficiency(dims, std::move(values));
+}
+
 struct Gemm {
   bool ta, tb;
   int M, N, K;
@@ -77,19 +119,6 @@ std::vector<Gemm> reference_gemms(const ModelSpec& m, int micro_batch) {
     g.push_back({false, false, rb, hs, r1, 3 * heads});  // P V (forward, and dP, dV)
   }
   return g;
-}
-
-// Seconds of one call of `f`, median of `reps` after a warm-up.
-template <typename F>
-double time_call(int reps, F f) {
-  f();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = thread_seconds();
-    f();
-    t.push_back(thread_seconds() - t0);
-  }
-  return median(t);
 }
 
 // The rate, in the planner's accounting of elementwise traffic (plan/work.h), of tessera's own
@@ -195,11 +224,18 @@ ClusterSpec calibrate_this_machine(const CalibrationOptions& o, std::ostream* lo
   const double memcpy_gbs =
       comm::measure_memcpy_gbs(o.quick ? (size_t{32} << 20) : (size_t{256} << 20), o.quick ? 3 : 7);
   const double elementwise = elementwise_rate(o.reference, o.micro_batch, reps);
+  // Log-spaced, 16 to 2048 (quick: 16 to 1024 by 4x); larger GEMMs take the edge's rate.
+  const std::vector<double> dims = o.quick
+                                       ? std::vector<double>{16, 64, 256, 1024}
+                                       : std::vector<double>{16, 32, 64, 128, 256, 512, 1024, 2048};
+  const GemmEfficiency grid = measure_gemm_grid(dims, peak, o.quick ? 1 : 3);
   if (log)
     *log << "sgemm " << n << "^3, 1 thread: " << peak / 1e9
          << " GFLOP/s; reference matmuls: " << flops / seconds / 1e9 << " GFLOP/s ("
          << 100 * efficiency << "%); elementwise kernels " << elementwise / 1e9
-         << " GB/s (planner accounting); memcpy " << memcpy_gbs << " GB/s\n";
+         << " GB/s (planner accounting); memcpy " << memcpy_gbs << " GB/s; gemm efficiency "
+         << grid.at(64, 128, 32) << " at 64x128x32 (an attention block, head size 32) to "
+         << grid.at(1024, 768, 256) << " at 1024x768x256 (a projection)\n";
   nlohmann::json link;
   comm::run_inproc(o.ranks, [&](comm::Communicator& c) {
     nlohmann::json l = calibrate_link(c, o.quick, c.rank() == 0 ? log : nullptr);
@@ -220,6 +256,7 @@ ClusterSpec calibrate_this_machine(const CalibrationOptions& o, std::ostream* lo
   c.device_memory_gib = gib_of_ram() / o.ranks;
   c.peak_tflops["fp32"] = peak / 1e12;
   c.matmul_efficiency = efficiency;
+  c.gemm_efficiency = grid;
   c.memory_bandwidth_gbs = elementwise / 1e9;
   c.intra_node =
       LinkSpec{link.at("bandwidth_gbs").get<double>(), link.at("latency_us").get<double>()};

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/plan/gemm_efficiency.h"
+
 namespace tessera::plan {
 
 struct LinkSpec {
@@ -32,6 +34,9 @@ struct ClusterSpec {
   std::map<std::string, double> peak_tflops;  // per dtype: "fp32", "tf32", "bf16", "fp16"
   // The fraction of the peak the model's matrix multiplications reach (one number for all).
   double matmul_efficiency = 1;
+  // Optional, by GEMM shape (calibrated CPU clusters): the tessera engine costs each GEMM at its
+  // own shape's efficiency; empty: matmul_efficiency for every GEMM.
+  GemmEfficiency gemm_efficiency;
   // Device memory traffic (reads + writes) per second, GB/s: elementwise kernels, the optimizer.
   double memory_bandwidth_gbs = 0;
   LinkSpec intra_node;  // between devices of one node (NVLink/NVSwitch; shared memory here)

@@ -100,6 +100,11 @@ void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const Wor
   s.bwd_flops = w.bwd_flops;
   s.wgrad_flops = w.wgrad_flops;
   s.recompute_flops = w.recompute_flops;
+  s.gemm_costed = r.gemm != nullptr;
+  s.fwd_cost = w.fwd_cost;
+  s.bwd_cost = w.bwd_cost;
+  s.wgrad_cost = w.wgrad_cost;
+  s.recompute_cost = w.recompute_cost;
   s.fwd_bytes = w.fwd_bytes;
   s.bwd_bytes = w.bwd_bytes;
   s.recompute_bytes = w.recompute_bytes;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessera/parallel/pipeline/pipeline_split.h"
+#include "tessera/plan/gemm_efficiency.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
 
@@ -52,6 +53,10 @@ struct StageSheet {
   // of it (W), and the forward the backward reruns (recomputation); memory traffic of the
   // elementwise kernels in the same three parts.
   double fwd_flops = 0, bwd_flops = 0, wgrad_flops = 0, recompute_flops = 0;
+  // With gemm_costed, the same FLOPs each divided by its GEMM shape's efficiency (seconds = cost /
+  // peak, plan/work.h); without, the planner divides the FLOPs by the one matmul_efficiency.
+  bool gemm_costed = false;
+  double fwd_cost = 0, bwd_cost = 0, wgrad_cost = 0, recompute_cost = 0;
   double fwd_bytes = 0, bwd_bytes = 0, recompute_bytes = 0;
   // Tensor-parallel collectives per micro-batch, as all-reduces of `tp_bytes` each (an all-gather
   // plus a reduce-scatter under sequence parallelism moves the same).
@@ -87,6 +92,9 @@ struct EngineOptions {
   // tessera under --precision bf16 through oneDNN: a bf16 copy of every GEMM weight unless ZeRO-3
   // (nn/gpt.h, GPTLayout::bf16_weight_copies).
   bool bf16_weight_copies = false;
+  // Matmul efficiency by GEMM shape (the cluster's gemm_efficiency; the planner sets it): the
+  // tessera engine costs each GEMM at its shape. Empty: one efficiency for all.
+  GemmEfficiency gemm_efficiency;
 };
 
 class Engine {

@@ -77,7 +77,13 @@ class TesseraEngine final : public Engine {
     if (got.moe_blocks > 0) add_routed_rows(s, m, l, got.moe_blocks);
 
     // Work.
-    add_unit_work(s, m, l, tessera_rules());
+    WorkRules rules = tessera_rules();
+    if (!options.gemm_efficiency.empty()) {
+      if (!(gemm_.table() == options.gemm_efficiency))
+        gemm_ = GemmEfficiencyCache(options.gemm_efficiency);
+      rules.gemm = &gemm_;
+    }
+    add_unit_work(s, m, l, rules);
     s.tp_bytes = options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;
     // A hidden state passed between stages: this rank's rows under sequence parallelism.
     const double tokens = static_cast<double>(l.micro_batch) * m.seq;
@@ -159,6 +165,7 @@ class TesseraEngine final : public Engine {
     s.workspace_bytes += grow * 4 * (2 * K * C + 2 * R * C + (K_local + R) * F) + grow * 4 * BT * E;
   }
 
+  mutable GemmEfficiencyCache gemm_;  // options.gemm_efficiency's lookups
   mutable ModelSpec measured_model_;
   mutable std::map<std::tuple<int, int, bool, bool, int, bool, int, int, int>, StageMeasure>
       measures_;

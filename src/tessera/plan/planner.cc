@@ -63,7 +63,9 @@ class Evaluator {
     validate(r.model);
     TESSERA_CHECK_AS(ConfigError, r.global_batch >= 1, "--batch must be positive, got ",
                      r.global_batch);
-    engine_ = make_engine(r.engine.empty() ? r.cluster.engine : r.engine, r.engine_options);
+    EngineOptions options = r.engine_options;
+    if (options.gemm_efficiency.empty()) options.gemm_efficiency = r.cluster.gemm_efficiency;
+    engine_ = make_engine(r.engine.empty() ? r.cluster.engine : r.engine, options);
     precision_ = r.precision.empty() ? r.cluster.precision : r.precision;
     peak_ = r.cluster.peak_flops(precision_);
     rate_ = peak_ * r.cluster.matmul_efficiency;
@@ -125,8 +127,9 @@ class Evaluator {
   }
 
  private:
-  double compute_seconds(double flops, double bytes) const {
-    return share_ * (flops / rate_ + bytes / mem_bw_);
+  // Matmuls at the one efficiency (flops), or at each GEMM's own (cost, when the sheet has them).
+  double compute_seconds(bool costed, double flops, double cost, double bytes) const {
+    return share_ * ((costed ? cost / peak_ : flops / rate_) + bytes / mem_bw_);
   }
 
   static std::string why_not(const Prediction& p) {
@@ -163,11 +166,14 @@ class Evaluator {
       const double t_a2a = all_to_all_seconds(c, expert_group(c, l), x.a2a_bytes);
       const double ep_f = x.a2a_fwd * t_a2a, ep_b = x.a2a_bwd * t_a2a;
       parallel::ActionCosts k;
-      k.forward = std::max(1e-12, compute_seconds(x.fwd_flops, x.fwd_bytes) + tp_f + ep_f);
+      const bool g = x.gemm_costed;
+      k.forward =
+          std::max(1e-12, compute_seconds(g, x.fwd_flops, x.fwd_cost, x.fwd_bytes) + tp_f + ep_f);
       k.backward = std::max(
-          2e-12, compute_seconds(x.bwd_flops + x.recompute_flops, x.bwd_bytes + x.recompute_bytes) +
+          2e-12, compute_seconds(g, x.bwd_flops + x.recompute_flops, x.bwd_cost + x.recompute_cost,
+                                 x.bwd_bytes + x.recompute_bytes) +
                      tp_b + ep_b);
-      k.weight = std::min(compute_seconds(x.wgrad_flops, 0), 0.5 * k.backward);
+      k.weight = std::min(compute_seconds(g, x.wgrad_flops, x.wgrad_cost, 0), 0.5 * k.backward);
       costs.push_back(k);
       tp_per_mb[s] = tp_f + tp_b;
       ep_per_mb[s] = ep_f + ep_b;

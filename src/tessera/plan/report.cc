@@ -45,7 +45,8 @@ std::string describe_request(const PlanRequest& r) {
   s += "cluster: " + c.name + " (" + std::to_string(c.nodes) + " x " +
        std::to_string(c.devices_per_node) + " devices, " + format_bytes(c.memory_bytes()) +
        " each, " + precision_of(r) + " " + fmt("%.4g", c.peak_flops(precision_of(r)) / 1e12) +
-       " TFLOP/s x " + fmt("%.2f", c.matmul_efficiency) + " achievable)\n";
+       " TFLOP/s x " + fmt("%.2f", c.matmul_efficiency) + " achievable" +
+       (c.gemm_efficiency.empty() ? "" : ", by GEMM shape for the tessera engine") + ")\n";
   s += "global batch " + std::to_string(r.global_batch) + " sequences x " +
        std::to_string(r.model.seq) + " tokens | engine " + engine_of(r) + "\n";
   return s;

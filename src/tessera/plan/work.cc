@@ -12,6 +12,10 @@ UnitWork& UnitWork::operator+=(const UnitWork& o) {
   bwd_flops += o.bwd_flops;
   wgrad_flops += o.wgrad_flops;
   recompute_flops += o.recompute_flops;
+  fwd_cost += o.fwd_cost;
+  bwd_cost += o.bwd_cost;
+  wgrad_cost += o.wgrad_cost;
+  recompute_cost += o.recompute_cost;
   fwd_bytes += o.fwd_bytes;
   bwd_bytes += o.bwd_bytes;
   recompute_bytes += o.recompute_bytes;
@@ -39,6 +43,77 @@ int64_t vocab_local(int64_t vocab, int tp) {
 }
 
 namespace {
+
+// Peak-equivalent FLOPs of one part of the work: forward, the whole backward, its W share.
+struct Cost {
+  double fwd = 0, bwd = 0, wgrad = 0;
+  Cost& operator+=(const Cost& o) {
+    fwd += o.fwd, bwd += o.bwd, wgrad += o.wgrad;
+    return *this;
+  }
+};
+
+// A linear layer of `flops` forward over `rows` rows, `in` -> `out` features: the forward
+// [rows, in] x [in, out], the input gradient [rows, out] x [out, in], the weight gradient
+// [in, rows] x [rows, out], each as many FLOPs.
+Cost linear_cost(const GemmEfficiencyCache& eff, double flops, double rows, double in, double out) {
+  if (flops <= 0) return {};
+  const double w = flops / eff(in, out, rows);
+  return {flops / eff(rows, out, in), flops / eff(rows, in, out) + w, w};
+}
+
+// The per-head attention GEMMs of kernels/attention.cc over `flops` (forward, Q K^T and P V):
+// for each block of rb query rows ending at r1, S = Q K^T [rb, hs] x [hs, r1] and O = P V
+// [rb, r1] x [r1, hs]; backward dP [rb, r1] (K = hs), dV and dK [r1, hs] (K = rb), dQ [rb, hs]
+// (K = r1). Blocks weigh by their FLOPs (rb r1).
+Cost attention_cost(const GemmEfficiencyCache& eff, double flops, int T, int hs, bool blocks) {
+  if (flops <= 0) return {};
+  const int blk = blocks ? kernels::kAttentionBlock : T;
+  double total = 0, fwd_inv = 0, bwd_inv = 0;
+  for (int r0 = 0; r0 < T; r0 += blk) {
+    const double r1 = std::min(T, r0 + blk), rb = r1 - r0, w = rb * r1;
+    total += w;
+    fwd_inv += w * (1 / eff(rb, r1, hs) + 1 / eff(rb, hs, r1)) / 2;
+    bwd_inv += w * (1 / eff(rb, r1, hs) + 2 / eff(r1, hs, rb) + 1 / eff(rb, hs, r1)) / 4;
+  }
+  return {flops * fwd_inv / total, 2 * flops * bwd_inv / total, 0};
+}
+
+// What block_work counted, for its costs.
+struct BlockFlopParts {
+  double qkv = 0, attn_proj = 0, mlp_linear = 0, router = 0, core = 0;
+};
+
+// Costs of a block's (or half's) GEMMs at their shapes; `last` the forward cost of the
+// projection a full recomputation skips.
+UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRules& r,
+                     const BlockFlopParts& f, bool mlp_half, double k, double mlp_t) {
+  const GemmEfficiencyCache& eff = *r.gemm;
+  const double t = l.tp, C = m.hidden, BT = static_cast<double>(l.micro_batch) * m.seq;
+  // An MoE block's experts each run their share of the routed rows (balanced routing).
+  const double ep = l.ep, E = moe ? m.moe.experts : 1;
+  const double rows = moe ? std::max(1.0, k * BT * ep / E) : BT;
+  const Cost attn_proj = linear_cost(eff, f.attn_proj, BT, C / t, C);
+  const Cost fc = linear_cost(eff, f.mlp_linear / 2, rows, C, 4 * C / mlp_t);
+  const Cost proj = linear_cost(eff, f.mlp_linear / 2, rows, 4 * C / mlp_t, C);
+  Cost c = linear_cost(eff, f.qkv, BT, C, 3 * C / t);
+  c += attn_proj;
+  c += fc;
+  c += proj;
+  c += linear_cost(eff, f.router, BT, C, moe ? m.moe.experts : 1);
+  c += attention_cost(eff, f.core, m.seq, m.hidden / m.heads, r.causal_blocks);
+  UnitWork w;
+  w.fwd_cost = c.fwd;
+  w.bwd_cost = c.bwd;
+  w.wgrad_cost = c.wgrad;
+  if (l.recompute == nn::Recompute::Selective) {
+    w.recompute_cost = attention_cost(eff, f.core, m.seq, m.hidden / m.heads, r.causal_blocks).fwd;
+  } else if (l.recompute == nn::Recompute::Full) {
+    const double last = mlp_half ? proj.fwd : attn_proj.fwd;
+    w.recompute_cost = c.fwd - (r.recompute_skips_last_projection ? last : 0);
+  }
+  return w;
+}
 
 // One block's work, or one half's (the attention half: ln_1, c_attn, the core, c_proj and its
 // residual branch; the MLP half: ln_2, the MLP or the experts, their residual branch).
@@ -92,6 +167,15 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
     w.recompute_flops = w.fwd_flops - (r.recompute_skips_last_projection ? last : 0);
     w.recompute_bytes = w.fwd_bytes;
   }
+  if (r.gemm != nullptr) {
+    const BlockFlopParts parts{attn ? BT * flops.qkv / t : 0, attn ? attn_proj : 0, mlp_linear,
+                               router, core};
+    const UnitWork c = block_costs(m, l, moe, r, parts, mlp, k, mlp_t);
+    w.fwd_cost = c.fwd_cost;
+    w.bwd_cost = c.bwd_cost;
+    w.wgrad_cost = c.wgrad_cost;
+    w.recompute_cost = c.recompute_cost;
+  }
   if (l.tp > 1) {
     // An MoE half whose experts are whole on every tp rank needs no tp collective (under sp an
     // all-gather each way, counted like the dense half's pair).
@@ -132,6 +216,12 @@ UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRule
   w.fwd_bytes = BT * (2 * C * e + V * r.logit_bytes);
   w.bwd_bytes = BT * (4 * C * e + 2 * V * r.logit_bytes);
   w.tp_bwd = l.tp > 1 ? 1 : 0;
+  if (r.gemm != nullptr) {
+    const Cost c = linear_cost(*r.gemm, w.fwd_flops, BT, C, V);
+    w.fwd_cost = c.fwd;
+    w.bwd_cost = c.bwd;
+    w.wgrad_cost = c.wgrad;
+  }
   return w;
 }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "tessera/nn/gpt_config.h"
+#include "tessera/plan/gemm_efficiency.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
 
@@ -33,10 +34,17 @@ struct WorkRules {
   // An expert runs capacity rows (padded, GShard) or only the kept assignments (tessera: balanced
   // routing keeps min(1, capacity factor) of them).
   bool moe_pads_to_capacity = true;
+  // When set (tessera on a cluster with a gemm_efficiency table): each GEMM is costed at its own
+  // shape's efficiency (UnitWork's *_cost); otherwise the costs stay 0 and the planner divides
+  // FLOPs by the one matmul_efficiency.
+  const GemmEfficiencyCache* gemm = nullptr;
 };
 
 struct UnitWork {
   double fwd_flops = 0, bwd_flops = 0, wgrad_flops = 0, recompute_flops = 0;
+  // The same FLOPs, each GEMM's divided by its shape's efficiency (WorkRules::gemm): the FLOPs
+  // the peak rate would take as long for. Seconds = cost / peak.
+  double fwd_cost = 0, bwd_cost = 0, wgrad_cost = 0, recompute_cost = 0;
   double fwd_bytes = 0, bwd_bytes = 0, recompute_bytes = 0;
   int tp_fwd = 0, tp_bwd = 0, tp_recompute = 0;
   int a2a_fwd = 0, a2a_bwd = 0;
