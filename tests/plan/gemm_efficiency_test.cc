@@ -56,23 +56,47 @@ TEST(GemmEfficiency, InterpolatesInLogSpaceAndClampsAtTheEdges) {
   EXPECT_THROW(GemmEfficiency({16, 32}, std::vector<double>(7, 0.5)), ConfigError);
 }
 
+// Operands within half the cache take the hot grid, beyond twice it the cold one, a blend between.
+TEST(GemmEfficiency, OperandsBeyondTheCacheTakeTheColdGrid) {
+  const GemmEfficiency g({16, 4096}, std::vector<double>(8, 0.9), std::vector<double>(8, 0.6),
+                         1 << 20);
+  EXPECT_DOUBLE_EQ(g.at(64, 64, 64), 0.9);                                         // 48 KiB
+  EXPECT_DOUBLE_EQ(g.at(1024, 1024, 1024), 0.6);                                   // 12 MiB
+  EXPECT_NEAR(g.at(256, 256, 256), 0.9 - 0.3 * (std::log2(0.75) + 1) / 2, 1e-12);  // 768 KiB
+  EXPECT_THROW(GemmEfficiency({16}, {0.5}, {0.5, 0.5}, 1), ConfigError);
+}
+
 TEST(GemmEfficiency, RoundTripsThroughTheClusterJson) {
   ClusterSpec c = cpu_cluster();
-  c.gemm_efficiency = table({16, 128, 1024}, [](double M, double N, double K) {
+  std::vector<double> cold;
+  for (int i = 0; i < 27; ++i) cold.push_back(0.3 + 0.01 * i);
+  const GemmEfficiency hot = table({16, 128, 1024}, [](double M, double N, double K) {
     return 0.1 + 0.8 * (std::min({M, N, K}) / 1024) + 1e-3 * M / N;
   });
+  c.gemm_efficiency = GemmEfficiency(hot.dims(), hot.values(), cold, 2 << 20);
+  c.attention_efficiency = {
+      {64, 128, 256}, {32, 64}, {0.2, 0.3, 0.25, 0.35, 0.3, 0.4}, {0.5, 0.6, 0.55, 0.65, 0.6, 0.7}};
   const nlohmann::json j = to_json(c);
   ASSERT_TRUE(j.contains("gemm_efficiency"));
   EXPECT_EQ(j.at("gemm_efficiency").at("efficiency").size(), 3u);
   const ClusterSpec again = cluster_from_json(j, "round trip");
   EXPECT_TRUE(again.gemm_efficiency == c.gemm_efficiency);
+  EXPECT_TRUE(again.attention_efficiency == c.attention_efficiency);
   EXPECT_EQ(to_json(again), j);
+  EXPECT_DOUBLE_EQ(again.attention_efficiency.at(false, 128, 64), 0.35);
+  EXPECT_NEAR(again.attention_efficiency.at(true, 181.019336, 32), 0.575, 1e-9);  // 2^7.5
 
   nlohmann::json bad = j;
   bad["gemm_efficiency"]["efficiency"][1].erase(0);
   EXPECT_THROW(cluster_from_json(bad, "x.json"), ConfigError);
   bad = j;
   bad["gemm_efficiency"]["efficiency"][0][0][0] = -1;
+  EXPECT_THROW(cluster_from_json(bad, "x.json"), ConfigError);
+  bad = j;
+  bad["gemm_efficiency"].erase("cache_bytes");
+  EXPECT_THROW(cluster_from_json(bad, "x.json"), ConfigError);
+  bad = j;
+  bad["attention_efficiency"]["forward"].erase(0);
   EXPECT_THROW(cluster_from_json(bad, "x.json"), ConfigError);
 }
 
@@ -126,6 +150,30 @@ TEST(GemmEfficiency, TheEngineCostsThePerHeadAttentionGemmsAtTheirShape) {
   // Without a table the sheet carries no costs (the planner uses matmul_efficiency).
   EXPECT_FALSE(make_engine("tessera")->stage(m, l, block).gemm_costed);
   EXPECT_FALSE(make_engine("megatron", o)->stage(m, l, block).gemm_costed);
+}
+
+// With the attention kernel measured, its forward and backward take the kernel's rate at the
+// model's context and head size, and the softmax's bytes leave the elementwise traffic.
+TEST(GemmEfficiency, TheAttentionKernelTakesItsMeasuredRate) {
+  const ModelSpec m = small_model(8);  // T = 128, head size 32
+  EngineOptions o;
+  o.gemm_efficiency = table({16, 4096}, [](double, double, double) { return 1.0; });
+  const auto engine = make_engine("tessera", o);
+  o.attention_efficiency = {{64, 256}, {16, 64}, {0.2, 0.4, 0.4, 0.8}, {0.5, 0.5, 0.5, 0.5}};
+  const auto measured = make_engine("tessera", o);
+  Layout l;
+  l.micro_batch = 2;
+  const parallel::UnitRange block{1, 1, false, false};
+  const StageSheet gemm = engine->stage(m, l, block), kernel = measured->stage(m, l, block);
+  const double core = 2.0 * m.seq * nn::block_flops(to_gpt_config(m), 0, m.seq).attention_core *
+                      causal_block_fraction(m.seq);
+  const double linear = gemm.fwd_flops - core;
+  // T = 128 and hs = 32 are halfway (in log2) between the grid points: forward 0.45.
+  EXPECT_NEAR(kernel.fwd_cost, linear + core / 0.45, 1e-9 * kernel.fwd_cost);
+  EXPECT_NEAR(kernel.bwd_cost, 2 * linear + 2 * core / 0.5, 1e-9 * kernel.bwd_cost);
+  // The softmax pass (2 x 4 bytes per computed score, forward) is in the kernel's time.
+  const double scores = 2.0 * m.heads * m.seq * m.seq * causal_block_fraction(m.seq);
+  EXPECT_NEAR(gemm.fwd_bytes - kernel.fwd_bytes, 2 * 4 * scores, 1e-6);
 }
 
 // A smaller GEMM runs at a lower rate: the plan of the same work slows where the table says so.

@@ -67,32 +67,100 @@ double time_call(int reps, F f) {
   return median(t);
 }
 
-// Seconds of one C[M,N] = A[M,K] B[K,N] on buffers of `big` floats each (row-major, packed):
-// calls repeated to at least ~0.5 ms of work per sample, median of `reps` samples.
-double time_small_gemm(int M, int N, int K, int reps, std::vector<float>& a, std::vector<float>& b,
-                       std::vector<float>& c) {
+// Operands of the grid's GEMMs, each call at the next offset of a 64 MiB pool per operand, so
+// that they come from beyond the core's L2 as a large micro-batch's do in the trainer (on a
+// Sapphire Rapids core, the L=4 C=256 projections at 1024 rows ran 9-19% slower so than hot).
+struct OperandPools {
+  static constexpr size_t kFloats = size_t{16} << 20;
+  std::vector<float> a = std::vector<float>(kFloats, 0.5f), b = std::vector<float>(kFloats, 0.25f),
+                     c = std::vector<float>(kFloats, 0.0f);
+  size_t next = 0;
+  bool cold = true;  // false: every call on the pool's start
+  // The offset for operands of up to `n` floats, 4 KiB-aligned, wrapping around the pool.
+  size_t offset(size_t n) {
+    if (!cold) return 0;
+    const size_t step = (n + 1023) / 1024 * 1024;
+    if (next + step > kFloats) next = 0;
+    const size_t at = next;
+    next += step;
+    return at;
+  }
+};
+
+// Seconds of one C[M,N] = A[M,K] B[K,N] (row-major, packed): calls repeated to at least ~0.5 ms
+// of work per sample, median of `reps` samples.
+double time_small_gemm(int M, int N, int K, int reps, OperandPools& p) {
   const double flops = 2.0 * M * N * K;
   const int calls = static_cast<int>(std::max(1.0, std::ceil(5e7 / flops)));
+  const size_t n = static_cast<size_t>(std::max({M * K, K * N, M * N}));
   auto once = [&] {
-    for (int i = 0; i < calls; ++i)
-      kernels::sgemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+    for (int i = 0; i < calls; ++i) {
+      const size_t at = p.offset(n);
+      kernels::sgemm(false, false, M, N, K, 1.0f, p.a.data() + at, K, p.b.data() + at, N, 0.0f,
+                     p.c.data() + at, N);
+    }
   };
   return time_call(reps, once) / calls;
 }
 
-// The efficiency grid (gemm_efficiency.h): every (M, N, K) of `dims`, timed against `peak`.
+// The efficiency grids (gemm_efficiency.h): every (M, N, K) of `dims`, operands in cache and
+// beyond it, timed against `peak`.
 GemmEfficiency measure_gemm_grid(const std::vector<double>& dims, double peak, int reps) {
-  const size_t big = static_cast<size_t>(dims.back() * dims.back());
-  std::vector<float> a(big, 0.5f), b(big, 0.25f), c(big, 0.0f);
-  std::vector<double> values;
-  for (double M : dims)
-    for (double N : dims)
-      for (double K : dims) {
-        const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
-        const double rate = 2.0 * M * N * K / time_small_gemm(m, n, k, reps, a, b, c);
-        values.push_back(std::clamp(rate / peak, 0.01, 2.0));
-      }
-  return GemmEfficiency(dims, std::move(values));
+  OperandPools pools;
+  std::vector<double> hot, cold;
+  for (bool is_cold : {false, true}) {
+    pools.cold = is_cold;
+    for (double M : dims)
+      for (double N : dims)
+        for (double K : dims) {
+          const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+          const double rate = 2.0 * M * N * K / time_small_gemm(m, n, k, reps, pools);
+          (is_cold ? cold : hot).push_back(std::clamp(rate / peak, 0.01, 2.0));
+        }
+  }
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return GemmEfficiency(dims, std::move(hot), std::move(cold), l2 > 0 ? double(l2) : 1048576.0);
+}
+
+// The attention kernel on one sequence of `heads` heads at context T and head size hs (no
+// dropout): the rate of its GEMMs' FLOPs (4 hs per computed score forward, twice that backward,
+// as plan/work.h counts them), softmax included, over `peak`.
+std::pair<double, double> attention_rate(int T, int hs, int reps, double peak) {
+  const int heads = 4, C = heads * hs;
+  std::vector<float> qkv(static_cast<size_t>(T) * 3 * C, 0.1f), dqkv(qkv.size()),
+      out(static_cast<size_t>(T) * C), dout(out.size(), 0.01f),
+      att(static_cast<size_t>(heads) * T * T), scratch(static_cast<size_t>(T) * T);
+  double scores = 0;
+  for (int r0 = 0; r0 < T; r0 += kernels::kAttentionBlock) {
+    const int r1 = std::min(T, r0 + kernels::kAttentionBlock);
+    scores += static_cast<double>(r1 - r0) * r1;
+  }
+  const double flops = 4.0 * hs * heads * scores;
+  const int calls = static_cast<int>(std::max(1.0, std::ceil(5e7 / flops)));
+  const double fwd = time_call(reps, [&] {
+    for (int i = 0; i < calls; ++i)
+      kernels::attention_forward(out.data(), att.data(), nullptr, qkv.data(), 1, T, C, heads,
+                                 nullptr);
+  });
+  const double bwd = time_call(reps, [&] {
+    for (int i = 0; i < calls; ++i)
+      kernels::attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr,
+                                  qkv.data(), 1, T, C, heads, 0.0f);
+  });
+  return {flops * calls / fwd / peak, 2 * flops * calls / bwd / peak};
+}
+
+AttentionEfficiency measure_attention(bool quick, double peak, int reps) {
+  AttentionEfficiency a;
+  a.seq = quick ? std::vector<double>{64, 256} : std::vector<double>{64, 128, 256, 512, 1024, 2048};
+  a.head_size = quick ? std::vector<double>{32, 64} : std::vector<double>{16, 32, 64, 128};
+  for (double T : a.seq)
+    for (double hs : a.head_size) {
+      const auto [f, b] = attention_rate(static_cast<int>(T), static_cast<int>(hs), reps, peak);
+      a.forward.push_back(std::clamp(f, 0.01, 2.0));
+      a.backward.push_back(std::clamp(b, 0.01, 2.0));
+    }
+  return a;
 }
 
 struct Gemm {
@@ -229,13 +297,17 @@ ClusterSpec calibrate_this_machine(const CalibrationOptions& o, std::ostream* lo
                                        ? std::vector<double>{16, 64, 256, 1024}
                                        : std::vector<double>{16, 32, 64, 128, 256, 512, 1024, 2048};
   const GemmEfficiency grid = measure_gemm_grid(dims, peak, o.quick ? 1 : 3);
+  const AttentionEfficiency attention = measure_attention(o.quick, peak, o.quick ? 1 : 3);
   if (log)
     *log << "sgemm " << n << "^3, 1 thread: " << peak / 1e9
          << " GFLOP/s; reference matmuls: " << flops / seconds / 1e9 << " GFLOP/s ("
          << 100 * efficiency << "%); elementwise kernels " << elementwise / 1e9
          << " GB/s (planner accounting); memcpy " << memcpy_gbs << " GB/s; gemm efficiency "
          << grid.at(64, 128, 32) << " at 64x128x32 (an attention block, head size 32) to "
-         << grid.at(1024, 768, 256) << " at 1024x768x256 (a projection)\n";
+         << grid.at(1024, 768, 256) << " at 1024x768x256 (a projection); attention kernel at "
+         << "T=128 forward " << attention.at(false, 128, 32) << " (head size 32), "
+         << attention.at(false, 128, 64) << " (64), backward " << attention.at(true, 128, 32)
+         << ", " << attention.at(true, 128, 64) << "\n";
   nlohmann::json link;
   comm::run_inproc(o.ranks, [&](comm::Communicator& c) {
     nlohmann::json l = calibrate_link(c, o.quick, c.rank() == 0 ? log : nullptr);
@@ -257,6 +329,7 @@ ClusterSpec calibrate_this_machine(const CalibrationOptions& o, std::ostream* lo
   c.peak_tflops["fp32"] = peak / 1e12;
   c.matmul_efficiency = efficiency;
   c.gemm_efficiency = grid;
+  c.attention_efficiency = attention;
   c.memory_bandwidth_gbs = elementwise / 1e9;
   c.intra_node =
       LinkSpec{link.at("bandwidth_gbs").get<double>(), link.at("latency_us").get<double>()};

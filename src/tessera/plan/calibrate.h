@@ -7,8 +7,11 @@
 //                          forward and backward shapes, and the per-head attention GEMMs) over
 //                          that peak
 //   gemm_efficiency        sgemm's rate over that peak on a grid of (M, N, K), each 16 to 2048
-//                          in powers of 2 (quick: 16 to 1024 in powers of 4), which the tessera
-//                          engine interpolates at each GEMM's own shape (gemm_efficiency.h)
+//                          in powers of 2 (quick: 16 to 1024 in powers of 4), operands in L2
+//                          and from beyond it (gemm_efficiency.h), which the tessera engine
+//                          interpolates at each GEMM's own shape
+//   attention_efficiency   the attention kernel (forward, backward, softmax included) by context
+//                          64 to 2048 and head size 16 to 128
 //   memory_bandwidth_gbs   the rate of tessera's elementwise kernels (LayerNorm, GELU, residual,
 //                          cross-entropy, AdamW) on a micro-batch of the reference model, in the
 //                          planner's accounting of their traffic (a 256 MiB memcpy is recorded too)

@@ -65,7 +65,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& source
       "peak_tflops", "matmul_efficiency", "memory_bandwidth_gbs",
       "intra_node",  "inter_node",        "engine",
       "precision",   "dp_overlap",        "reserved_gib",
-      "calibration", "gemm_efficiency"};
+      "calibration", "gemm_efficiency",   "attention_efficiency"};
   for (const auto& [k, v] : j.items()) {
     (void)v;
     TESSERA_CHECK_AS(ConfigError, std::find(known.begin(), known.end(), k) != known.end(), source,
@@ -88,6 +88,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& source
                    ": 'matmul_efficiency' is a fraction of the peak, at most 1");
   if (j.contains("gemm_efficiency"))
     c.gemm_efficiency = gemm_efficiency_from_json(j.at("gemm_efficiency"), source);
+  if (j.contains("attention_efficiency"))
+    c.attention_efficiency = attention_efficiency_from_json(j.at("attention_efficiency"), source);
   c.memory_bandwidth_gbs = positive(j, "memory_bandwidth_gbs", source);
   c.intra_node = link_from_json(j, "intra_node", source);
   c.inter_node = link_from_json(j, "inter_node", source);
@@ -121,6 +123,7 @@ nlohmann::json to_json(const ClusterSpec& c) {
                       {"dp_overlap", c.dp_overlap},
                       {"reserved_gib", c.reserved_gib}};
   if (!c.gemm_efficiency.empty()) j["gemm_efficiency"] = to_json(c.gemm_efficiency);
+  if (!c.attention_efficiency.empty()) j["attention_efficiency"] = to_json(c.attention_efficiency);
   if (!c.calibration.is_null()) j["calibration"] = c.calibration;
   return j;
 }

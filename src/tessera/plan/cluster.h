@@ -37,6 +37,8 @@ struct ClusterSpec {
   // Optional, by GEMM shape (calibrated CPU clusters): the tessera engine costs each GEMM at its
   // own shape's efficiency; empty: matmul_efficiency for every GEMM.
   GemmEfficiency gemm_efficiency;
+  // Optional: tessera's attention kernel by context and head size (with gemm_efficiency).
+  AttentionEfficiency attention_efficiency;
   // Device memory traffic (reads + writes) per second, GB/s: elementwise kernels, the optimizer.
   double memory_bandwidth_gbs = 0;
   LinkSpec intra_node;  // between devices of one node (NVLink/NVSwitch; shared memory here)

@@ -95,6 +95,7 @@ struct EngineOptions {
   // Matmul efficiency by GEMM shape (the cluster's gemm_efficiency; the planner sets it): the
   // tessera engine costs each GEMM at its shape. Empty: one efficiency for all.
   GemmEfficiency gemm_efficiency;
+  AttentionEfficiency attention_efficiency;  // the attention kernel's (with gemm_efficiency)
 };
 
 class Engine {

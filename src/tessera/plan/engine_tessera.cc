@@ -82,6 +82,7 @@ class TesseraEngine final : public Engine {
       if (!(gemm_.table() == options.gemm_efficiency))
         gemm_ = GemmEfficiencyCache(options.gemm_efficiency);
       rules.gemm = &gemm_;
+      if (!options.attention_efficiency.empty()) rules.attention = &options.attention_efficiency;
     }
     add_unit_work(s, m, l, rules);
     s.tp_bytes = options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;

@@ -64,7 +64,10 @@ class Evaluator {
     TESSERA_CHECK_AS(ConfigError, r.global_batch >= 1, "--batch must be positive, got ",
                      r.global_batch);
     EngineOptions options = r.engine_options;
-    if (options.gemm_efficiency.empty()) options.gemm_efficiency = r.cluster.gemm_efficiency;
+    if (options.gemm_efficiency.empty()) {
+      options.gemm_efficiency = r.cluster.gemm_efficiency;
+      options.attention_efficiency = r.cluster.attention_efficiency;
+    }
     engine_ = make_engine(r.engine.empty() ? r.cluster.engine : r.engine, options);
     precision_ = r.precision.empty() ? r.cluster.precision : r.precision;
     peak_ = r.cluster.peak_flops(precision_);

@@ -66,8 +66,11 @@ Cost linear_cost(const GemmEfficiencyCache& eff, double flops, double rows, doub
 // for each block of rb query rows ending at r1, S = Q K^T [rb, hs] x [hs, r1] and O = P V
 // [rb, r1] x [r1, hs]; backward dP [rb, r1] (K = hs), dV and dK [r1, hs] (K = rb), dQ [rb, hs]
 // (K = r1). Blocks weigh by their FLOPs (rb r1).
-Cost attention_cost(const GemmEfficiencyCache& eff, double flops, int T, int hs, bool blocks) {
+Cost attention_cost(const GemmEfficiencyCache& eff, const AttentionEfficiency* kernel, double flops,
+                    int T, int hs, bool blocks) {
   if (flops <= 0) return {};
+  if (kernel != nullptr)
+    return {flops / kernel->at(false, T, hs), 2 * flops / kernel->at(true, T, hs), 0};
   const int blk = blocks ? kernels::kAttentionBlock : T;
   double total = 0, fwd_inv = 0, bwd_inv = 0;
   for (int r0 = 0; r0 < T; r0 += blk) {
@@ -101,13 +104,15 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   c += fc;
   c += proj;
   c += linear_cost(eff, f.router, BT, C, moe ? m.moe.experts : 1);
-  c += attention_cost(eff, f.core, m.seq, m.hidden / m.heads, r.causal_blocks);
+  const int hs = m.hidden / m.heads;
+  const Cost core = attention_cost(eff, r.attention, f.core, m.seq, hs, r.causal_blocks);
+  c += core;
   UnitWork w;
   w.fwd_cost = c.fwd;
   w.bwd_cost = c.bwd;
   w.wgrad_cost = c.wgrad;
   if (l.recompute == nn::Recompute::Selective) {
-    w.recompute_cost = attention_cost(eff, f.core, m.seq, m.hidden / m.heads, r.causal_blocks).fwd;
+    w.recompute_cost = core.fwd;
   } else if (l.recompute == nn::Recompute::Full) {
     const double last = mlp_half ? proj.fwd : attn_proj.fwd;
     w.recompute_cost = c.fwd - (r.recompute_skips_last_projection ? last : 0);
@@ -150,7 +155,9 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const double halves = (attn ? 1 : 0) + (mlp ? 1 : 0);
   const double branch = drop ? 7 * C * e + C : 3 * C * e;
   const double scores = heads_local * s * causal * r.score_bytes;
-  const double softmax = attn ? 2 * scores * (drop ? 2 : 1) : 0;
+  // The softmax pass (and the dropout's), less the softmax a measured attention kernel includes.
+  const bool timed = r.gemm != nullptr && r.attention != nullptr;
+  const double softmax = attn ? 2 * scores * ((drop ? 2 : 1) - (timed ? 1 : 0)) : 0;
   double per_token =
       halves * (2 * C * e + branch) * repl + (mlp ? k * 8 * C / mlp_t * e : 0) + softmax;
   if (moe && mlp) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;

@@ -38,6 +38,9 @@ struct WorkRules {
   // shape's efficiency (UnitWork's *_cost); otherwise the costs stay 0 and the planner divides
   // FLOPs by the one matmul_efficiency.
   const GemmEfficiencyCache* gemm = nullptr;
+  // With gemm: the attention kernel at its measured rate, its softmax included (the elementwise
+  // bytes then count only the probabilities' dropout).
+  const AttentionEfficiency* attention = nullptr;
 };
 
 struct UnitWork {
