@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cblas.h>
+
 #include <cmath>
+#include <vector>
 
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/grad_clip.h"
@@ -61,6 +64,40 @@ TEST(AdamW, MatchesReferenceOverSeveralSteps) {
   EXPECT_EQ(st[0].first, "exp_avg.w");
   EXPECT_EQ(st[3].first, "exp_avg_sq.b");
   EXPECT_EQ(f.alloc.in_use(MemCategory::OptimizerState), 2 * 4 * static_cast<size_t>(f.ps.numel()));
+}
+
+// With more than one compute thread the step splits the segments' elements over threads (pieces
+// that cut segments apart): bitwise the one-thread result, weight decay per segment included.
+TEST(AdamW, ThreadedStepIsBitwiseTheOneThreadStep) {
+  auto run = [](int threads) {
+    Allocator alloc("test");
+    nn::ParameterSet ps;
+    ps.add("a", {700, 1001}, nn::Init::Normal, 0.5f, true);  // > parallel_rows' threshold
+    ps.add("b", {3}, nn::Init::Normal, 0.5f, false);          // a segment a piece may cut around
+    ps.add("c", {900, 777}, nn::Init::Normal, 0.5f, false);
+    ps.materialize(alloc);
+    ps.initialize(11);
+    AdamW opt(ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, alloc);
+    const int saved = openblas_get_num_threads();
+    openblas_set_num_threads(threads);
+    for (int t = 1; t <= 3; ++t) {
+      for (int i = 0; i < ps.size(); ++i) {
+        float* g = ps.grad(i).f32();
+        for (int64_t j = 0; j < ps.grad(i).numel(); ++j) g[j] = std::sin(0.001f * j + t + i);
+      }
+      opt.step(1e-2f);
+    }
+    openblas_set_num_threads(saved);
+    std::vector<float> out;
+    for (int i = 0; i < ps.size(); ++i)
+      for (float x : ps.param(i).to_vector()) out.push_back(x);
+    return out;
+  };
+  const std::vector<float> one = run(1), three = run(3);
+  ASSERT_EQ(one.size(), three.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < one.size(); ++i) differ += one[i] != three[i];
+  EXPECT_EQ(differ, 0u);
 }
 
 TEST(SGD, MomentumAndDecay) {
