@@ -28,7 +28,7 @@ struct PlanFlags {
   int layers = 4, dim = 192, heads = 0, seq = 128, vocab = 512, context = 0, batch = 16;
   double dropout = 0;
   int moe_experts = 0, moe_top_k = 2, moe_every = 1;
-  double moe_capacity_factor = 0;
+  double moe_capacity_factor = 0, moe_skew = 1;
   int dp = 1, tp = 1, pp = 1, ep = 1, zero = 0, virtual_stages = 1, micro_batch = 0;
   bool sp = false;
   int devices = 0, top = 20, simulate_top = 32, calibrate_ranks = 2;
@@ -141,6 +141,7 @@ void run(PlanFlags& f, int& exit_code) {
   set("batch", r.global_batch, f.batch);
   set("bucket_mb", r.engine_options.bucket_mb, f.bucket_mb);
   if (f.has("optimizer")) r.engine_options.sgd = f.optimizer == "sgd";
+  set("moe_skew", r.engine_options.moe_skew, f.moe_skew);
   plan::validate(r.model);
 
   r.cluster = plan::with_link(plan::load_cluster(f.cluster), f.link);
@@ -228,6 +229,9 @@ void register_plan(CLI::App& root, int& exit_code) {
   opt("moe_top_k", f->moe_top_k, "Experts per token");
   opt("moe_every", f->moe_every, "Every n-th block is an MoE block");
   opt("moe_capacity_factor", f->moe_capacity_factor, "Expert capacity factor (0: dropless)");
+  opt("moe_skew", f->moe_skew,
+      "Routed rows of the busiest expert-parallel rank over balanced routing (1: balanced; "
+      "docs/PLANNER.md says how to read it off a run's moe_load)");
   opt("batch", f->batch, "Global batch in sequences");
   opt("cluster", f->cluster, "Cluster description: a shipped name or a JSON file");
   opt("devices", f->devices, "Devices of the cluster's kind to plan for (default: all)");

@@ -96,6 +96,10 @@ struct EngineOptions {
   // tessera engine costs each GEMM at its shape. Empty: one efficiency for all.
   GemmEfficiency gemm_efficiency;
   AttentionEfficiency attention_efficiency;  // the attention kernel's (with gemm_efficiency)
+  // Routing imbalance (tessera, ep > 1): the rows the busiest expert-parallel rank's experts run
+  // over balanced routing's top-k x B s (1: balanced). Scales its routed rows' memory and its
+  // expert MLPs' time; FLOPs (MFU, HFU) stay those of balanced routing.
+  double moe_skew = 1;
 };
 
 class Engine {

@@ -83,6 +83,7 @@ class TesseraEngine final : public Engine {
         gemm_ = GemmEfficiencyCache(options.gemm_efficiency);
       rules.gemm = &gemm_;
       if (!options.attention_efficiency.empty()) rules.attention = &options.attention_efficiency;
+      rules.moe_skew = options.moe_skew;
     }
     add_unit_work(s, m, l, rules);
     s.tp_bytes = options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;
@@ -147,17 +148,19 @@ class TesseraEngine final : public Engine {
   }
 
   // A mixture of experts' routed rows, which grow with the routing (nn/moe.h), modelled as
-  // balanced routing: each rank sends K = kept x B s x top-k rows and runs as many (K / ep of its
-  // own, the rest received), each buffer grown to 1.25x what it first needed (the first steps'
-  // imbalance is not modelled). Kept per micro-batch by every MoE block's record (recomputed
-  // into the workspace's one record under full recomputation), plus the exchange scratch the
-  // stage's MoE blocks share.
+  // balanced routing (or the busiest rank at options.moe_skew x it): each rank sends K = kept x B s
+  // x top-k rows and runs as many (K / ep of its own, the rest received), each buffer grown
+  // to 1.25x what it first needed (the first steps' imbalance is not modelled). Kept per
+  // micro-batch by every MoE block's record (recomputed into the workspace's one record under full
+  // recomputation), plus the exchange scratch the stage's MoE blocks share.
   void add_routed_rows(StageSheet& s, const ModelSpec& m, const Layout& l, int moe_blocks) const {
     const double C = m.hidden, F = 4.0 * C, E = m.moe.experts, ep = l.ep, grow = 1.25;
     const double BT = static_cast<double>(l.micro_batch) * m.block_size();
     const double Bs = static_cast<double>(l.micro_batch) * m.seq;
     const double kept = m.moe.capacity_factor > 0 ? std::min(1.0, m.moe.capacity_factor) : 1.0;
-    const double K = kept * Bs * m.moe.top_k, K_local = K / ep, R = K - K_local;
+    // The busiest rank runs (and receives) skew x the balanced rows; it sends its own K.
+    const double skew = l.ep > 1 ? options.moe_skew : 1.0;
+    const double K = kept * Bs * m.moe.top_k, K_local = skew * K / ep, R = skew * (K - K / ep);
     const double rows = grow * 4 * ((K_local + R) * (C + 2 * F) + K * C);
     if (l.recompute == nn::Recompute::Full)
       s.workspace_bytes += rows;

@@ -68,6 +68,11 @@ class Evaluator {
       options.gemm_efficiency = r.cluster.gemm_efficiency;
       options.attention_efficiency = r.cluster.attention_efficiency;
     }
+    TESSERA_CHECK_AS(ConfigError, options.moe_skew >= 1, "--moe-skew is the busiest rank's rows ",
+                     "over balanced routing, at least 1, got ", options.moe_skew);
+    // A skew needs per-GEMM costs: without a table, one point at the cluster's one efficiency.
+    if (options.moe_skew != 1 && options.gemm_efficiency.empty())
+      options.gemm_efficiency = GemmEfficiency({1}, {r.cluster.matmul_efficiency});
     engine_ = make_engine(r.engine.empty() ? r.cluster.engine : r.engine, options);
     precision_ = r.precision.empty() ? r.cluster.precision : r.precision;
     peak_ = r.cluster.peak_flops(precision_);

@@ -97,8 +97,10 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   const double ep = l.ep, E = moe ? m.moe.experts : 1;
   const double rows = moe ? std::max(1.0, k * BT * ep / E) : BT;
   const Cost attn_proj = linear_cost(eff, f.attn_proj, BT, C / t, C);
-  const Cost fc = linear_cost(eff, f.mlp_linear / 2, rows, C, 4 * C / mlp_t);
-  const Cost proj = linear_cost(eff, f.mlp_linear / 2, rows, 4 * C / mlp_t, C);
+  // The busiest rank's experts run moe_skew x the balanced rows (at the balanced shapes).
+  const double experts = moe && l.ep > 1 ? r.moe_skew : 1.0;
+  const Cost fc = linear_cost(eff, experts * f.mlp_linear / 2, rows, C, 4 * C / mlp_t);
+  const Cost proj = linear_cost(eff, experts * f.mlp_linear / 2, rows, 4 * C / mlp_t, C);
   Cost c = linear_cost(eff, f.qkv, BT, C, 3 * C / t);
   c += attn_proj;
   c += fc;

@@ -41,6 +41,8 @@ struct WorkRules {
   // With gemm: the attention kernel at its measured rate, its softmax included (the elementwise
   // bytes then count only the probabilities' dropout).
   const AttentionEfficiency* attention = nullptr;
+  // With gemm: the expert MLPs' cost of the busiest expert-parallel rank over balanced routing's.
+  double moe_skew = 1;
 };
 
 struct UnitWork {
