@@ -14,22 +14,34 @@ std::string blas_core_name() {
   return n ? n : "unknown";
 }
 
-void use_fast_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+namespace {
+
+// The OPENBLAS_CORETYPE to set, or null.
+const char* faster_blas_core() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
   const char* keep = std::getenv("TESSERA_KEEP_BLAS_KERNELS");
-  if (keep != nullptr && std::strcmp(keep, "1") == 0) return;
-  if (blas_core_name() != "Prescott") return;
-  const char* core = nullptr;
+  if (keep != nullptr && std::strcmp(keep, "1") == 0) return nullptr;
+  if (blas_core_name() != "Prescott") return nullptr;
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    core = "SkylakeX";
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    core = "Haswell";
-  if (core == nullptr) return;
-  setenv("OPENBLAS_CORETYPE", core, 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: keep running on the slow kernels
-  unsetenv("OPENBLAS_CORETYPE");
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+
+}  // namespace
+
+void use_fast_blas_kernels(char** argv) {
+  const char* core = faster_blas_core();
+  const bool spin = std::getenv("OMP_WAIT_POLICY") == nullptr &&
+                    std::getenv("GOMP_SPINCOUNT") == nullptr;
+  if (core == nullptr && !spin) return;
+  if (core != nullptr) setenv("OPENBLAS_CORETYPE", core, 1);
+  if (spin) setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: keep running as loaded
+  if (core != nullptr) unsetenv("OPENBLAS_CORETYPE");
+  if (spin) unsetenv("GOMP_SPINCOUNT");
 }
 
 }  // namespace tessera::kernels

@@ -14,9 +14,18 @@ namespace tessera::kernels {
 std::string blas_core_name();
 
 // When OpenBLAS fell back to Prescott on a CPU that supports AVX-512 (or AVX2 + FMA), sets
-// OPENBLAS_CORETYPE to SkylakeX (or Haswell) and re-executes the program with the same arguments.
-// Does nothing when OPENBLAS_CORETYPE is already set (the user's or the machine's choice wins),
-// when TESSERA_KEEP_BLAS_KERNELS=1, or when the re-execution fails.
+// OPENBLAS_CORETYPE to SkylakeX (or Haswell); when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is
+// set, sets GOMP_SPINCOUNT to kOpenMpSpinCount; if it set either, re-executes the program with the
+// same arguments (the libraries read them before main() runs). OPENBLAS_CORETYPE is left alone when
+// already set or when TESSERA_KEEP_BLAS_KERNELS=1; the spin count when either OpenMP variable is
+// set. Nothing changes when the re-execution fails.
 void use_fast_blas_kernels(char** argv);
+
+// How long an idle OpenMP thread (oneDNN's bf16 GEMMs run on libgomp's threads) spins before it
+// sleeps. libgomp's default, 300000 spins (about a millisecond), keeps a waiting thread on its core
+// through the rank's serial work between two GEMMs; on a machine shared with other work (or with
+// OpenBLAS's and parallel_rows' threads) those spinning threads take the cores the work needs:
+// docs/PERFORMANCE.md, "OpenMP's spinning threads".
+inline constexpr const char* kOpenMpSpinCount = "10000";
 
 }  // namespace tessera::kernels
