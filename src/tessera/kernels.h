@@ -14,4 +14,7 @@
 #include "tessera/kernels/layernorm.h"
 #include "tessera/kernels/precision.h"
 #include "tessera/kernels/residual.h"
+#include "tessera/kernels/rmsnorm.h"
+#include "tessera/kernels/rope.h"
 #include "tessera/kernels/softmax_xent.h"
+#include "tessera/kernels/swiglu.h"

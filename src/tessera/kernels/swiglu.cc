@@ -1,0 +1,43 @@
+#include "tessera/kernels/swiglu.h"
+
+#include "tessera/kernels/vec_math.h"
+
+namespace tessera::kernels {
+
+namespace {
+inline float sigmoid_f(float g) {
+  return 1.0f / (1.0f + detail::exp_f(-g));
+}
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows, int64_t cols,
+                    int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate + r * ld;
+    const float* u = up + r * ld;
+    float* y = out + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) y[c] = g[c] * sigmoid_f(g[c]) * u[c];
+  }
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate + r * ld;
+    const float* u = up + r * ld;
+    const float* dy = dout + r * cols;
+    float* dg = dgate + r * ld;
+    float* du = dup + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = sigmoid_f(g[c]);
+      const float silu = g[c] * s;
+      const float gc = g[c], uc = u[c], dyc = dy[c];
+      dg[c] = dyc * uc * s * (1.0f + gc * (1.0f - s));
+      du[c] = dyc * silu;
+    }
+  }
+}
+
+}  // namespace tessera::kernels
