@@ -70,3 +70,62 @@ TEST(Attention, RejectsHeadsNotDividingWidth) {
 
 }  // namespace
 }  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+// Grouped-query attention is multi-head attention whose key/value heads are repeated over their
+// query heads (Hugging Face's repeat_kv): the same output, and each key/value head's gradient is
+// the sum of its copies' gradients. Multi-query (kv = 1) and plain multi-head (kv = q) included.
+TEST(Attention, GroupedQueryIsMultiHeadOverRepeatedKeyValueHeads) {
+  const int B = 2, T = 70, hs = 4;  // T > one block of queries, so the block loop is covered
+  for (const auto& [q, kv] : {std::pair{6, 2}, std::pair{4, 1}, std::pair{3, 3}}) {
+    const AttentionHeads heads{q, kv, hs};
+    const int G = q / kv, W = heads.row_width(), C = q * hs;
+    const auto qkv = randn(static_cast<size_t>(B) * T * W, 21);
+    const auto dout = randn(static_cast<size_t>(B) * T * C, 22);
+    // The multi-head layout: key and value head h / G copied into head h's columns.
+    std::vector<float> mha(static_cast<size_t>(B) * T * 3 * C);
+    for (int64_t r = 0; r < int64_t{B} * T; ++r)
+      for (int h = 0; h < q; ++h)
+        for (int i = 0; i < hs; ++i) {
+          const float* src = qkv.data() + r * W;
+          float* dst = mha.data() + r * 3 * C;
+          dst[h * hs + i] = src[h * hs + i];
+          dst[C + h * hs + i] = src[C + (h / G) * hs + i];
+          dst[2 * C + h * hs + i] = src[C + kv * hs + (h / G) * hs + i];
+        }
+    std::vector<float> out(B * T * C), att(static_cast<size_t>(B) * q * T * T);
+    std::vector<float> out_ref(out.size()), att_ref(att.size()), scratch(T * T);
+    attention_forward(out.data(), att.data(), nullptr, qkv.data(), B, T, heads);
+    attention_forward(out_ref.data(), att_ref.data(), nullptr, mha.data(), B, T, C, q);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], out_ref[i]) << q << "/" << kv;
+    std::vector<float> dqkv(qkv.size()), dmha(mha.size());
+    attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr, qkv.data(),
+                       B, T, heads);
+    attention_backward(dmha.data(), scratch.data(), dout.data(), att_ref.data(), nullptr,
+                       mha.data(), B, T, C, q);
+    for (int64_t r = 0; r < int64_t{B} * T; ++r)
+      for (int j = 0; j < kv; ++j)
+        for (int i = 0; i < hs; ++i) {
+          double dk = 0, dv = 0;
+          for (int h = j * G; h < (j + 1) * G; ++h) {
+            EXPECT_EQ(dqkv[r * W + h * hs + i], dmha[r * 3 * C + h * hs + i]);  // dq: per head
+            dk += dmha[r * 3 * C + C + h * hs + i];
+            dv += dmha[r * 3 * C + 2 * C + h * hs + i];
+          }
+          EXPECT_NEAR(dqkv[r * W + C + j * hs + i], dk, 1e-5 * (1 + std::abs(dk)));
+          EXPECT_NEAR(dqkv[r * W + C + kv * hs + j * hs + i], dv, 1e-5 * (1 + std::abs(dv)));
+        }
+  }
+}
+
+TEST(Attention, RejectsKeyValueHeadsNotDividingQueryHeads) {
+  std::vector<float> x(1000);
+  EXPECT_THROW(attention_forward(x.data(), x.data(), nullptr, x.data(), 1, 2,
+                                 AttentionHeads{6, 4, 2}),
+               ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera::kernels

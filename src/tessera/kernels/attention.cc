@@ -34,12 +34,38 @@ inline void causal_softmax_row(float* s, int t, int r1) {
 
 }  // namespace
 
-void attention_forward(float* out, float* att, float* att_drop, const float* qkv, int B, int T,
-                       int C, int NH, const AttentionDropout* drop) {
+AttentionHeads AttentionHeads::multi_head(int C, int NH) {
   TESSERA_CHECK_AS(ShapeError, NH > 0 && C % NH == 0, "attention: ", NH,
                    " heads do not divide width ", C);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+  return AttentionHeads{NH, NH, C / NH};
+}
+
+namespace {
+void check_attention_heads(const AttentionHeads& h) {
+  TESSERA_CHECK_AS(ShapeError, h.q > 0 && h.kv > 0 && h.size > 0 && h.q % h.kv == 0,
+                   "attention: ", h.kv, " key/value heads must divide ", h.q, " query heads");
+}
+}  // namespace
+
+void attention_forward(float* out, float* att, float* att_drop, const float* qkv, int B, int T,
+                       int C, int NH, const AttentionDropout* drop) {
+  attention_forward(out, att, att_drop, qkv, B, T, AttentionHeads::multi_head(C, NH), drop);
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* att,
+                        const float* att_drop, const float* qkv, int B, int T, int C, int NH,
+                        float p) {
+  attention_backward(dqkv, scratch, dout, att, att_drop, qkv, B, T,
+                     AttentionHeads::multi_head(C, NH), p);
+}
+
+void attention_forward(float* out, float* att, float* att_drop, const float* qkv, int B, int T,
+                       const AttentionHeads& heads, const AttentionDropout* drop) {
+  check_attention_heads(heads);
+  const int NH = heads.q, hs = heads.size, G = heads.q / heads.kv;
+  const int C = NH * hs;             // out's width
+  const int C3 = heads.row_width();  // qkv's
+  const int64_t k_cols = int64_t{NH} * hs, v_cols = k_cols + int64_t{heads.kv} * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const bool dropping = drop != nullptr && drop->p > 0.0f;
   const float keep_scale = dropping ? dropout_scale(drop->p) : 1.0f;
@@ -47,9 +73,10 @@ void attention_forward(float* out, float* att, float* att_drop, const float* qkv
   const int64_t TT = static_cast<int64_t>(T) * T;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + static_cast<int64_t>(b) * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const float* row = qkv + static_cast<int64_t>(b) * T * C3;
+      const float* q = row + h * hs;
+      const float* k = row + k_cols + (h / G) * hs;  // the key/value head of query head h
+      const float* v = row + v_cols + (h / G) * hs;
       float* a = att + (static_cast<int64_t>(b) * NH + h) * TT;
       float* ad = dropping ? att_drop + (static_cast<int64_t>(b) * NH + h) * TT : a;
       float* o = out + static_cast<int64_t>(b) * T * C + h * hs;
@@ -83,12 +110,13 @@ void attention_forward(float* out, float* att, float* att_drop, const float* qkv
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* att,
-                        const float* att_drop, const float* qkv, int B, int T, int C, int NH,
-                        float p) {
-  TESSERA_CHECK_AS(ShapeError, NH > 0 && C % NH == 0, "attention: ", NH,
-                   " heads do not divide width ", C);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                        const float* att_drop, const float* qkv, int B, int T,
+                        const AttentionHeads& heads, float p) {
+  check_attention_heads(heads);
+  const int NH = heads.q, hs = heads.size, G = heads.q / heads.kv;
+  const int C = NH * hs;
+  const int C3 = heads.row_width();
+  const int64_t k_cols = int64_t{NH} * hs, v_cols = k_cols + int64_t{heads.kv} * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const bool dropping = p > 0.0f && att_drop != nullptr;
   const float keep_scale = dropping ? dropout_scale(p) : 1.0f;
@@ -96,13 +124,16 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   float* dp = scratch;  // [T, T]: dP, then dS in place
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const int64_t qoff = static_cast<int64_t>(b) * T * C3 + h * hs;
-      const float* q = qkv + qoff;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + qoff;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      const int64_t row = static_cast<int64_t>(b) * T * C3;
+      const int64_t kv_off = (h / G) * hs;
+      const float* q = qkv + row + h * hs;
+      const float* k = qkv + row + k_cols + kv_off;
+      const float* v = qkv + row + v_cols + kv_off;
+      float* dq = dqkv + row + h * hs;
+      float* dk = dqkv + row + k_cols + kv_off;
+      float* dv = dqkv + row + v_cols + kv_off;
+      // The first query head of a key/value head's group assigns its dK and dV; the others add.
+      const bool first_of_group = h % G == 0;
       const float* a = att + (static_cast<int64_t>(b) * NH + h) * TT;
       const float* ad = dropping ? att_drop + (static_cast<int64_t>(b) * NH + h) * TT : a;
       const float* go = dout + static_cast<int64_t>(b) * T * C + h * hs;
@@ -112,7 +143,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int r0 = last_r0; r0 >= 0; r0 -= kAttentionBlock) {
         const int r1 = std::min(T, r0 + kAttentionBlock);
         const int rb = r1 - r0;
-        const float beta = r1 == T ? 0.0f : 1.0f;
+        const float beta = r1 == T && first_of_group ? 0.0f : 1.0f;
         const int64_t ro = static_cast<int64_t>(r0);
         // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T
         gemm(false, true, rb, r1, hs, 1.0f, go + ro * C, C, v, C3, 0.0f, dp + ro * T, T);

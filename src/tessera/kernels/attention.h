@@ -23,12 +23,33 @@ struct AttentionDropout {
   int n_head_global = 0;  // 0: the NH of the call
 };
 
-// qkv[B,T,3C]: columns [0,C) queries, [C,2C) keys, [2C,3C) values; head h owns columns
-// [h*hs, (h+1)*hs) of each, hs = C / NH.
-// ASSIGNS out[B,T,C] (heads concatenated) and att[B,NH,T,T] = softmax probabilities (only the
-// causal lower triangle is meaningful; other entries are unspecified).
-// With dropout (drop != null and drop->p > 0), att_drop[B,NH,T,T] ASSIGNED = dropped, rescaled
-// probabilities, which multiply the values; att_drop may be null otherwise.
+// The heads of an attention: `q` query heads and `kv` key/value heads (grouped-query attention
+// when kv < q: query head h attends with key/value head h / (q / kv), as Hugging Face's
+// repeat_kv; multi-query when kv = 1), each of `size` elements. qkv rows hold the queries, then the
+// keys, then the values: [q * size | kv * size | kv * size].
+struct AttentionHeads {
+  int q = 0, kv = 0, size = 0;
+  int row_width() const { return (q + 2 * kv) * size; }
+  // GPT-2's: NH heads of C / NH (ShapeError when NH does not divide C).
+  static AttentionHeads multi_head(int C, int NH);
+};
+
+// Grouped-query attention on qkv[B, T, heads.row_width()]: ASSIGNS out[B, T, q * size] and the
+// probabilities as below (att[B, q, T, T]). ShapeError unless kv divides q.
+void attention_forward(float* out, float* att, float* att_drop, const float* qkv, int B, int T,
+                       const AttentionHeads& heads, const AttentionDropout* drop = nullptr);
+// Its backward: ASSIGNS dqkv[B, T, heads.row_width()] (a key/value head's gradient sums those of
+// its query heads).
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* att,
+                        const float* att_drop, const float* qkv, int B, int T,
+                        const AttentionHeads& heads, float p = 0.0f);
+
+// Multi-head attention (GPT-2): qkv[B,T,3C]: columns [0,C) queries, [C,2C) keys, [2C,3C) values;
+// head h owns columns [h*hs, (h+1)*hs) of each, hs = C / NH. ASSIGNS out[B,T,C] (heads
+// concatenated) and att[B,NH,T,T] = softmax probabilities (only the causal lower triangle is
+// meaningful; other entries are unspecified). With dropout (drop != null and drop->p > 0),
+// att_drop[B,NH,T,T] ASSIGNED = dropped, rescaled probabilities, which multiply the values;
+// att_drop may be null otherwise.
 void attention_forward(float* out, float* att, float* att_drop, const float* qkv, int B, int T,
                        int C, int NH, const AttentionDropout* drop = nullptr);
 
