@@ -54,7 +54,7 @@ std::string rates_sentence(const Bf16GemmRates& r) {
 Precision parse_precision(const std::string& s, const char* what) {
   if (s == "fp32") return Precision::F32;
   if (s == "bf16") return Precision::BF16;
-  throw ConfigError(detail::concat(what, " must be fp32 or bf16, got '", s, "'"));
+  throw ConfigError(::tessera::detail::concat(what, " must be fp32 or bf16, got '", s, "'"));
 }
 
 const char* to_string(Precision p) {
@@ -65,7 +65,8 @@ Bf16Gemm parse_bf16_gemm(const std::string& s) {
   if (s == "auto") return Bf16Gemm::Auto;
   if (s == "onednn") return Bf16Gemm::OneDnn;
   if (s == "emulated") return Bf16Gemm::Emulated;
-  throw ConfigError(detail::concat("--bf16-gemm must be auto, onednn or emulated, got '", s, "'"));
+  throw ConfigError(
+      ::tessera::detail::concat("--bf16-gemm must be auto, onednn or emulated, got '", s, "'"));
 }
 
 const char* to_string(Bf16Gemm g) {
