@@ -5,10 +5,14 @@
 # Usage: bench/plan/validate.sh [path/to/tessera] [cluster]. Without a cluster description it
 # first calibrates this machine (`tessera plan --calibrate`) so that the rates and the runs are
 # measured under the same conditions. One BLAS thread per rank; ranks beyond the cores time-share
-# them (--oversubscribe). Timings want a quiet machine.
+# them (--oversubscribe). Timings want a quiet machine. LAYERS, DIM, HEADS, SEQ, VOCAB change the
+# model (default L=4 C=256 heads=4 T=128 V=512; HEADS=8 gives heads of 32); ONLY=REGEX runs the
+# layouts whose names match.
 set -euo pipefail
 bin=${1:-build/apps/tessera/tessera}
 steps=${STEPS:-10}
+layers=${LAYERS:-4} dim=${DIM:-256} heads=${HEADS:-4} seq=${SEQ:-128} vocab=${VOCAB:-512}
+only=${ONLY:-.}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cluster=${2:-}
@@ -40,9 +44,11 @@ first=1
 cores=$(nproc)
 for row in "${layouts[@]}"; do
   read -r name dp tp pp zero sched v mb rc <<<"$row"
+  [[ $name =~ $only ]] || continue
   cfg="$out/$name.json"
   cat >"$cfg" <<JSON
-{"layers": 4, "dim": 256, "heads": 4, "seq": 128, "vocab": 512, "batch": 8, "steps": $steps,
+{"layers": $layers, "dim": $dim, "heads": $heads, "seq": $seq, "vocab": $vocab, "batch": 8,
+ "steps": $steps,
  "warmup": 1, "dp": $dp, "tp": $tp, "pp": $pp, "zero": $zero, "schedule": "$sched",
  "virtual_stages": $v, "micro_batch": $mb, "recompute": "$rc", "threads": 1,
  "val_fraction": 0, "eval_every": 0, "sample_tokens": 0, "bucket_mb": 2,

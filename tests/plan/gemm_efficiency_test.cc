@@ -39,6 +39,7 @@ ModelSpec small_model(int heads) {
 ClusterSpec cpu_cluster() {
   ClusterSpec c = load_cluster("dev-vm");
   c.gemm_efficiency = GemmEfficiency();
+  c.attention_efficiency = AttentionEfficiency();
   return c;
 }
 
@@ -103,8 +104,10 @@ TEST(GemmEfficiency, RoundTripsThroughTheClusterJson) {
 TEST(GemmEfficiency, AFileWithoutTheTableLoadsAndPlansWithTheOneEfficiency) {
   nlohmann::json j = to_json(load_cluster("dev-vm"));
   j.erase("gemm_efficiency");
+  j.erase("attention_efficiency");
   const ClusterSpec old = cluster_from_json(j, "old.json");
   EXPECT_TRUE(old.gemm_efficiency.empty());
+  EXPECT_TRUE(old.attention_efficiency.empty());
   PlanRequest r;
   r.model = small_model(4);
   r.cluster = old;
