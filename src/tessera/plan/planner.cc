@@ -160,14 +160,15 @@ class Evaluator {
     return s;
   }
 
-  void time(Prediction& p, const std::vector<StageSheet>& sheets, bool simulate) {
-    const Layout& l = p.layout;
+  // Each model stage's forward, backward and W per micro-batch (compute with the tensor-parallel
+  // all-reduces and expert all-to-alls in line); the collectives' share in tp_/ep_per_mb.
+  std::vector<parallel::ActionCosts> action_costs(const Layout& l,
+                                                  const std::vector<StageSheet>& sheets,
+                                                  std::vector<double>& tp_per_mb,
+                                                  std::vector<double>& ep_per_mb) const {
     const ClusterSpec& c = r_.cluster;
-    const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
     const double t_ar = all_reduce_seconds(c, tp_group(c, l), sheets.front().tp_bytes);
-
     std::vector<parallel::ActionCosts> costs;
-    std::vector<double> tp_per_mb(sheets.size()), ep_per_mb(sheets.size());
     for (size_t s = 0; s < sheets.size(); ++s) {
       const StageSheet& x = sheets[s];
       const double tp_f = x.tp_fwd * t_ar, tp_b = (x.tp_bwd + x.tp_recompute) * t_ar;
@@ -186,6 +187,69 @@ class Evaluator {
       tp_per_mb[s] = tp_f + tp_b;
       ep_per_mb[s] = ep_f + ep_b;
     }
+    return costs;
+  }
+
+  // Bytes per step of pipeline rank 0: tensor-parallel and point to point.
+  void rank0_bytes(Prediction& p, const std::vector<StageSheet>& sheets) const {
+    const Layout& l = p.layout;
+    const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
+    double tp_bytes = 0, p2p = 0;
+    const int last = pp * v - 1;
+    for (int ch = 0; ch < v; ++ch) {
+      const size_t s = static_cast<size_t>(ch * pp);
+      const StageSheet& x = sheets[s];
+      if (l.tp > 1)
+        tp_bytes += m * (x.tp_fwd + x.tp_bwd + x.tp_recompute) * x.tp_bytes * 2 * (l.tp - 1) / l.tp;
+      if (static_cast<int>(s) != last) p2p += m * x.boundary_bytes;
+      if (s != 0) p2p += m * x.boundary_bytes;
+    }
+    p.tp_bytes = tp_bytes;
+    p.p2p_bytes = pp > 1 ? p2p : 0;
+  }
+
+  // A rank's data-parallel communication after its last backward (rt.dp_comm) and what of it is
+  // not hidden behind the backward (rt.dp_exposed): `fwd` and `bwd` its seconds per micro-batch.
+  void add_dp_comm(RankTime& rt, const Layout& l, int m, double dense, double expert, double tied,
+                   double fwd, double bwd) const {
+    const ClusterSpec& c = r_.cluster;
+    const Numerics n = engine_->numerics();
+    const Group gd = dp_group(c, l), ge = expert_replica_group(c, l);
+    auto rs = [&]() {
+      return reduce_scatter_seconds(c, gd, n.comm * dense) +
+             reduce_scatter_seconds(c, ge, n.comm * expert);
+    };
+    auto ag = [&]() {
+      return all_gather_seconds(c, gd, n.comm * dense) + all_gather_seconds(c, ge, n.comm * expert);
+    };
+    const parallel::ZeroTraits z = parallel::traits(l.zero);
+    if (!z.sharded()) {  // one all-reduce (a reduce-scatter and an all-gather) of the last
+      rt.dp_comm = 2 * rs();
+      rt.dp_exposed = exposed(rt.dp_comm, bwd, overlap_);
+    } else if (!z.reduces_every_micro_batch) {  // reduce-scatter, then the parameters gathered
+      rt.dp_comm = 2 * rs();
+      rt.dp_exposed = exposed(rs(), bwd, overlap_) + ag();
+    } else if (!z.shards_parameters) {  // a reduce-scatter per micro-batch
+      rt.dp_comm = m * rs() + ag();
+      rt.dp_exposed = m * exposed(rs(), bwd, overlap_) + ag();
+    } else {  // and the parameters gathered for each forward and backward
+      rt.dp_comm = m * (rs() + 2 * ag());
+      rt.dp_exposed = m * (exposed(rs() + ag(), bwd, overlap_) + exposed(ag(), fwd, overlap_));
+    }
+    if (tied > 0) {
+      const double t_emb = all_reduce_seconds(c, embedding_group(c, l), n.comm * tied);
+      rt.dp_comm += t_emb;
+      rt.dp_exposed += t_emb;
+    }
+  }
+
+  void time(Prediction& p, const std::vector<StageSheet>& sheets, bool simulate) {
+    const Layout& l = p.layout;
+    const ClusterSpec& c = r_.cluster;
+    const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
+
+    std::vector<double> tp_per_mb(sheets.size()), ep_per_mb(sheets.size());
+    const std::vector<parallel::ActionCosts> costs = action_costs(l, sheets, tp_per_mb, ep_per_mb);
     const double boundary = sheets.front().boundary_bytes;
     p.p2p_seconds = pp > 1 ? p2p_seconds(c, pipeline_neighbours_share_node(c, l), boundary) : 0;
 
@@ -235,35 +299,7 @@ class Evaluator {
       }
       rt.compute = m * (fwd[rank] + bwd[rank]);
       rt.end_of_backward = end[rank];
-      const Group gd = dp_group(c, l), ge = expert_replica_group(c, l);
-      auto rs = [&]() {
-        return reduce_scatter_seconds(c, gd, n.comm * dense) +
-               reduce_scatter_seconds(c, ge, n.comm * expert);
-      };
-      auto ag = [&]() {
-        return all_gather_seconds(c, gd, n.comm * dense) +
-               all_gather_seconds(c, ge, n.comm * expert);
-      };
-      const parallel::ZeroTraits z = parallel::traits(l.zero);
-      if (!z.sharded()) {  // one all-reduce (a reduce-scatter and an all-gather) of the last
-        rt.dp_comm = 2 * rs();
-        rt.dp_exposed = exposed(rt.dp_comm, bwd[rank], overlap_);
-      } else if (!z.reduces_every_micro_batch) {  // reduce-scatter, then the parameters gathered
-        rt.dp_comm = 2 * rs();
-        rt.dp_exposed = exposed(rs(), bwd[rank], overlap_) + ag();
-      } else if (!z.shards_parameters) {  // a reduce-scatter per micro-batch
-        rt.dp_comm = m * rs() + ag();
-        rt.dp_exposed = m * exposed(rs(), bwd[rank], overlap_) + ag();
-      } else {  // and the parameters gathered for each forward and backward
-        rt.dp_comm = m * (rs() + 2 * ag());
-        rt.dp_exposed =
-            m * (exposed(rs() + ag(), bwd[rank], overlap_) + exposed(ag(), fwd[rank], overlap_));
-      }
-      if (tied > 0) {
-        const double t_emb = all_reduce_seconds(c, embedding_group(c, l), n.comm * tied);
-        rt.dp_comm += t_emb;
-        rt.dp_exposed += t_emb;
-      }
+      add_dp_comm(rt, l, m, dense, expert, tied, fwd[rank], bwd[rank]);
       const bool sharded_state = parallel::traits(l.zero).shards_optimizer_state;
       const double updated = (sharded_state ? dense / l.dp : dense) +
                              (sharded_state ? expert / (l.dp / l.ep) : expert);
@@ -288,19 +324,7 @@ class Evaluator {
     p.hfu = p.hardware_flops_per_step / (step * devices * peak_);
     p.tflops_per_device = p.hardware_flops_per_step / (step * l.devices()) / 1e12;
 
-    // Bytes per step of pipeline rank 0.
-    double tp_bytes = 0, p2p = 0;
-    const int last = pp * v - 1;
-    for (int ch = 0; ch < v; ++ch) {
-      const size_t s = static_cast<size_t>(ch * pp);
-      const StageSheet& x = sheets[s];
-      if (l.tp > 1)
-        tp_bytes += m * (x.tp_fwd + x.tp_bwd + x.tp_recompute) * x.tp_bytes * 2 * (l.tp - 1) / l.tp;
-      if (static_cast<int>(s) != last) p2p += m * x.boundary_bytes;
-      if (s != 0) p2p += m * x.boundary_bytes;
-    }
-    p.tp_bytes = tp_bytes;
-    p.p2p_bytes = pp > 1 ? p2p : 0;
+    rank0_bytes(p, sheets);
   }
 
   // The step's compute phase without the simulator: the slowest rank's work for every
