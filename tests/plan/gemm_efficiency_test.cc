@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/nn/gpt_costs.h"
+#include "tessera/plan/calibrate.h"
 #include "tessera/plan/engine.h"
 #include "tessera/plan/planner.h"
 #include "tessera/plan/work.h"
@@ -204,6 +205,40 @@ TEST(GemmEfficiency, SmallerGemmsPlanSlowerWhenTheTableSaysSo) {
   EXPECT_GT(one_rising, one_flat);
   // The split GEMMs are narrower, so tensor parallelism loses more to the smaller shapes.
   EXPECT_GT(tp_rising / tp_flat, one_rising / one_flat);
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// `tessera plan --calibrate --quick` measures both tables, and a plan on its file costs GEMMs.
+TEST(GemmEfficiency, QuickCalibrationMeasuresTheTables) {
+  CalibrationOptions o;
+  o.quick = true;
+  const ClusterSpec c = calibrate_this_machine(o, nullptr);
+  ASSERT_FALSE(c.gemm_efficiency.empty());
+  ASSERT_FALSE(c.attention_efficiency.empty());
+  EXPECT_EQ(c.gemm_efficiency.dims(), (std::vector<double>{16, 64, 256, 1024}));
+  EXPECT_EQ(c.gemm_efficiency.cold_values().size(), 64u);
+  EXPECT_GT(c.gemm_efficiency.cache_bytes(), 0);
+  for (double T : {64.0, 256.0})
+    for (double hs : {32.0, 64.0})
+      for (bool backward : {false, true}) {
+        const double e = c.attention_efficiency.at(backward, T, hs);
+        EXPECT_GT(e, 0.0);
+        EXPECT_LE(e, 2.0);
+      }
+  const ClusterSpec again = cluster_from_json(to_json(c), "calibrated");
+  EXPECT_TRUE(again.gemm_efficiency == c.gemm_efficiency);
+  EngineOptions eo;
+  eo.gemm_efficiency = again.gemm_efficiency;
+  eo.attention_efficiency = again.attention_efficiency;
+  Layout l;
+  l.micro_batch = 2;
+  EXPECT_TRUE(
+      make_engine("tessera", eo)->stage(small_model(4), l, {1, 1, false, false}).gemm_costed);
 }
 
 }  // namespace
