@@ -13,24 +13,28 @@ bin=$(realpath "${1:-build/apps/tessera/tessera}")
 export ROUNDS=${ROUNDS:-3} REPEATS=${ROUNDS:-3}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
+unset OUT  # the sub-scripts read OUT themselves
 echo "$(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc);" \
   "flags: $(grep -m1 -o -w 'avx512f\|avx512_bf16\|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "logs in $out"
-run() {  # name, command...: runs it, keeps its output, prints its last lines
+show() {  # the summary lines of a log (none found is not an error)
+  grep -iE "$2" "$out/$1.log" | head -"${3:-12}" || true
+}
+run() {  # name, command...: runs it, keeps its output
   local name=$1
   shift
   echo "== $name ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))"
   "$@" >"$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; return 1; }
 }
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
-if want cores; then run cores bash bench/parallel/cores.sh "$bin" && tail -4 "$out/cores.log"; fi
-if want dp; then run dp bash bench/parallel/dp.sh "$bin" && tail -3 "$out/dp.log"; fi
-if want tp; then run tp bash bench/parallel/tp.sh "$bin" && grep -iE "speed-up|met|x in" "$out/tp.log" | head -8; fi
-if want pp; then run pp bash bench/parallel/pp.sh "$bin" && grep -iE "speed-up|over|met" "$out/pp.log" | head -12; fi
-if want moe; then run moe bash bench/parallel/moe.sh "$bin" speed && tail -4 "$out/moe.log"; fi
+if want cores; then run cores bash bench/parallel/cores.sh "$bin" && show cores "ceiling"; fi
+if want dp; then run dp bash bench/parallel/dp.sh "$bin" && show dp "tok/s|speed-up"; fi
+if want tp; then run tp bash bench/parallel/tp.sh "$bin" && show tp "^ +[0-9] |speed-up"; fi
+if want pp; then run pp bash bench/parallel/pp.sh "$bin" && show pp "median|one rank:|bubble"; fi
+if want moe; then run moe bash bench/parallel/moe.sh "$bin" speed && show moe "round|median|ep=2"; fi
 if want bf16; then
-  run bf16 bash bench/precision/ab_train.sh "$bin" "$bin" "$ROUNDS" 12 && cat "$out/bf16.log"
+  run bf16 bash bench/precision/ab_train.sh "$bin" "$bin" "$ROUNDS" 12 && show bf16 "round" 20
 fi
 if want gpt2; then
-  run gpt2 env EXTRA= bash bench/precision/gpt2_124m.sh "$bin" --threads 2 && tail -5 "$out/gpt2.log"
+  run gpt2 env OUT="$out/gpt2-runs" bash bench/precision/gpt2_124m.sh "$bin" --threads 2 && show gpt2 "^\\||bf16/fp32"
 fi

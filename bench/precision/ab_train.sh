@@ -19,14 +19,16 @@ for r in $(seq 1 "$rounds"); do
     bin=$old
     [ "$side" = new ] && bin=$new
     for p in ${PRECISIONS:-fp32 bf16}; do
-      out=$("$bin" train --layers 6 --dim 512 --heads 8 --seq 256 --vocab 4096 --batch 4 \
+      m=$(mktemp)
+      "$bin" train --layers 6 --dim 512 --heads 8 --seq 256 --vocab 4096 --batch 4 \
         --steps "$steps" --warmup 2 --threads 1 --eval-every 0 --sample-tokens 0 \
-        --val-fraction 0 --log-every 1 --precision "$p" "${extra[@]}" 2>&1)
-      median=$(awk '/^step/ { split($2, s, "/"); if (s[1] + 0 >= 3)
-                 for (i = 1; i <= NF; ++i) if ($i == "tok/s") print $(i - 1) }' <<<"$out" |
-        sort -n | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-      loss=$(awk -v last="$steps/$steps" '$2 == last { for (i = 1; i <= NF; ++i)
-               if ($i == "loss") print $(i + 1) }' <<<"$out")
+        --val-fraction 0 --log-every 1 --precision "$p" --metrics "$m" "${extra[@]}" \
+        >"$m.log" 2>&1 || { cat "$m.log"; exit 1; }
+      # The median tokens/s of steps 3.. and the last step's loss, from the metrics file.
+      read -r median loss < <(python3 -c "import json,statistics,sys
+r=[json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_s' in l]
+print(round(statistics.median(x['tokens_per_s'] for x in r if x['step']>=3)), '%.4f' % r[-1]['loss'])" "$m")
+      rm -f "$m" "$m.log"
       echo "round $r $side $p median_tok/s $median loss $loss $(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg)"
     done
   done
