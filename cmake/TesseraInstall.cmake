@@ -12,7 +12,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(TESSERA_PUBLIC_HEADERS_core allocator.h dtype.h error.h mapped_file.h philox.h tensor.h trace.h)
+set(TESSERA_PUBLIC_HEADERS_core allocator.h cpu_time.h dtype.h error.h mapped_file.h philox.h tensor.h
+    trace.h)
 set(TESSERA_PUBLIC_HEADERS_kernels
     attention.h bf16.h blas_setup.h cpu_features.h dropout.h embedding.h gelu.h gemm.h layernorm.h
     precision.h residual.h rmsnorm.h rope.h softmax_xent.h swiglu.h)

@@ -11,7 +11,6 @@
 // reporting a new Xeon model) it may fall back to generic SSE3 ("Prescott") kernels. The core
 // name is printed; OPENBLAS_CORETYPE=SkylakeX (or Haswell) selects the right ones.
 #include <cblas.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/cpu_time.h"
 #include "tessera/kernels/blas_setup.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
@@ -36,11 +36,9 @@ namespace {
 struct Stamp {
   double wall, cpu;
   static Stamp now() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return {
         std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(),
-        static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec)};
+        tessera::thread_cpu_seconds()};
   }
 };
 

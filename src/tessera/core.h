@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/cpu_time.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
 #include "tessera/core/mapped_file.h"

@@ -101,8 +101,8 @@ TEST(Attention, GroupedQueryIsMultiHeadOverRepeatedKeyValueHeads) {
     attention_forward(out_ref.data(), att_ref.data(), nullptr, mha.data(), B, T, C, q);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], out_ref[i]) << q << "/" << kv;
     std::vector<float> dqkv(qkv.size()), dmha(mha.size());
-    attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr, qkv.data(),
-                       B, T, heads);
+    attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr, qkv.data(), B,
+                       T, heads);
     attention_backward(dmha.data(), scratch.data(), dout.data(), att_ref.data(), nullptr,
                        mha.data(), B, T, C, q);
     for (int64_t r = 0; r < int64_t{B} * T; ++r)
@@ -122,9 +122,9 @@ TEST(Attention, GroupedQueryIsMultiHeadOverRepeatedKeyValueHeads) {
 
 TEST(Attention, RejectsKeyValueHeadsNotDividingQueryHeads) {
   std::vector<float> x(1000);
-  EXPECT_THROW(attention_forward(x.data(), x.data(), nullptr, x.data(), 1, 2,
-                                 AttentionHeads{6, 4, 2}),
-               ShapeError);
+  EXPECT_THROW(
+      attention_forward(x.data(), x.data(), nullptr, x.data(), 1, 2, AttentionHeads{6, 4, 2}),
+      ShapeError);
 }
 
 }  // namespace

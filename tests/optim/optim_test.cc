@@ -1,6 +1,5 @@
-#include <gtest/gtest.h>
-
 #include <cblas.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
@@ -73,7 +72,7 @@ TEST(AdamW, ThreadedStepIsBitwiseTheOneThreadStep) {
     Allocator alloc("test");
     nn::ParameterSet ps;
     ps.add("a", {700, 1001}, nn::Init::Normal, 0.5f, true);  // > parallel_rows' threshold
-    ps.add("b", {3}, nn::Init::Normal, 0.5f, false);          // a segment a piece may cut around
+    ps.add("b", {3}, nn::Init::Normal, 0.5f, false);         // a segment a piece may cut around
     ps.add("c", {900, 777}, nn::Init::Normal, 0.5f, false);
     ps.materialize(alloc);
     ps.initialize(11);

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -117,13 +117,14 @@ TEST_P(MfuTest, IsAFractionOfThePeakOnAnyLoad) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ThreadsAndLoad, MfuTest,
-    ::testing::Combine(::testing::Values(1, 2),
-                       ::testing::Values(Load::Quiet, Load::Busy, Load::BusyAtStart)),
-    [](const auto& info) {
-      return std::to_string(std::get<0>(info.param)) + "threads" + name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(ThreadsAndLoad, MfuTest,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(Load::Quiet, Load::Busy,
+                                                              Load::BusyAtStart)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "threads" +
+                                  name(std::get<1>(info.param));
+                         });
 
 // A given peak is used as it is (and can then be wrong: that is the user's figure).
 TEST(Mfu, UsesTheGivenPeak) {

@@ -34,8 +34,8 @@ const char* faster_blas_core() {
 
 void use_fast_blas_kernels(char** argv) {
   const char* core = faster_blas_core();
-  const bool spin = std::getenv("OMP_WAIT_POLICY") == nullptr &&
-                    std::getenv("GOMP_SPINCOUNT") == nullptr;
+  const bool spin =
+      std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr;
   if (core == nullptr && !spin) return;
   if (core != nullptr) setenv("OPENBLAS_CORETYPE", core, 1);
   if (spin) setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 1);

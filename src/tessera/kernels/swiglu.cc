@@ -31,11 +31,10 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
     float* du = dup + r * ld;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-      const float s = sigmoid_f(g[c]);
-      const float silu = g[c] * s;
-      const float gc = g[c], uc = u[c], dyc = dy[c];
+      const float gc = g[c], uc = u[c], dyc = dy[c];  // read before dg, du overwrite them
+      const float s = sigmoid_f(gc);
       dg[c] = dyc * uc * s * (1.0f + gc * (1.0f - s));
-      du[c] = dyc * silu;
+      du[c] = dyc * (gc * s);
     }
   }
 }

@@ -20,8 +20,8 @@
 //
 // With one rank all of them are identities. Their collectives move activations or
 // activation gradients in TensorSplit::wire (fp32, or bf16 under --activation-comm-dtype bf16:
-// rounded before, widened after, comm/wire.h); the loss statistics (max_over_tp, sum_over_tp) always
-// travel in fp32.
+// rounded before, widened after, comm/wire.h); the loss statistics (max_over_tp, sum_over_tp)
+// always travel in fp32.
 #pragma once
 
 #include <cstdint>

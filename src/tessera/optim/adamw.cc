@@ -25,7 +25,8 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
 
 AdamW::AdamW(std::vector<Segment> segments, int64_t state_elems, const AdamWConfig& cfg,
              Allocator& alloc)
-    : segments_(std::move(segments)), cfg_(cfg) {
+    : segments_(std::move(segments)), starts_(segments_.size() + 1, 0), cfg_(cfg) {
+  for (size_t i = 0; i < segments_.size(); ++i) starts_[i + 1] = starts_[i] + segments_[i].n;
   m_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg",
                      &alloc);
   v_ = Tensor::zeros({state_elems}, DType::F32, MemCategory::OptimizerState, "adamw.exp_avg_sq",
@@ -43,16 +44,15 @@ void AdamW::step(float lr) {
   ++t_;
   float* m = m_.f32();
   float* v = v_.f32();
-  std::vector<int64_t> starts(segments_.size() + 1, 0);  // segment i: [starts[i], starts[i + 1])
-  for (size_t i = 0; i < segments_.size(); ++i) starts[i + 1] = starts[i] + segments_[i].n;
-  kernels::parallel_rows(starts.back(), 1, [&](int64_t first, int64_t end) {
-    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), first) -
-                                   starts.begin()) -
+  kernels::parallel_rows(starts_.back(), 1, [&](int64_t first, int64_t end) {
+    // The last segment that starts at or before `first`, then every one that starts before `end`.
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), first) -
+                                   starts_.begin()) -
                1;
-    for (; i < segments_.size() && starts[i] < end; ++i) {
+    for (; i < segments_.size() && starts_[i] < end; ++i) {
       const Segment& s = segments_[i];
-      const int64_t from = std::max(first, starts[i]) - starts[i];
-      const int64_t to = std::min(end, starts[i + 1]) - starts[i];
+      const int64_t from = std::max(first, starts_[i]) - starts_[i];
+      const int64_t to = std::min(end, starts_[i + 1]) - starts_[i];
       if (to <= from) continue;
       adamw_update(s.value + from, m + s.state_offset + from, v + s.state_offset + from,
                    s.grad + from, to - from, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,

@@ -37,6 +37,7 @@ class AdamW final : public Optimizer {
 
  private:
   std::vector<Segment> segments_;
+  std::vector<int64_t> starts_;  // segment i is elements [starts_[i], starts_[i + 1]) of the step
   AdamWConfig cfg_;
   Tensor m_, v_;
   int64_t t_ = 0;

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <thread>
 #include <vector>
 
 #include "tessera/comm/bench.h"
 #include "tessera/comm/launch.h"
+#include "tessera/core/cpu_time.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/attention.h"
 #include "tessera/kernels/blas_setup.h"
@@ -26,14 +26,8 @@ namespace tessera::plan {
 
 namespace {
 
-// Compute rates are timed in this thread's CPU time: a device is one core, and the rate of a core
-// does not change when other tenants of a shared machine take turns on it (wall time would).
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
+// Compute rates are timed in this thread's CPU time (core/cpu_time.h): a device is one core, and
+// the rate of a core does not change when other tenants of a shared machine take turns on it.
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -47,9 +41,9 @@ double time_gemm(bool ta, bool tb, int M, int N, int K, int reps) {
   kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = thread_seconds();
+    const double t0 = thread_cpu_seconds();
     kernels::sgemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), N);
-    t.push_back(thread_seconds() - t0);
+    t.push_back(thread_cpu_seconds() - t0);
   }
   return median(t);
 }
@@ -60,9 +54,9 @@ double time_call(int reps, F f) {
   f();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = thread_seconds();
+    const double t0 = thread_cpu_seconds();
     f();
-    t.push_back(thread_seconds() - t0);
+    t.push_back(thread_cpu_seconds() - t0);
   }
   return median(t);
 }

@@ -1,12 +1,11 @@
 #include "tessera/train/rank_run.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 
+#include "tessera/core/cpu_time.h"
 #include "tessera/core/error.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/sgd.h"
@@ -38,13 +37,6 @@ void say(std::FILE* log, ProgressLine* progress, const std::string& text) {
 }
 
 namespace {
-
-// CPU seconds of this process so far: every rank thread of an inproc job, and BLAS's threads.
-double process_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 // The schedule a rank runs: data parallelism alone is the one-stage schedule.
 parallel::Schedule step_schedule(const TrainConfig& cfg, int micro_batches) {
@@ -156,7 +148,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
                      return make_optimizer(cfg_, alloc_, std::move(segs), n);
                    });
   boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
-  if (lead_) peak_flops_ = plan.peak_flops_per_rank;  // MFU's denominator (choose_peak)
+  // MFU's denominator (choose_peak).
+  if (lead_) peak_flops_ = plan.peak_flops_per_rank;
   const DType wire = resolve(cfg.activation_comm_dtype, cfg.precision);
   executor_.emplace(stage_models(), mesh_.pp(), wire);
   forward_.emplace(models(), mesh_.pp(), wire);

@@ -80,10 +80,10 @@ std::string RankRun::precision_line() const {
          (sends_activations
               ? std::string(", activations sent in ") + dtype_label(layout.activation_wire)
               : std::string()) +
-         (peak_flops_ > 0 ? "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
-                                plan_.peak_source + ") x " + std::to_string(world_.size()) +
-                                " ranks"
-                          : std::string());
+         (peak_flops_ > 0
+              ? "; MFU against " + format_rate(peak_flops_) + "FLOP/s per rank (" +
+                    plan_.peak_source + ") x " + std::to_string(world_.size()) + " ranks"
+              : std::string());
 }
 
 void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {
