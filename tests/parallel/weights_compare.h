@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -51,7 +52,14 @@ inline void expect_same_weights(const std::map<std::string, std::vector<float>>&
       norm += static_cast<double>(va[i]) * va[i];
     }
     const bool expert = expert_rel > 0 && name.find(".mlp.experts.") != std::string::npos;
-    EXPECT_LE(std::sqrt(diff), (expert ? expert_rel : rel) * std::sqrt(norm)) << name;
+    // A rotary model's key bias (Qwen2's self_attn.k_proj.bias) is rotated with its key, so its
+    // gradient is not zero, but it is what is left of the zero above: only q . (R(j - i) b)
+    // varies over the keys j, and at small angles little does. Its gradients are small and AdamW
+    // amplifies their rounding as above: 1e-3 relative.
+    const double bound = name.ends_with("self_attn.k_proj.bias") ? std::max(rel, 1e-3)
+                         : expert                                ? expert_rel
+                                                                 : rel;
+    EXPECT_LE(std::sqrt(diff), bound * std::sqrt(norm)) << name;
   }
 }
 

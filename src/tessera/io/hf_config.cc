@@ -43,9 +43,12 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
                    " must be a JSON object, but it is a JSON ", j.type_name());
   if (j.contains("model_type")) {
     const json& mt = j["model_type"];
+    const std::set<std::string> llama = {"llama", "mistral", "qwen2"};
+    if (mt.is_string() && llama.count(mt.get<std::string>()))
+      return parse_llama_family_config(j, source);
     TESSERA_CHECK_AS(ConfigError, mt.is_string() && mt.get<std::string>() == "gpt2", "in ", source,
                      ", \"model_type\" is ", mt.dump(),
-                     "; tessera reads GPT-2 configs (model_type \"gpt2\")");
+                     "; tessera reads the model types gpt2, llama, mistral and qwen2");
   }
   HfGptConfig c;
   c.n_layer = required_int(j, "n_layer", source);
@@ -121,6 +124,7 @@ HfGptConfig read_hf_config(const std::filesystem::path& path) {
 }
 
 json hf_config_to_json(const HfGptConfig& c) {
+  if (c.llama_family()) return llama_family_config_to_json(c);
   json j{{"model_type", "gpt2"},
          {"architectures", {"GPT2LMHeadModel"}},
          {"n_layer", c.n_layer},

@@ -1,4 +1,5 @@
-// Hugging Face GPT-2 config.json: read, validate, write; and the GPT-2 tensor names and shapes.
+// Hugging Face config.json of GPT-2 and of the Llama family (model_type "llama", "mistral",
+// "qwen2"): read, validate, write; and the GPT-2 tensor names and shapes.
 #pragma once
 
 #include <filesystem>
@@ -12,6 +13,10 @@
 namespace tessera::io {
 
 struct HfGptConfig {
+  // "gpt2", or the Llama family's "llama" | "mistral" | "qwen2" (read from and written as their
+  // own keys: num_hidden_layers, num_attention_heads, hidden_size, max_position_embeddings,
+  // rms_norm_eps into the GPT-2 names below).
+  std::string model_type = "gpt2";
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;
@@ -27,13 +32,33 @@ struct HfGptConfig {
   double moe_capacity_factor = 0;
   double router_aux_loss_coef = 0.01;
   double router_z_loss_coef = 0.001;
+  // The Llama family.
+  int num_key_value_heads = 0;  // 0: n_head
+  int intermediate_size = 0;
+  double rope_theta = 10000.0;
+  double rope_factor = 0.0;  // Llama 3 scaling (rope_type "llama3"); 0: none
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  double rope_original_max_positions = 8192.0;
+  bool attention_bias = false;  // Llama: q/k/v and o biases (Qwen2: q/k/v, always)
+  bool tie_word_embeddings = true;
+  int sliding_window = 0;  // 0: none
+  double attention_dropout = 0.0;
+  bool llama_family() const { return model_type != "gpt2"; }
   bool operator==(const HfGptConfig&) const = default;
 };
 
 // Reads the fields above from a config object; `source` names it in errors (a file path).
 // n_layer, n_head, n_embd, vocab_size and n_positions (or n_ctx) are required; each must be a
 // positive integer and n_embd divisible by n_head. Throws ConfigError.
+// A Llama-family file (model_type llama, mistral or qwen2) reads num_hidden_layers,
+// num_attention_heads, num_key_value_heads, hidden_size, intermediate_size, vocab_size,
+// max_position_embeddings, rms_norm_eps, rope_theta and rope_scaling (or transformers 5's
+// rope_parameters: "default" or "llama3"), attention_bias, tie_word_embeddings, sliding_window,
+// attention_dropout; what tessera does not build (another hidden_act, mlp_bias, a head_dim other
+// than hidden_size / heads, other rope types) is a ConfigError naming the key.
 HfGptConfig parse_hf_config(const nlohmann::json& j, const std::string& source);
+HfGptConfig parse_llama_family_config(const nlohmann::json& j, const std::string& source);
+nlohmann::json llama_family_config_to_json(const HfGptConfig& c);
 HfGptConfig read_hf_config(const std::filesystem::path& path);  // IoError if unreadable
 
 // The fields plus model_type "gpt2", architectures ["GPT2LMHeadModel"], n_ctx and

@@ -25,30 +25,13 @@
 
 #include "tessera/core/allocator.h"
 #include "tessera/nn/activations.h"
+#include "tessera/nn/attention_branch.h"
 #include "tessera/nn/block_workspace.h"
 #include "tessera/nn/linear.h"
 
 namespace tessera::nn {
 
-struct AttentionRecord {
-  // "rows": this rank's rows of the B*T tokens; "every token": B*T rows of this rank's columns.
-  // (B): BF16 under bf16 GEMM inputs, else F32. Empty where the recompute mode drops them.
-  Tensor ln1, ln1_mean, ln1_rstd;  // rows x C (B), rows, rows
-  Tensor qkv;                      // every token x 3 C_local (this rank's q, k and v columns)
-  Tensor att, att_drop;            // [B, heads_local, T, T] probabilities and their dropped copy
-  Tensor atty;                     // every token x C_local (heads concatenated) (B)
-  Tensor mask;                     // U8 rows x C: the branch output's dropout mask
-  // Zero-bubble split (BI now, W later): the two matmuls' output gradients, and their inputs where
-  // the record does not keep them whole (ln_1 under full recomputation or sequence parallelism,
-  // atty under full recomputation).
-  struct Deferred {
-    Tensor d_proj, d_attn, ln1, atty;
-    int64_t tokens = 0;  // the B * T they are sized for
-  };
-  std::shared_ptr<Deferred> deferred;
-};
-
-class Attention {
+class Attention final : public AttentionBranch {
  public:
   Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
             Recompute recompute, bool bf16_gemm_inputs);
@@ -56,26 +39,27 @@ class Attention {
   // The activations this module's recompute mode keeps for a micro-batch of up to max_batch
   // sequences; `list` (optional) collects the F32 ones by name.
   AttentionRecord make_record(int max_batch, Allocator& alloc,
-                              std::vector<NamedActivation>* list = nullptr) const;
+                              std::vector<NamedActivation>* list = nullptr) const override;
   // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
-  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const;
+  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const override;
 
   // ASSIGNS y[rows, C] = x + dropout(attention(ln_1(x)) W_proj + b); x unchanged until backward.
   void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-               BlockWorkspace& ws) const;
+               BlockWorkspace& ws) const override;
   // Full recomputation: the forward again, into the workspace's record (y null: without the
   // output projection and residual, only the dropout mask the backward needs).
-  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const;
+  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const override;
   // Given dres[rows, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the gradients. defer
   // (zero-bubble BI): only ln_1's now; the matmuls' wait in r.deferred for backward_weight.
   void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
-                BlockWorkspace& ws, bool defer) const;
-  void backward_weight(const BlockPass& mb, AttentionRecord& r) const;
+                BlockWorkspace& ws, bool defer) const override;
+  void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
   // current allocator).
-  std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens, Allocator* alloc) const;
+  std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
+                                                           Allocator* alloc) const override;
 
-  int heads_local() const { return heads_local_; }
+  int heads_local() const override { return heads_local_; }
   int64_t c_local() const { return c_local_; }
 
  private:

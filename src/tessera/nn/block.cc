@@ -1,8 +1,11 @@
 #include "tessera/nn/block.h"
 
 #include "tessera/core/error.h"
+#include "tessera/nn/attention.h"
 #include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/moe_mlp.h"
+#include "tessera/nn/rotary_attention.h"
+#include "tessera/nn/swiglu_mlp.h"
 
 namespace tessera::nn {
 
@@ -28,9 +31,18 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
              ExpertSplit expert_split, Recompute recompute, ParameterSet* experts, BlockPart part,
              bool bf16_gemm_inputs)
     : cfg_(cfg), layer_(layer), part_(part), split_(split), recompute_(recompute) {
-  if (part != BlockPart::Mlp)
-    attention_.emplace(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+  if (part != BlockPart::Mlp) {
+    if (cfg.llama())
+      attention_ =
+          std::make_unique<RotaryAttention>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+    else
+      attention_ = std::make_unique<Attention>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+  }
   if (part == BlockPart::Attention) return;
+  if (cfg.llama()) {
+    mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+    return;
+  }
   // The MoE's experts read fp32 inputs (their GEMM-only inputs are not kept in bf16).
   if (cfg.moe.is_moe_layer(layer))
     mlp_ = std::make_unique<MoeMlp>(ps, experts ? *experts : ps, cfg, layer, split, expert_split,
@@ -66,7 +78,7 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   if (split_.sequence_parallel()) ws.gathered = padded("block.gathered_ln", C);
   ws.datty = a("block.d_atty", C / t);
   ws.dqkv = a("block.d_qkv", 3 * C / t);
-  ws.dfch = a("block.d_fc", 4 * C / t);
+  ws.dfch = a("block.d_fc", cfg_.mlp_hidden() / t);
   ws.dscratch = a("block.d_att", 0);  // [T, T]
   complete_workspace(ws, max_batch, alloc);
   return ws;

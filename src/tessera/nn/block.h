@@ -1,6 +1,7 @@
-// A GPT-2 transformer block as a short composition of two modules: x -> x_attn = Attention(x)
-// (ln_1, attention, dropout, +) -> y = Mlp(x_attn) (ln_2, MLP, dropout, +), with the MLP a GeluMlp
-// or, in a mixture-of-experts block (cfg.moe.is_moe_layer(layer)), a MoeMlp. The modules own their
+// A transformer block as a short composition of two modules: x -> x_attn = attention branch(x)
+// (norm, attention, dropout, +) -> y = Mlp(x_attn) (norm, MLP, dropout, +). GPT-2's branches are
+// Attention and GeluMlp (or, in a mixture-of-experts block, cfg.moe.is_moe_layer(layer), a MoeMlp);
+// the Llama family's RotaryAttention and SwigluMlp (cfg.arch). The modules own their
 // parameters ("h.<l>.ln_1.weight", "h.<l>.attn.c_attn.weight", ...), records, tensor- and
 // sequence-parallel split and bf16 GEMM inputs (nn/attention.h, nn/mlp.h); the block keeps the
 // residual stream between them and orders a full recomputation. forward/backward run over a Record
@@ -27,7 +28,7 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/activations.h"
-#include "tessera/nn/attention.h"
+#include "tessera/nn/attention_branch.h"
 #include "tessera/nn/block_workspace.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/mlp.h"
@@ -84,7 +85,7 @@ class Block {
 
   int layer() const { return layer_; }
   BlockPart part() const { return part_; }
-  bool has_attention() const { return attention_.has_value(); }
+  bool has_attention() const { return attention_ != nullptr; }
   bool has_mlp() const { return mlp_ != nullptr; }
   int heads_local() const;
   Recompute recompute() const { return recompute_; }
@@ -98,7 +99,7 @@ class Block {
   BlockPart part_;
   TensorSplit split_;
   Recompute recompute_;
-  std::optional<Attention> attention_;
+  std::unique_ptr<AttentionBranch> attention_;
   std::unique_ptr<Mlp> mlp_;
 };
 

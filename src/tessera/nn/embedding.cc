@@ -23,6 +23,11 @@ Embedding::Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split)
       rows_(vocab_range(split, cfg.vocab_size)),
       site_(stable_hash("drop")) {
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
+  if (cfg.llama()) {  // no learned positions (rotary embeddings, in the attention)
+    wte_ = ps.add("model.embed_tokens.weight", {V, C}, Init::Normal, kInitStd, true,
+                  vocab_shard(split, V));
+    return;
+  }
   wte_ = ps.add("wte.weight", {V, C}, Init::Normal, kInitStd, true, vocab_shard(split, V));
   wpe_ = ps.add("wpe.weight", {cfg.block_size, C}, Init::Normal, kWpeStd, true);
 }
@@ -31,7 +36,7 @@ Embedding::Record Embedding::make_record(int max_batch, Allocator& alloc) const 
   const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
   Record r;
   r.tokens = Tensor::zeros({BT}, DType::I32, MemCategory::Activations, "tokens", &alloc);
-  if (cfg_.dropout > 0.0f)
+  if (cfg_.dropout > 0.0f && !cfg_.llama())
     r.mask = Tensor::zeros({token_range(split_, BT).per * cfg_.n_embd}, DType::U8,
                            MemCategory::Activations, "drop.mask", &alloc);
   return r;
@@ -44,21 +49,25 @@ void Embedding::forward(const StepContext& ctx, const Batch& b, float* out, Reco
   const TokenRange rows = token_range(split_, n);
   r.B = B;
   r.T = T;
-  r.p = ctx.training ? cfg_.dropout : 0.0f;
+  r.p = ctx.training && !cfg_.llama() ? cfg_.dropout : 0.0f;
   std::memcpy(r.tokens.data<int32_t>(), b.tokens, sizeof(int32_t) * B * T);
   const float* wte = ps_.param_data(wte_);
+  const float* wpe = wpe_ >= 0 ? ps_.param_data(wpe_) : nullptr;
   if (split_.size() == 1) {
-    k::embedding_forward(out, b.tokens, wte, ps_.param_data(wpe_), B, T, C);
+    if (wpe)
+      k::embedding_forward(out, b.tokens, wte, wpe, B, T, C);
+    else
+      k::embedding_lookup_rows(out, b.tokens, wte, 0, rows_.size(), n, C);
   } else if (!split_.sequence_parallel()) {
     k::embedding_lookup_rows(out, b.tokens, wte, rows_.begin, rows_.size(), n, C);
     // Each element is one rank's row value plus zeros: exact in fp32; a bf16 wire rounds the value.
     reduce_from_tp(split_, out, n * C);
-    k::add_positions(out, ps_.param_data(wpe_), B, T, C);
+    if (wpe) k::add_positions(out, wpe, B, T, C);
   } else {
     TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
     k::embedding_lookup_rows(scratch, b.tokens, wte, rows_.begin, rows_.size(), n, C);
     reduce_scatter_from_tp(split_, scratch, out, rows, C);  // as above; this rank's rows
-    k::add_positions_rows(out, ps_.param_data(wpe_), rows.begin, rows.size(), T, C);
+    if (wpe) k::add_positions_rows(out, wpe, rows.begin, rows.size(), T, C);
   }
   if (r.p > 0.0f)
     k::dropout_forward_rows(out, r.mask.data<uint8_t>(), out, rows.size(), C, r.p, ctx.seed,
@@ -70,9 +79,10 @@ void Embedding::backward(Record& r, float* dout, float* scratch) const {
   const TokenRange rows = token_range(split_, n);
   if (r.p > 0.0f)
     k::dropout_backward(dout, dout, r.mask.data<uint8_t>(), rows.size() * cfg_.n_embd, r.p);
+  float* dwpe = wpe_ >= 0 ? ps_.grad_data(wpe_) : nullptr;
   if (split_.size() == 1) {
-    k::embedding_backward(ps_.grad_data(wte_), ps_.grad_data(wpe_), dout, r.tokens.data<int32_t>(),
-                          r.B, r.T, cfg_.n_embd);
+    k::embedding_backward(ps_.grad_data(wte_), dwpe, dout, r.tokens.data<int32_t>(), r.B, r.T,
+                          cfg_.n_embd);
     return;
   }
   // The gradient of every token on every rank of the group: each keeps its rows' share of wte.
@@ -81,8 +91,8 @@ void Embedding::backward(Record& r, float* dout, float* scratch) const {
     TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
     d = reduce_scatter_from_tp_backward(split_, dout, scratch, rows, cfg_.n_embd);
   }
-  k::embedding_rows_backward(ps_.grad_data(wte_), ps_.grad_data(wpe_), d, r.tokens.data<int32_t>(),
-                             rows_.begin, rows_.size(), r.B, r.T, cfg_.n_embd);
+  k::embedding_rows_backward(ps_.grad_data(wte_), dwpe, d, r.tokens.data<int32_t>(), rows_.begin,
+                             rows_.size(), r.B, r.T, cfg_.n_embd);
 }
 
 }  // namespace tessera::nn

@@ -1,5 +1,6 @@
-// GPT-2's input layer as a module: token embedding (wte) + learned positions (wpe), then the
-// "drop" dropout. forward/backward run over an activation record that the caller owns, so any
+// The input layer as a module. GPT-2's: token embedding (wte) + learned positions (wpe), then the
+// "drop" dropout. The Llama family's: the token embedding alone ("model.embed_tokens.weight"; the
+// positions are rotary, in the attention; no dropout: cfg.dropout acts on attention probabilities). forward/backward run over an activation record that the caller owns, so any
 // number of micro-batches can be in flight. Parameter gradients ACCUMULATE.
 //
 // Vocabulary parallelism (built with a TensorSplit of t > 1 ranks): wte is split by rows
@@ -38,7 +39,7 @@ class Embedding {
   Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split);
   Record make_record(int max_batch, Allocator& alloc) const;
   int wte() const { return wte_; }
-  int wpe() const { return wpe_; }
+  int wpe() const { return wpe_; }  // -1: none (the Llama family)
 
   // ASSIGNS out[rows, C] = dropout(wte[tokens] + wpe[t]) for this rank's rows (all B*T without
   // sequence parallelism). scratch: token_range(B*T).padded() x C floats, needed only under

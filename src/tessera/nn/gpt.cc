@@ -92,7 +92,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     r.counts_in_norm = !params_.infos()[i].tp_replicated() || replicas_count;
     params_.set_reduction(i, r);
   }
-  if (embedding_ && !head_) {
+  if (embedding_ && !head_ && cfg_.tie_embeddings) {
     GradReduction r = params_.infos()[embedding_->wte()].reduction;
     r.over_embedding_group = true;
     params_.set_reduction(embedding_->wte(), r);
@@ -149,7 +149,7 @@ void GPT::reset_moe_stats() {
 }
 
 int GPT::tied_unit(int u) const {
-  return u == cfg_.n_layer + 1 && head_ && !head_->owns_wte() ? 0 : -1;
+  return u == cfg_.n_layer + 1 && head_ && head_->tied() && !head_->owns_wte() ? 0 : -1;
 }
 
 void GPT::hook(void (UnitHooks::*f)(int), int unit) {

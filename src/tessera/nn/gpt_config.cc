@@ -19,6 +19,31 @@ void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, c.ln_eps > 0.0f, "ln_eps must be positive, got ", c.ln_eps);
   TESSERA_CHECK_AS(ConfigError, c.dropout >= 0.0f && c.dropout < 1.0f,
                    "dropout must be in [0, 1), got ", c.dropout);
+  if (c.llama()) {
+    const int kv = c.kv_heads();
+    TESSERA_CHECK_AS(ConfigError, kv > 0 && c.n_head % kv == 0, "the key/value heads (", kv,
+                     ") must divide the attention heads (", c.n_head, ")");
+    TESSERA_CHECK_AS(ConfigError, c.head_dim() % 2 == 0,
+                     "rotary embeddings need an even head size, got ", c.head_dim(), " (n_embd ",
+                     c.n_embd, " / n_head ", c.n_head, ")");
+    TESSERA_CHECK_AS(ConfigError, c.ffn_dim >= 0,
+                     "ffn_dim must be positive (0: Llama's rule), got ", c.ffn_dim);
+    TESSERA_CHECK_AS(ConfigError, c.rope_theta > 0.0 && std::isfinite(c.rope_theta),
+                     "rope_theta must be positive, got ", c.rope_theta);
+    TESSERA_CHECK_AS(ConfigError, c.max_positions == 0 || c.block_size <= c.max_positions,
+                     "the context of ", c.block_size, " positions exceeds the model's ",
+                     c.max_positions, " (max_position_embeddings)");
+    TESSERA_CHECK_AS(ConfigError, c.sliding_window == 0 || c.block_size <= c.sliding_window,
+                     "sliding-window attention is not implemented: the context of ", c.block_size,
+                     " positions must not exceed the window of ", c.sliding_window);
+    TESSERA_CHECK_AS(ConfigError, c.moe.experts == 0,
+                     "mixtures of experts are not yet built for the Llama family");
+  } else {
+    TESSERA_CHECK_AS(ConfigError, c.n_kv_head == 0 || c.n_kv_head == c.n_head,
+                     "GPT-2 has no grouped-query attention (n_kv_head ", c.n_kv_head, ")");
+    TESSERA_CHECK_AS(ConfigError, c.tie_embeddings && !c.qkv_bias && !c.o_bias && c.ffn_dim == 0,
+                     "untied heads, q/k/v or output biases and ffn_dim are for the Llama family");
+  }
   const MoeConfig& m = c.moe;
   TESSERA_CHECK_AS(ConfigError, m.experts >= 0, "--moe-experts must be >= 0 (0 = dense), got ",
                    m.experts);
@@ -33,6 +58,26 @@ void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, m.aux_loss >= 0.0f && m.z_loss >= 0.0f,
                    "--moe-aux-loss and --moe-z-loss must be >= 0, got ", m.aux_loss, " and ",
                    m.z_loss);
+}
+
+const char* to_string(Arch a) {
+  return a == Arch::Llama ? "llama" : "gpt2";
+}
+
+Arch parse_arch(const std::string& s) {
+  if (s == "gpt2") return Arch::Gpt2;
+  if (s == "llama") return Arch::Llama;
+  throw ConfigError(detail::concat("--arch must be gpt2 or llama, got '", s, "'"));
+}
+
+int llama_ffn_dim(int C) {
+  const int64_t hidden = (2 * 4 * static_cast<int64_t>(C)) / 3;
+  return static_cast<int>((hidden + 255) / 256 * 256);
+}
+
+int GPTConfig::mlp_hidden() const {
+  if (!llama()) return 4 * n_embd;
+  return ffn_dim > 0 ? ffn_dim : llama_ffn_dim(n_embd);
 }
 
 Recompute parse_recompute(const std::string& s) {

@@ -4,7 +4,19 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/kernels/rope.h"
+
 namespace tessera::nn {
+
+// The building blocks of a model (docs/ARCHITECTURE.md decision 39). Gpt2: learned positions,
+// LayerNorm, fused c_attn, GELU MLP of 4C, head tied to wte, Hugging Face GPT2Model names. Llama
+// (Llama, Mistral, Qwen2): no learned positions, RMSNorm, rotary q/k (kernels/rope.h),
+// grouped-query attention with separate q/k/v projections in nn.Linear layout [out, in] (optional
+// biases: Qwen2), a SwiGLU MLP of ffn_dim, a tied or untied head, LlamaForCausalLM names; dropout
+// only on the attention probabilities (Hugging Face's attention_dropout).
+enum class Arch { Gpt2, Llama };
+const char* to_string(Arch a);
+Arch parse_arch(const std::string& s);  // "gpt2" | "llama", else ConfigError
 
 // Mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer, Fedus
 // et al. 2021): the MLP of some blocks becomes `experts` GPT-2 MLPs and a linear router (nn/moe.h,
@@ -26,6 +38,7 @@ struct MoeConfig {
 };
 
 struct GPTConfig {
+  Arch arch = Arch::Gpt2;
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 256;
@@ -36,7 +49,29 @@ struct GPTConfig {
   // probabilities ("attn_dropout"), and the two residual branches ("resid_dropout", "mlp.dropout").
   float dropout = 0.0f;
   MoeConfig moe;
+  // The Llama family (arch Llama); GPT-2 ignores these.
+  int n_kv_head = 0;  // key/value heads (grouped-query attention; 1: multi-query); 0: n_head
+  int ffn_dim = 0;    // the SwiGLU MLP's hidden width; 0: Llama's rule (llama_ffn_dim)
+  double rope_theta = 10000.0;
+  kernels::RopeScaling rope_scaling;  // Llama 3's (factor 0: none)
+  bool qkv_bias = false;              // biases on q, k and v (Qwen2)
+  bool o_bias = false;                // a bias on the attention output (Llama's attention_bias)
+  bool tie_embeddings = true;         // the head reads the token embedding (GPT-2: always)
+  int max_positions = 0;   // the positions the model was made for (HF max_position_embeddings); 0:
+                           // block_size. Rotary models train and sample at block_size <= this.
+  int sliding_window = 0;  // Mistral/Qwen2's window (0: none); block_size must not exceed it
+  std::string hf_model_type;  // "llama", "mistral" or "qwen2": what an export writes ("": llama)
+
+  bool llama() const { return arch == Arch::Llama; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return n_embd / n_head; }
+  // The MLP's hidden width: 4C for GPT-2; ffn_dim, or Llama's rule, for the Llama family.
+  int mlp_hidden() const;
 };
+
+// Llama's default MLP width for a model of width C when none is given: 2/3 of 4C rounded up to a
+// multiple of 256, as Meta's reference code computes it (multiple_of = 256).
+int llama_ffn_dim(int C);
 
 // Activation recomputation (the seed's re-materialisation; Korthikanti et al. 2022, "Reducing
 // Activation Recomputation in Large Transformer Models"):

@@ -2,7 +2,25 @@
 
 namespace tessera::nn {
 
+namespace {
+GPTParams llama_params(const GPTConfig& c) {
+  const int64_t C = c.n_embd, D = c.head_dim(), F = c.mlp_hidden();
+  const int64_t q = int64_t{c.n_head} * D, kv = int64_t{c.kv_heads()} * D;
+  GPTParams p;
+  p.wte = static_cast<int64_t>(c.vocab_size) * C;
+  p.layer_norm = C;  // an RMSNorm: a gain only
+  p.attention = p.layer_norm + C * (q + 2 * kv) + q * C;
+  if (c.qkv_bias) p.attention += q + 2 * kv;
+  if (c.o_bias) p.attention += C;
+  p.expert = 3 * C * F;
+  p.mlp = p.layer_norm + p.expert;
+  p.head = p.layer_norm + (c.tie_embeddings ? 0 : p.wte);
+  return p;
+}
+}  // namespace
+
 GPTParams gpt_params(const GPTConfig& c) {
+  if (c.llama()) return llama_params(c);
   const int64_t C = c.n_embd;
   GPTParams p;
   p.wte = static_cast<int64_t>(c.vocab_size) * C;
@@ -45,7 +63,9 @@ int64_t active_params_without_wpe(const GPTConfig& c) {
 }
 
 double model_flops_per_token(const GPTConfig& c, int T) {
-  return 6.0 * static_cast<double>(active_params_without_wpe(c)) +
+  // An untied model's input embedding is a lookup, not a matmul (the head's own weight counts).
+  const int64_t lookup = c.tie_embeddings ? 0 : gpt_params(c).wte;
+  return 6.0 * static_cast<double>(active_params_without_wpe(c) - lookup) +
          12.0 * c.n_layer * static_cast<double>(c.n_embd) * T;
 }
 
@@ -60,6 +80,10 @@ BlockFlops block_flops(const GPTConfig& c, int layer, int T) {
   f.attention_out = 2 * C * C;
   f.attention_core = 4.0 * T * C;
   f.mlp = 2 * 8 * C * C;
+  if (c.llama()) {  // grouped-query q/k/v; three F-wide matmuls
+    f.qkv = 2 * C * static_cast<double>(c.n_head + 2 * c.kv_heads()) * c.head_dim();
+    f.mlp = 2 * 3 * C * c.mlp_hidden();
+  }
   if (c.moe.is_moe_layer(layer)) f.router = 2 * C * c.moe.experts;
   return f;
 }

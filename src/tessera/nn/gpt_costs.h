@@ -21,8 +21,10 @@ struct GPTParams {
   int64_t mlp = 0;           // ln_2, c_fc (+ bias), mlp c_proj (+ bias): a dense MLP half
   int64_t expert = 0;        // one expert: c_fc (+ bias), c_proj (+ bias)
   int64_t router = 0;        // [C, E]
-  int64_t head = 0;          // ln_f (the LM head is tied to wte)
-  int64_t layer_norm = 0;    // one LayerNorm (weight and bias)
+  int64_t head = 0;          // ln_f (+ an untied lm_head [V, C])
+  int64_t layer_norm = 0;    // one LayerNorm (weight and bias), or RMSNorm (weight)
+  // The Llama family: attention = norm, q/k/v (grouped-query), o (+ biases); mlp = norm + gate,
+  // up and down ("expert" = the three matrices); no wpe.
 };
 GPTParams gpt_params(const GPTConfig& c);
 
@@ -34,8 +36,8 @@ int64_t mlp_half_params(const GPTConfig& c, int layer, int experts);
 // experts of an MoE block), without wpe: PaLM's N.
 int64_t total_params(const GPTConfig& c);
 int64_t active_params_without_wpe(const GPTConfig& c);
-// Model FLOPs per token, forward + backward, no recomputation: 6 N + 12 L C T (PaLM). The
-// numerator of MFU.
+// Model FLOPs per token, forward + backward, no recomputation: 6 N + 12 L C T (PaLM), N without an
+// untied model's input embedding (a lookup). The numerator of MFU.
 double model_flops_per_token(const GPTConfig& c, int T);
 
 // Forward matmul FLOPs per token of one block's parts at context T (tensor parallelism divides

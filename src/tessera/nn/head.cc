@@ -6,6 +6,7 @@
 #include "tessera/core/error.h"
 #include "tessera/kernels/gemm.h"
 #include "tessera/kernels/layernorm.h"
+#include "tessera/kernels/rmsnorm.h"
 #include "tessera/kernels/softmax_xent.h"
 
 namespace tessera::nn {
@@ -17,17 +18,27 @@ Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
       cfg_(cfg),
       split_(split),
       vocab_(vocab_range(split, cfg.vocab_size)),
-      wte_(wte),
-      owns_wte_(wte < 0) {
+      wte_(cfg.tie_embeddings ? wte : -1),
+      tied_(cfg.tie_embeddings),
+      owns_wte_(cfg.tie_embeddings && wte < 0) {
   const int64_t C = cfg.n_embd;
-  if (owns_wte_)  // same name, so the same initial values and checkpoint entry as the embedding's
-    wte_ = ps.add("wte.weight", {cfg.vocab_size, C}, Init::Normal, 0.02f, true,
+  // A tied head's copy has the embedding's name, so the same initial values and checkpoint entry.
+  const char* name = !tied_        ? "lm_head.weight"
+                     : cfg.llama() ? "model.embed_tokens.weight"
+                                   : "wte.weight";
+  if (wte_ < 0)
+    wte_ = ps.add(name, {cfg.vocab_size, C}, Init::Normal, 0.02f, true,
                   vocab_shard(split, cfg.vocab_size));
   TESSERA_ASSERT(ps.infos()[wte_].local_shape[0] == vocab_.size(),
                  "the head's wte does not hold its vocabulary slice");
-  lnf_w_ = ps.add("ln_f.weight", {C}, Init::Ones, 0.0f, false);
-  lnf_b_ = ps.add("ln_f.bias", {C}, Init::Zeros, 0.0f, false);
-  for (int i : {lnf_w_, lnf_b_}) mark_sequence_partial(ps, i, split);  // ln_f sees its rows only
+  if (cfg.llama()) {
+    lnf_w_ = ps.add("model.norm.weight", {C}, Init::Ones, 0.0f, false);
+  } else {
+    lnf_w_ = ps.add("ln_f.weight", {C}, Init::Ones, 0.0f, false);
+    lnf_b_ = ps.add("ln_f.bias", {C}, Init::Zeros, 0.0f, false);
+  }
+  for (int i : {lnf_w_, lnf_b_})
+    if (i >= 0) mark_sequence_partial(ps, i, split);  // the norm sees its rows only
   ps.mark_gemm_weight(wte_);
 }
 
@@ -39,7 +50,7 @@ Head::Record Head::make_record(int max_batch, Allocator& alloc,
   ActivationAllocator mine(alloc, rows.per, 0, list, split_.sequence_parallel());
   Record r;
   r.lnf = ActivationAllocator(alloc, rows.padded(), 0, list)("ln_f", cfg_.n_embd);
-  r.lnf_mean = mine("ln_f.mean", 1);
+  if (!cfg_.llama()) r.lnf_mean = mine("ln_f.mean", 1);
   r.lnf_rstd = mine("ln_f.rstd", 1);
   r.logits = a("logits", vocab_.size());
   r.lse = a("logsumexp", 1);
@@ -57,8 +68,12 @@ double Head::forward(const StepContext& ctx, const Batch& b, const float* x, Rec
   r.loss_scale = ctx.loss_scale;
   const TokenRange rows = token_range(split_, BT);
   float* lnf_rows = r.lnf.f32() + rows.place() * C;  // this rank's rows of ln_f(x), in place
-  k::layernorm_forward(lnf_rows, r.lnf_mean.f32(), r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_),
-                       ps_.param_data(lnf_b_), static_cast<int>(rows.size()), C, cfg_.ln_eps);
+  if (cfg_.llama())
+    k::rmsnorm_forward(lnf_rows, r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_), rows.size(), C,
+                       cfg_.ln_eps);
+  else
+    k::layernorm_forward(lnf_rows, r.lnf_mean.f32(), r.lnf_rstd.f32(), x, ps_.param_data(lnf_w_),
+                         ps_.param_data(lnf_b_), static_cast<int>(rows.size()), C, cfg_.ln_eps);
   const float* lnf = split_.sequence_parallel()
                          ? gather_to_tp(split_, lnf_rows, r.lnf.f32(), rows, C)
                          : copy_to_tp(split_, lnf_rows, static_cast<int64_t>(BT) * C);
@@ -122,9 +137,13 @@ void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) co
           ? gather_to_tp_backward(split_, scratch, scratch + rows.place() * C, rows, C)
           : copy_to_tp_backward(split_, scratch, static_cast<int64_t>(BT) * C);
   std::memset(dx, 0, sizeof(float) * static_cast<size_t>(rows.size()) * C);
-  k::layernorm_backward(dx, ps_.grad_data(lnf_w_), ps_.grad_data(lnf_b_), dlnf, r.x,
-                        ps_.param_data(lnf_w_), r.lnf_mean.f32(), r.lnf_rstd.f32(),
-                        static_cast<int>(rows.size()), C);
+  if (cfg_.llama())
+    k::rmsnorm_backward(dx, ps_.grad_data(lnf_w_), dlnf, r.x, ps_.param_data(lnf_w_),
+                        r.lnf_rstd.f32(), rows.size(), C);
+  else
+    k::layernorm_backward(dx, ps_.grad_data(lnf_w_), ps_.grad_data(lnf_b_), dlnf, r.x,
+                          ps_.param_data(lnf_w_), r.lnf_mean.f32(), r.lnf_rstd.f32(),
+                          static_cast<int>(rows.size()), C);
   r.have_targets = false;  // the logits are now gradients: a second backward would be wrong
 }
 

@@ -1,5 +1,7 @@
-// GPT-2's output layer as a module: the final LayerNorm ln_f, the LM head tied to the token
-// embedding (logits = ln_f(x) . wte^T), and the cross-entropy. The caller owns the Record.
+// The output layer as a module: the final norm (GPT-2's LayerNorm ln_f; the Llama family's RMSNorm
+// "model.norm"), the LM head (logits = norm(x) . W^T, W the token embedding it is tied to, or the
+// Llama family's untied "lm_head.weight" [V, C]), and the cross-entropy. The caller owns the
+// Record.
 //
 // Tying: when the embedding lives on the same rank, the head reads its wte parameter; on the last
 // pipeline stage without the embedding the head registers its own copy of "wte.weight", whose
@@ -45,14 +47,18 @@ class Head {
     float loss_scale = 1.0f;
   };
 
-  // Registers ln_f; `wte` is the index of the tied embedding in `ps`, or -1 to register a copy.
+  // Registers the norm; `wte` is the index of the embedding in `ps`, or -1 to register a copy
+  // (ignored when cfg.tie_embeddings is false: the head registers lm_head.weight).
   // With a split, wte must be this rank's rows (vocab_shard).
   Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split);
   Record make_record(int max_batch, Allocator& alloc,
                      std::vector<NamedActivation>* list = nullptr) const;
-  int wte() const { return wte_; }
+  int wte() const { return wte_; }  // the output projection (tied wte, or lm_head)
   // The vocabulary slice whose logits this rank computes (all of it without a split).
   VocabRange vocab() const { return vocab_; }
+  // Tied to the token embedding (GPT-2; Llama-family models with tie_word_embeddings); owns_wte:
+  // tied, on a stage without the embedding, so it holds a copy the embedding group keeps equal.
+  bool tied() const { return tied_; }
   bool owns_wte() const { return owns_wte_; }
 
   // Logits of x[rows, C] (token_range: all B*T without sequence parallelism); returns the SUM of
@@ -70,8 +76,8 @@ class Head {
   GPTConfig cfg_;
   TensorSplit split_;
   VocabRange vocab_;
-  int wte_, lnf_w_, lnf_b_;
-  bool owns_wte_;
+  int wte_, lnf_w_ = -1, lnf_b_ = -1;  // lnf_b_ -1: an RMSNorm
+  bool tied_, owns_wte_;
 };
 
 }  // namespace tessera::nn

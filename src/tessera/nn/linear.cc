@@ -1,5 +1,6 @@
 #include "tessera/nn/linear.h"
 
+#include "tessera/core/error.h"
 #include "tessera/kernels/bf16.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/residual.h"
@@ -29,16 +30,50 @@ namespace k = tessera::kernels;
 TpRegion::TpRegion(const TensorSplit& s, int64_t n, int64_t w, float* g, float* p)
     : split(s), rows(token_range(s, n)), tokens(n), width(w), gathered(g), proj(p) {}
 
+void linear_forward(const ParameterSet& ps, const Linear& l, float* y, int64_t ldy, k::GemmInput x,
+                    int64_t tokens) {
+  const float* bias = l.bias >= 0 ? ps.param_data(l.bias) : nullptr;
+  const int M = static_cast<int>(tokens), K = static_cast<int>(l.in), N = static_cast<int>(l.out);
+  if (!l.transposed) {
+    TESSERA_ASSERT(ldy == l.out, "a Conv1D-layout linear writes contiguous rows");
+    k::matmul_forward(y, x, ps.gemm_weight(l.weight), bias, nullptr, M, K, N);
+    return;
+  }
+  k::gemm(false, true, M, N, K, 1.0f, x, K, ps.gemm_weight(l.weight), K, 0.0f, y,
+          static_cast<int>(ldy));
+  if (bias)
+    for (int64_t r = 0; r < tokens; ++r)
+      for (int64_t j = 0; j < l.out; ++j) y[r * ldy + j] += bias[j];
+}
+
+void linear_backward(const ParameterSet& ps, const Linear& l, float* dx, bool accumulate_dx,
+                     float* dweight, float* dbias, const float* dy, int64_t lddy, k::GemmInput x,
+                     int64_t tokens) {
+  const int M = static_cast<int>(tokens), K = static_cast<int>(l.in), N = static_cast<int>(l.out);
+  if (!l.transposed) {
+    TESSERA_ASSERT(lddy == l.out, "a Conv1D-layout linear reads contiguous rows");
+    k::matmul_backward(dx, dweight, dbias, dy, x, ps.gemm_weight(l.weight), M, K, N, accumulate_dx);
+    return;
+  }
+  const int ld = static_cast<int>(lddy);
+  if (dx)  // dx[M, K] = dy[M, N] W[N, K]
+    k::gemm(false, false, M, K, N, 1.0f, dy, ld, ps.gemm_weight(l.weight), K,
+            accumulate_dx ? 1.0f : 0.0f, dx, K);
+  if (dweight)  // dW[N, K] += dy^T x
+    k::gemm(true, false, N, K, M, 1.0f, dy, ld, x, K, 1.0f, dweight, K);
+  if (dbias)
+    for (int64_t r = 0; r < tokens; ++r)
+      for (int64_t j = 0; j < l.out; ++j) dbias[j] += dy[r * lddy + j];
+}
+
+k::GemmInput enter_tp(const TpRegion& region, const float* x_rows, k::GemmInput kept) {
+  if (!region.sequence()) return kept;  // copy_to_tp's forward is the identity
+  return gather_to_tp(region.split, x_rows, region.gathered, region.rows, region.width);
+}
+
 void column_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* y,
                    const float* x_rows, k::GemmInput kept) {
-  const k::GemmInput x =
-      region.sequence()
-          ? k::GemmInput(gather_to_tp(region.split, x_rows, region.gathered, region.rows,
-                                      region.width))
-          : kept;  // copy_to_tp's forward is the identity
-  k::matmul_forward(y, x, ps.gemm_weight(l.weight), l.bias >= 0 ? ps.param_data(l.bias) : nullptr,
-                    nullptr, static_cast<int>(region.tokens), static_cast<int>(l.in),
-                    static_cast<int>(l.out));
+  linear_forward(ps, l, y, l.out, enter_tp(region, x_rows, kept), region.tokens);
 }
 
 k::GemmInput column_linear_input(const TpRegion& region, const Tensor& rows) {
@@ -80,8 +115,9 @@ void residual_branch(const TpRegion& region, float* out, float* y, const float* 
 void row_linear(const TpRegion& region, const ParameterSet& ps, const Linear& l, float* out,
                 k::GemmInput x, const float* residual, const BranchDropout& drop) {
   const int64_t C = region.width;
-  k::matmul_forward(region.proj, x, ps.gemm_weight(l.weight), nullptr, nullptr,
-                    static_cast<int>(region.tokens), static_cast<int>(l.in), static_cast<int>(C));
+  Linear without_bias = l;
+  without_bias.bias = -1;  // added once, after the reduce
+  linear_forward(ps, without_bias, region.proj, C, x, region.tokens);
   // The reduce point: the sum of the partial products, on this rank's rows.
   float* y = region.sequence()
                  ? reduce_scatter_from_tp(region.split, region.proj,

@@ -20,13 +20,24 @@
 
 namespace tessera::nn {
 
-// A linear layer y = x W (+ b) in a ParameterSet: W [in, out] in Hugging Face Conv1D layout, this
-// rank's columns (column-parallel) or rows (row-parallel) of it; `in`, `out` the local widths.
+// A linear layer y = x W (+ b) in a ParameterSet: W [in, out] in Hugging Face Conv1D layout
+// (GPT-2), or, `transposed`, W [out, in] in nn.Linear layout (y = x W^T: Llama); this rank's output
+// columns (column-parallel) or input rows (row-parallel) of it; `in`, `out` the local widths.
 struct Linear {
   int weight = -1;
   int bias = -1;  // -1: none (or, for a row-parallel layer, added by row_linear after the reduce)
   int64_t in = 0, out = 0;
+  bool transposed = false;
 };
+
+// ASSIGNS y[tokens, l.out] (row stride ldy >= l.out) = x[tokens, l.in] W (+ b).
+void linear_forward(const ParameterSet& ps, const Linear& l, float* y, int64_t ldy,
+                    kernels::GemmInput x, int64_t tokens);
+// Backward of linear_forward given dy (row stride lddy): dx[tokens, l.in] = dy W^T (ASSIGNS, or
+// ACCUMULATES with accumulate_dx; null skips it); dweight += and dbias += (null skips them).
+void linear_backward(const ParameterSet& ps, const Linear& l, float* dx, bool accumulate_dx,
+                     float* dweight, float* dbias, const float* dy, int64_t lddy,
+                     kernels::GemmInput x, int64_t tokens);
 
 // One micro-batch's tensor-parallel region: the group, this rank's rows of the `tokens` tokens
 // outside the region, the residual stream's width, and the stage's scratch of rows.padded() x
@@ -61,6 +72,11 @@ TpRegion branch_region(const TensorSplit& split, const BlockPass& mb, BlockWorks
 // of its name), over the region's rows; `mask` is the record's (undefined when p = 0).
 BranchDropout branch_dropout(const BlockPass& mb, const TpRegion& region, uint64_t site,
                              const Tensor& mask);
+
+// Where a branch enters its tensor-parallel region: the input of every token that the
+// column-parallel layers read, from this rank's rows (x_rows fp32, `kept` as the record keeps them;
+// see column_linear). Several column layers may read one entry (q, k and v; gate and up).
+kernels::GemmInput enter_tp(const TpRegion& region, const float* x_rows, kernels::GemmInput kept);
 
 // Column-parallel forward: ASSIGNS y[tokens, l.out] = to_tp(x) W + b. x is this rank's rows of the
 // input twice over: its fp32 values (x_rows) and what the caller keeps of them (kept: the same

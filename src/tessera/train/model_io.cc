@@ -20,6 +20,21 @@ io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
   h.moe_capacity_factor = c.moe.capacity_factor;
   h.router_aux_loss_coef = c.moe.aux_loss;
   h.router_z_loss_coef = c.moe.z_loss;
+  if (c.llama()) {
+    h.model_type = c.hf_model_type.empty() ? "llama" : c.hf_model_type;
+    h.n_positions = c.max_positions > 0 ? c.max_positions : c.block_size;
+    h.num_key_value_heads = c.kv_heads();
+    h.intermediate_size = c.mlp_hidden();
+    h.rope_theta = c.rope_theta;
+    h.rope_factor = c.rope_scaling.factor;
+    h.rope_low_freq_factor = c.rope_scaling.low_freq_factor;
+    h.rope_high_freq_factor = c.rope_scaling.high_freq_factor;
+    h.rope_original_max_positions = c.rope_scaling.original_max_positions;
+    h.attention_bias = c.qkv_bias;
+    h.tie_word_embeddings = c.tie_embeddings;
+    h.sliding_window = c.sliding_window;
+    h.attention_dropout = c.dropout;
+  }
   return h;
 }
 
@@ -38,6 +53,20 @@ nn::GPTConfig from_hf_config(const io::HfGptConfig& h, float dropout) {
   c.moe.capacity_factor = static_cast<float>(h.moe_capacity_factor);
   c.moe.aux_loss = static_cast<float>(h.router_aux_loss_coef);
   c.moe.z_loss = static_cast<float>(h.router_z_loss_coef);
+  if (h.llama_family()) {
+    c.arch = nn::Arch::Llama;
+    c.hf_model_type = h.model_type;
+    c.max_positions = h.n_positions;
+    c.n_kv_head = h.num_key_value_heads;
+    c.ffn_dim = h.intermediate_size;
+    c.rope_theta = h.rope_theta;
+    c.rope_scaling = {h.rope_factor, h.rope_low_freq_factor, h.rope_high_freq_factor,
+                      h.rope_original_max_positions};
+    c.qkv_bias = h.attention_bias;
+    c.o_bias = h.attention_bias && h.model_type == "llama";
+    c.tie_embeddings = h.tie_word_embeddings;
+    c.sliding_window = h.sliding_window;
+  }
   return c;
 }
 

@@ -43,11 +43,14 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
         config_of_weights(cfg.init_from,
                           cfg.heads > 0 ? std::optional<int>(cfg.heads) : std::nullopt),
         cfg.dropout);
+  else if (!cfg.model.empty())  // a new model of a Hugging Face architecture
+    mcfg = from_hf_config(io::read_hf_config(cfg.model), cfg.dropout);
+  const bool fixed = from_weights || !cfg.model.empty();  // the vocabulary is the model's
 
   // Data. With existing weights, token ids are bounded by their vocabulary.
   data::DataOptions dopt;
   dopt.data = cfg.data;
-  dopt.vocab_size = from_weights ? mcfg.vocab_size : cfg.vocab;
+  dopt.vocab_size = fixed ? mcfg.vocab_size : cfg.vocab;
   dopt.cache_dir = cfg.cache_dir;
   if (plan.ckpt)
     dopt.tokenizer = tokenizer_beside(plan.ckpt->dir);
@@ -55,7 +58,15 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
     dopt.tokenizer = tokenizer_beside(weights_file(cfg.init_from).parent_path());
   plan.pd = data::prepare_data(dopt);
   if (log) std::fprintf(log, "data: %s\n", plan.pd.description.c_str()), std::fflush(log);
-  if (!from_weights) {
+  if (!fixed) {
+    mcfg.arch = cfg.arch;
+    if (cfg.arch == nn::Arch::Llama) {
+      mcfg.n_kv_head = cfg.kv_heads;
+      mcfg.ffn_dim = cfg.ffn_dim;
+      mcfg.rope_theta = cfg.rope_theta;
+      mcfg.tie_embeddings = cfg.tie_embeddings;
+      mcfg.qkv_bias = cfg.qkv_bias;
+    }
     mcfg.moe.experts = cfg.moe_experts;
     mcfg.moe.top_k = cfg.moe_top_k;
     mcfg.moe.every = cfg.moe_every;
@@ -67,6 +78,8 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
     mcfg.vocab_size = static_cast<int>(plan.pd.vocab_size);
     mcfg.dropout = cfg.dropout;
   }
+  // A rotary model has no table of positions: it runs at the training context, up to its own.
+  if (mcfg.llama()) mcfg.block_size = cfg.seq;
   TESSERA_CHECK_AS(ConfigError, plan.pd.vocab_size <= mcfg.vocab_size,
                    "the data uses token ids up to ", plan.pd.vocab_size - 1,
                    " but the model's vocabulary has only ", mcfg.vocab_size, " entries");
@@ -76,7 +89,7 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   mcfg.moe.aux_loss = cfg.moe_aux_loss;
   mcfg.moe.z_loss = cfg.moe_z_loss;
   nn::validate(mcfg);
-  check_tensor_parallel(mcfg.n_head, mcfg.n_embd, cfg.tp);
+  check_tensor_parallel(mcfg, cfg.tp);
   TESSERA_CHECK_AS(ConfigError, cfg.ep == 1 || mcfg.moe.experts > 0, config_key("ep"), " ", cfg.ep,
                    " needs a mixture-of-experts model, but the model has no experts");
   TESSERA_CHECK_AS(ConfigError, mcfg.moe.experts % cfg.ep == 0, "the model's ", mcfg.moe.experts,

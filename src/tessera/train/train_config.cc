@@ -223,6 +223,26 @@ void model_fields(std::vector<ConfigField>& f) {
   f.push_back(value(model, "init_from", &T::init_from,
                     "Start from these safetensors weights (HF GPT-2 names); the architecture "
                     "comes from them"));
+  f.push_back(choice(model, "arch", &T::arch,
+                     "Model family of a new model: gpt2 (learned positions, LayerNorm, GELU MLP, "
+                     "tied head) or llama (rotary, RMSNorm, grouped-query attention, SwiGLU MLP)",
+                     {{nn::Arch::Gpt2, "gpt2"}, {nn::Arch::Llama, "llama"}}));
+  f.push_back(value(model, "model", &T::model,
+                    "A Hugging Face config.json (model_type gpt2, llama, mistral or qwen2) giving "
+                    "a new model's architecture (random weights; --seq is the context)"));
+  f.push_back(value(model, "kv_heads", &T::kv_heads,
+                    "--arch llama: key/value heads (grouped-query attention; 1: multi-query); 0: "
+                    "--heads",
+                    at_least(0, " (0: --heads)")));
+  f.push_back(value(model, "ffn_dim", &T::ffn_dim,
+                    "--arch llama: the SwiGLU MLP's hidden width; 0: 256 x ceil(8 dim / 3 / 256)",
+                    at_least(0, " (0: Llama's rule)")));
+  f.push_back(value(model, "rope_theta", &T::rope_theta, "--arch llama: rotary base theta",
+                    positive<double>()));
+  f.push_back(value(model, "tie_embeddings", &T::tie_embeddings,
+                    "--arch llama: the output head reads the token embedding (false: its own "
+                    "lm_head); GPT-2 is always tied"));
+  f.push_back(value(model, "qkv_bias", &T::qkv_bias, "--arch llama: biases on q, k and v (Qwen2)"));
   f.push_back(value(model, "moe_experts", &T::moe_experts,
                     "Mixture of experts: experts per MoE block (each a GPT-2 MLP); 0 = dense MLPs",
                     at_least(0, " (0 = dense)")));
@@ -511,6 +531,18 @@ void check_tensor_parallel(int heads, int dim, int tp) {
                    "; choose ", config_key("tp"), " dividing it");
 }
 
+void check_tensor_parallel(const nn::GPTConfig& m, int tp) {
+  if (!m.llama()) return check_tensor_parallel(m.n_head, m.n_embd, tp);
+  TESSERA_CHECK_AS(ConfigError, m.n_head % tp == 0 && m.kv_heads() % tp == 0, config_key("tp"), " ",
+                   tp, " must divide the ", m.n_head, " attention heads and the ", m.kv_heads(),
+                   " key/value heads (tensor parallelism splits key/value heads, it does not "
+                   "replicate them); choose ",
+                   config_key("tp"), " among the divisors of both");
+  TESSERA_CHECK_AS(ConfigError, m.mlp_hidden() % tp == 0, config_key("tp"), " ", tp,
+                   " does not divide the MLP width ", m.mlp_hidden(), "; choose ", config_key("tp"),
+                   " dividing it");
+}
+
 void TrainConfig::validate() const {
   for (const ConfigField& f : train_config_fields()) f.check(*this);
   auto key = [](const char* k) { return config_key(k); };
@@ -518,7 +550,13 @@ void TrainConfig::validate() const {
   TESSERA_CHECK_AS(ConfigError, dim % new_model_heads() == 0, key("heads"), " ", new_model_heads(),
                    " does not divide ", key("dim"), " ", dim,
                    "; choose heads so that dim/heads is a whole number");
-  if (new_model) check_tensor_parallel(new_model_heads(), dim, tp);
+  if (new_model && model.empty() && arch == nn::Arch::Gpt2)
+    check_tensor_parallel(new_model_heads(), dim, tp);
+  TESSERA_CHECK_AS(
+      ConfigError,
+      arch == nn::Arch::Llama || (kv_heads == 0 && ffn_dim == 0 && tie_embeddings && !qkv_bias),
+      key("kv_heads"), ", ", key("ffn_dim"), ", ", key("tie_embeddings"), " and ", key("qkv_bias"),
+      " are settings of ", key("arch"), " llama");
   TESSERA_CHECK_AS(ConfigError, !sp || tp > 1, key("sp"),
                    " (sequence parallelism) splits the sequence over the tensor-parallel ranks: "
                    "it needs ",

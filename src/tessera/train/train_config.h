@@ -43,6 +43,15 @@ struct TrainConfig {
   int seq = 128;  // context length used for training; also the model's block size
   float dropout = 0.0f;
   std::string init_from;  // safetensors weights to start from
+  // A new model's family and its Llama-family settings (nn/gpt_config.h), or a Hugging Face
+  // config.json (`model`) that gives the whole architecture.
+  nn::Arch arch = nn::Arch::Gpt2;
+  std::string model;
+  int kv_heads = 0;  // 0: --heads (multi-head attention)
+  int ffn_dim = 0;   // 0: Llama's rule, 256 * ceil(8 dim / 3 / 256)
+  double rope_theta = 10000.0;
+  bool tie_embeddings = true;
+  bool qkv_bias = false;
   // Mixture of experts (nn/moe.h; the architecture comes from config.json when resuming).
   int moe_experts = 0;               // experts per MoE block; 0 = dense
   int moe_top_k = 2;                 // experts per token
@@ -161,6 +170,8 @@ nlohmann::json read_json_file(const std::string& path);
 
 // ConfigError unless `tp` divides the head count and the MLP width 4 * dim (Megatron's split).
 void check_tensor_parallel(int heads, int dim, int tp);
+// The same for a model of any family: heads, key/value heads and the MLP width.
+void check_tensor_parallel(const nn::GPTConfig& m, int tp);
 
 const char* to_string(OptimizerKind k);
 const char* to_string(WireDtype w);

@@ -1,0 +1,72 @@
+// A block's attention branch as a module interface: x_attn = x + attn(norm(x)) on this rank's rows
+// of the residual stream. GPT-2's (Attention, nn/attention.h: LayerNorm, fused c_attn, learned
+// positions elsewhere) and the Llama family's (RotaryAttention, nn/rotary_attention.h: RMSNorm,
+// q/k/v projections, rotary embeddings, grouped-query heads) are its two kinds; a Block holds one
+// (nn/block.h), so a new kind of attention is a new module, not a branch in the block.
+//
+// The contract (the one nn/mlp.h keeps too): forward/backward run over an AttentionRecord the
+// caller owns, one per micro-batch in flight (make_record); parameter gradients ACCUMULATE; under
+// selective recomputation the probabilities live in the workspace and are recomputed from the
+// kept qkv; under full recomputation the record keeps nothing and the block reruns the forward into
+// the workspace's record (recompute) just before the backward; the zero-bubble split (defer) leaves
+// the matmuls' weight gradients in the record's Deferred for backward_weight.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "tessera/core/allocator.h"
+#include "tessera/core/tensor.h"
+#include "tessera/nn/activations.h"
+#include "tessera/nn/block_workspace.h"
+
+namespace tessera::nn {
+
+struct AttentionRecord {
+  // "rows": this rank's rows of the B*T tokens; "every token": B*T rows of this rank's columns.
+  // (B): BF16 under bf16 GEMM inputs, else F32. Empty where the recompute mode drops them.
+  Tensor ln1, ln1_mean, ln1_rstd;  // rows x C (B), rows, rows: the norm's output and statistics
+  Tensor qkv;  // every token x qkv width: this rank's q, k and v columns (rotated, where rotary)
+  Tensor att, att_drop;  // [B, heads_local, T, T] probabilities and their dropped copy
+  Tensor atty;           // every token x C_local (heads concatenated) (B)
+  Tensor mask;           // U8 rows x C: the branch output's dropout mask (GPT-2)
+  // Zero-bubble split (BI now, W later): the two matmuls' output gradients, and their inputs where
+  // the record does not keep them whole (the norm's output under full recomputation or sequence
+  // parallelism, atty under full recomputation).
+  struct Deferred {
+    Tensor d_proj, d_attn, ln1, atty;
+    int64_t tokens = 0;  // the B * T they are sized for
+  };
+  std::shared_ptr<Deferred> deferred;
+};
+
+class AttentionBranch {
+ public:
+  virtual ~AttentionBranch() = default;
+
+  // The activations this module's recompute mode keeps for a micro-batch of up to max_batch
+  // sequences; `list` (optional) collects the F32 ones by name.
+  virtual AttentionRecord make_record(int max_batch, Allocator& alloc,
+                                      std::vector<NamedActivation>* list = nullptr) const = 0;
+  // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
+  virtual void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const = 0;
+  // ASSIGNS y[rows, C] = x + attention branch(x); x unchanged until backward.
+  virtual void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                       BlockWorkspace& ws) const = 0;
+  // Full recomputation: the forward again, into the workspace's record (y null: without the
+  // output projection and residual, only what the backward needs).
+  virtual void recompute(const BlockPass& mb, const float* x, float* y,
+                         BlockWorkspace& ws) const = 0;
+  // Given dres[rows, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the gradients. defer
+  // (zero-bubble BI): only the norm's now; the matmuls' wait in r.deferred for backward_weight.
+  virtual void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
+                        BlockWorkspace& ws, bool defer) const = 0;
+  virtual void backward_weight(const BlockPass& mb, AttentionRecord& r) const = 0;
+  // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
+  // current allocator).
+  virtual std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
+                                                                   Allocator* alloc) const = 0;
+  virtual int heads_local() const = 0;
+};
+
+}  // namespace tessera::nn

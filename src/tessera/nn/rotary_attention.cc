@@ -1,0 +1,295 @@
+#include "tessera/nn/rotary_attention.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/rmsnorm.h"
+#include "tessera/kernels/rope.h"
+#include "tessera/nn/kept_input.h"
+
+namespace tessera::nn {
+
+namespace k = tessera::kernels;
+
+std::shared_ptr<const RotaryTable> rotary_table(const GPTConfig& cfg) {
+  using Key = std::tuple<int, int64_t, double, double, double, double, double>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<const RotaryTable>> cache;
+  const k::RopeScaling& s = cfg.rope_scaling;
+  const Key key{cfg.head_dim(),    cfg.block_size,     cfg.rope_theta,          s.factor,
+                s.low_freq_factor, s.high_freq_factor, s.original_max_positions};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto t = cache[key].lock()) return t;
+  auto t = std::make_shared<RotaryTable>();
+  t->head_dim = cfg.head_dim();
+  t->positions = cfg.block_size;
+  std::vector<float> inv_freq(static_cast<size_t>(t->head_dim / 2));
+  k::rope_inverse_frequencies(inv_freq.data(), t->head_dim, cfg.rope_theta, s);
+  const size_t n = static_cast<size_t>(t->positions) * inv_freq.size();
+  t->cos.resize(n);
+  t->sin.resize(n);
+  k::rope_tables(t->cos.data(), t->sin.data(), inv_freq.data(), t->head_dim, t->positions);
+  cache[key] = t;
+  return t;
+}
+
+RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer,
+                                 const TensorSplit& split, Recompute recompute,
+                                 bool bf16_gemm_inputs)
+    : ps_(ps),
+      cfg_(cfg),
+      layer_(layer),
+      split_(split),
+      recompute_(recompute),
+      bf16_gemm_inputs_(bf16_gemm_inputs) {
+  const int t = split.size(), r = split.rank();
+  const int Hq = cfg.n_head, Hkv = cfg.kv_heads(), D = cfg.head_dim();
+  const int64_t C = cfg.n_embd;
+  TESSERA_CHECK_AS(ConfigError, Hq % t == 0 && Hkv % t == 0, "the tensor-parallel size ", t,
+                   " must divide the key/value heads (", Hkv, ") as well as the attention heads (",
+                   Hq, "): tensor parallelism splits key/value heads, it does not replicate them");
+  heads_ = {Hq / t, Hkv / t, D};
+  c_local_ = int64_t{heads_.q} * D;
+  // The output rows [r len, (r + 1) len) of an [out, in] weight (its bias likewise).
+  auto rows = [&](int64_t len) { return t == 1 ? ShardSpec{} : ShardSpec{0, 1, r * len, len}; };
+  const std::string h = "model.layers." + std::to_string(layer) + ".";
+  norm_ = ps.add(h + "input_layernorm.weight", {C}, Init::Ones, 0.0f, false);
+  auto column = [&](Linear& l, const char* name, int heads, int64_t global_heads) {
+    const int64_t out = int64_t{heads} * D;
+    l.weight = ps.add(h + "self_attn." + name + ".weight", {global_heads * D, C}, Init::Normal,
+                      kInitStd, true, rows(out));
+    if (cfg.qkv_bias)
+      l.bias = ps.add(h + "self_attn." + name + ".bias", {global_heads * D}, Init::Zeros, 0.0f,
+                      false, rows(out));
+    l.in = C, l.out = out, l.transposed = true;
+    ps.mark_gemm_weight(l.weight);
+  };
+  column(q_, "q_proj", heads_.q, Hq);
+  column(k_, "k_proj", heads_.kv, Hkv);
+  column(v_, "v_proj", heads_.kv, Hkv);
+  o_.weight = ps.add(h + "self_attn.o_proj.weight", {C, int64_t{Hq} * D}, Init::Normal, kInitStd,
+                     true, t == 1 ? ShardSpec{} : ShardSpec{1, 1, r * c_local_, c_local_});
+  if (cfg.o_bias) o_.bias = ps.add(h + "self_attn.o_proj.bias", {C}, Init::Zeros, 0.0f, false);
+  o_.in = c_local_, o_.out = C, o_.transposed = true;
+  ps.mark_gemm_weight(o_.weight);
+  mark_sequence_partial(ps, norm_, split);  // the norm sees this rank's rows only
+  rope_ = rotary_table(cfg);
+  site_attn_drop_ = stable_hash(h + "self_attn.attention_dropout");
+}
+
+void RotaryAttention::allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
+                               std::vector<NamedActivation>* list, bool keep_probabilities,
+                               bool keep_rest, DType gemm_inputs) const {
+  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  ActivationAllocator a(alloc, BT, BT * heads_.q * T, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
+  const std::string h = "model.layers." + std::to_string(layer_) + ".";
+  if (keep_rest) {
+    r.ln1 = rows(h + "input_layernorm", cfg_.n_embd, gemm_inputs);
+    r.ln1_rstd = rows(h + "input_layernorm.rstd", 1);
+    r.qkv = a(h + "qkv", heads_.width());
+    r.atty = a(h + "atty", c_local_, gemm_inputs);
+  }
+  if (keep_probabilities) {
+    r.att = a(h + "att", 0);
+    if (cfg_.dropout > 0.0f) r.att_drop = a(h + "att.dropped", 0);
+  }
+}
+
+AttentionRecord RotaryAttention::make_record(int max_batch, Allocator& alloc,
+                                             std::vector<NamedActivation>* list) const {
+  AttentionRecord r;
+  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
+           bf16_gemm_inputs_ ? DType::BF16 : DType::F32);
+  return r;
+}
+
+void RotaryAttention::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
+  if (recompute_ == Recompute::None || ws.attention) return;
+  const bool selective = recompute_ == Recompute::Selective;
+  ws.attention = std::make_unique<AttentionRecord>();
+  allocate(*ws.attention, max_batch, alloc, nullptr, true, !selective, DType::F32);
+  if (selective)
+    ws.atty = ActivationAllocator(alloc, static_cast<int64_t>(max_batch) * cfg_.block_size, 0,
+                                  nullptr)("block.recomputed_atty", c_local_);
+}
+
+void RotaryAttention::rotate(float* qkv, const BlockPass& mb, bool inverse) const {
+  const int64_t BT = mb.tokens();
+  std::vector<int64_t> pos(static_cast<size_t>(BT));
+  for (int64_t i = 0; i < BT; ++i) pos[static_cast<size_t>(i)] = i % mb.T;
+  const int D = heads_.size;
+  const int64_t W = heads_.width();
+  k::rope_apply(qkv, BT, heads_.q, D, W, pos.data(), rope_->cos.data(), rope_->sin.data(), inverse);
+  k::rope_apply(qkv + q_.out, BT, heads_.kv, D, W, pos.data(), rope_->cos.data(), rope_->sin.data(),
+                inverse);
+}
+
+void RotaryAttention::core(const BlockPass& mb, float* atty, float* att, float* att_drop,
+                           const float* qkv) const {
+  const bool drop = mb.p > 0.0f;
+  k::AttentionDropout ad{mb.p,
+                         mb.seed,
+                         mix_stream(mb.step, site_attn_drop_),
+                         mb.first_sample,
+                         split_.rank() * heads_.q,
+                         cfg_.n_head};
+  k::attention_forward(atty, att, drop ? att_drop : nullptr, qkv, mb.B, mb.T,
+                       k::AttentionHeads{heads_.q, heads_.kv, heads_.size}, drop ? &ad : nullptr);
+}
+
+void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                                  BlockWorkspace& ws) const {
+  const int64_t BT = mb.tokens(), C = cfg_.n_embd, W = heads_.width();
+  const TpRegion tp = branch_region(split_, mb, ws, C);
+  const int64_t R = tp.rows.size();
+  for (const Linear* l : {&q_, &k_, &v_, &o_}) ps_.refresh_bf16_copy(l->weight);
+  float* n = staging(r.ln1, ws.dln);
+  k::rmsnorm_forward(n, r.ln1_rstd.f32(), x, ps_.param_data(norm_), R, C, cfg_.ln_eps);
+  keep_rounded(r.ln1, n, R * C);
+  const k::GemmInput in = enter_tp(tp, n, kept(r.ln1));  // gathered once for q, k and v
+  float* qkv = r.qkv.f32();
+  linear_forward(ps_, q_, qkv, W, in, BT);
+  linear_forward(ps_, k_, qkv + q_.out, W, in, BT);
+  linear_forward(ps_, v_, qkv + q_.out + k_.out, W, in, BT);
+  rotate(qkv, mb, false);
+  float* atty = staging(r.atty, ws.datty);
+  core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, qkv);
+  keep_rounded(r.atty, atty, BT * c_local_);
+  if (y == nullptr) return;  // recomputing an attention half: nothing more for the backward
+  row_linear(tp, ps_, o_, y, kept(r.atty), x, BranchDropout{});
+}
+
+void RotaryAttention::forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                              BlockWorkspace& ws) const {
+  switch (recompute_) {
+    case Recompute::None:
+      run_forward(mb, x, y, r, ws);
+      return;
+    case Recompute::Selective: {
+      AttentionRecord& scratch = *ws.attention;
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      run_forward(mb, x, y, r, ws);
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      return;
+    }
+    case Recompute::Full:
+      run_forward(mb, x, y, *ws.attention, ws);
+      return;
+  }
+}
+
+void RotaryAttention::recompute(const BlockPass& mb, const float* x, float* y,
+                                BlockWorkspace& ws) const {
+  TESSERA_ASSERT(recompute_ == Recompute::Full && ws.attention, "recompute() of layer ", layer_,
+                 "'s attention without full recomputation");
+  run_forward(mb, x, y, *ws.attention, ws);
+}
+
+std::shared_ptr<AttentionRecord::Deferred> RotaryAttention::make_deferred(int64_t tokens,
+                                                                          Allocator* alloc) const {
+  const int64_t C = cfg_.n_embd;
+  auto d = std::make_shared<AttentionRecord::Deferred>();
+  d->tokens = tokens;
+  auto make = [&](int64_t width, const char* name) {
+    return Tensor::zeros({tokens * width}, DType::F32, MemCategory::Activations, name, alloc);
+  };
+  d->d_proj = make(C, "block.deferred.d_attn_proj");
+  d->d_attn = make(heads_.width(), "block.deferred.d_qkv");
+  if (recompute_ == Recompute::Full || split_.sequence_parallel())
+    d->ln1 = make(C, "block.deferred.ln_1");
+  if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
+  return d;
+}
+
+AttentionRecord::Deferred& RotaryAttention::deferred_for(const BlockPass& mb,
+                                                         AttentionRecord& r) const {
+  if (!r.deferred || r.deferred->tokens != mb.tokens())
+    r.deferred = make_deferred(mb.tokens(), nullptr);
+  return *r.deferred;
+}
+
+void RotaryAttention::backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
+                               BlockWorkspace& ws, bool defer) const {
+  AttentionRecord::Deferred* d = defer ? &deferred_for(mb, r) : nullptr;
+  switch (recompute_) {
+    case Recompute::None:
+      run_backward(mb, x, r, dres, ws, d);
+      return;
+    case Recompute::Selective: {  // the probabilities again, from the kept (rotated) qkv
+      AttentionRecord& scratch = *ws.attention;
+      core(mb, ws.atty.f32(), scratch.att.f32(),
+           scratch.att_drop.defined() ? scratch.att_drop.f32() : nullptr, r.qkv.f32());
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      run_backward(mb, x, r, dres, ws, d);
+      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
+      return;
+    }
+    case Recompute::Full: {
+      const AttentionRecord& full = *ws.attention;
+      run_backward(mb, x, full, dres, ws, d);
+      if (d)
+        std::memcpy(d->atty.f32(), full.atty.f32(),
+                    sizeof(float) * static_cast<size_t>(mb.tokens() * c_local_));
+      return;
+    }
+  }
+}
+
+void RotaryAttention::run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,
+                                   float* dres, BlockWorkspace& ws,
+                                   AttentionRecord::Deferred* defer) const {
+  const int64_t BT = mb.tokens(), C = cfg_.n_embd, W = heads_.width();
+  const TpRegion tp = branch_region(split_, mb, ws, C);
+  const int64_t R = tp.rows.size();
+  auto g = [&](int i) { return defer || i < 0 ? nullptr : ps_.grad_data(i); };
+  auto keep = [&](Tensor& slot, const float* from, int64_t width) {
+    if (defer && slot.defined())
+      std::memcpy(slot.f32(), from, sizeof(float) * static_cast<size_t>(BT * width));
+  };
+  const float* dy = row_linear_grad_output(tp, dres, BranchDropout{});
+  if (defer) keep(defer->d_proj, dy, C);
+  float* datty = ws.datty.f32();
+  linear_backward(ps_, o_, datty, false, g(o_.weight), g(o_.bias), dy, C, kept(r.atty), BT);
+  float* dqkv = ws.dqkv.f32();
+  k::attention_backward(dqkv, ws.dscratch.f32(), datty, r.att.f32(),
+                        mb.p > 0.0f ? r.att_drop.f32() : nullptr, r.qkv.f32(), mb.B, mb.T,
+                        k::AttentionHeads{heads_.q, heads_.kv, heads_.size}, mb.p);
+  rotate(dqkv, mb, true);  // the gradients of q and k before their rotation
+  if (defer) keep(defer->d_attn, dqkv, W);
+  const k::GemmInput in = column_linear_input(tp, r.ln1);
+  if (defer && defer->ln1.defined()) {
+    TESSERA_ASSERT(in.f32 != nullptr, "a zero-bubble copy of a bf16-kept input");
+    keep(defer->ln1, in.f32, C);
+  }
+  float* dn = ws.dln.f32();
+  linear_backward(ps_, q_, dn, false, g(q_.weight), g(q_.bias), dqkv, W, in, BT);
+  linear_backward(ps_, k_, dn, true, g(k_.weight), g(k_.bias), dqkv + q_.out, W, in, BT);
+  linear_backward(ps_, v_, dn, true, g(v_.weight), g(v_.bias), dqkv + q_.out + k_.out, W, in, BT);
+  k::rmsnorm_backward(dres, ps_.grad_data(norm_), column_linear_grad_input(tp, dn), x,
+                      ps_.param_data(norm_), r.ln1_rstd.f32(), R, C);
+}
+
+void RotaryAttention::backward_weight(const BlockPass& mb, AttentionRecord& r) const {
+  TESSERA_ASSERT(r.deferred != nullptr, "backward_weight of layer ", layer_,
+                 "'s attention without a deferred backward");
+  const AttentionRecord::Deferred& d = *r.deferred;
+  const int64_t BT = mb.tokens(), C = cfg_.n_embd, W = heads_.width();
+  auto in = [](const Tensor& copy, const Tensor& rec) { return kept(copy.defined() ? copy : rec); };
+  auto grad = [&](int i) { return i < 0 ? nullptr : ps_.grad_data(i); };
+  linear_backward(ps_, o_, nullptr, false, grad(o_.weight), grad(o_.bias), d.d_proj.f32(), C,
+                  in(d.atty, r.atty), BT);
+  const k::GemmInput n = in(d.ln1, r.ln1);
+  const float* dqkv = d.d_attn.f32();
+  linear_backward(ps_, q_, nullptr, false, grad(q_.weight), grad(q_.bias), dqkv, W, n, BT);
+  linear_backward(ps_, k_, nullptr, false, grad(k_.weight), grad(k_.bias), dqkv + q_.out, W, n, BT);
+  linear_backward(ps_, v_, nullptr, false, grad(v_.weight), grad(v_.bias), dqkv + q_.out + k_.out,
+                  W, n, BT);
+}
+
+}  // namespace tessera::nn
