@@ -29,6 +29,9 @@ struct PlanFlags {
   double dropout = 0;
   int moe_experts = 0, moe_top_k = 2, moe_every = 1;
   double moe_capacity_factor = 0, moe_skew = 1;
+  std::string arch = "gpt2";
+  int kv_heads = 0, ffn_dim = 0;
+  bool tie_embeddings = true, qkv_bias = false;
   int dp = 1, tp = 1, pp = 1, ep = 1, zero = 0, virtual_stages = 1, micro_batch = 0;
   bool sp = false;
   int devices = 0, top = 20, simulate_top = 32, calibrate_ranks = 2;
@@ -138,6 +141,11 @@ void run(PlanFlags& f, int& exit_code) {
   set("moe_top_k", r.model.moe.top_k, f.moe_top_k);
   set("moe_every", r.model.moe.every, f.moe_every);
   set("moe_capacity_factor", r.model.moe.capacity_factor, f.moe_capacity_factor);
+  if (f.has("arch")) r.model.arch = nn::parse_arch(f.arch);
+  set("kv_heads", r.model.kv_heads, f.kv_heads);
+  set("ffn_dim", r.model.ffn_dim, f.ffn_dim);
+  set("tie_embeddings", r.model.tie_embeddings, f.tie_embeddings);
+  set("qkv_bias", r.model.qkv_bias, f.qkv_bias);
   set("batch", r.global_batch, f.batch);
   set("bucket_mb", r.engine_options.bucket_mb, f.bucket_mb);
   if (f.has("optimizer")) r.engine_options.sgd = f.optimizer == "sgd";
@@ -225,6 +233,11 @@ void register_plan(CLI::App& root, int& exit_code) {
   opt("vocab", f->vocab, "Vocabulary size");
   opt("context", f->context, "Positions of the model (0: --seq)");
   opt("dropout", f->dropout, "Dropout probability (> 0 keeps dropout masks)");
+  opt("arch", f->arch, "Model family: gpt2 or llama (rotary, RMSNorm, GQA, SwiGLU)");
+  opt("kv_heads", f->kv_heads, "--arch llama: key/value heads (0: --heads)");
+  opt("ffn_dim", f->ffn_dim, "--arch llama: SwiGLU width (0: 256 x ceil(8 dim / 3 / 256))");
+  opt("tie_embeddings", f->tie_embeddings, "--arch llama: the head reads the token embedding");
+  opt("qkv_bias", f->qkv_bias, "--arch llama: biases on q, k and v");
   opt("moe_experts", f->moe_experts, "Experts per MoE layer (0: dense)");
   opt("moe_top_k", f->moe_top_k, "Experts per token");
   opt("moe_every", f->moe_every, "Every n-th block is an MoE block");

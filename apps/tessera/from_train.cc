@@ -1,5 +1,9 @@
 #include "from_train.h"
 
+#include <nlohmann/json.hpp>
+
+#include "tessera/io/atomic_file.h"
+#include "tessera/io/json_parse.h"
 #include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt_config.h"
 
@@ -17,6 +21,19 @@ ModelSpec model_of(const train::TrainConfig& c) {
   m.moe.top_k = c.moe_top_k;
   m.moe.every = c.moe_every;
   m.moe.capacity_factor = c.moe_capacity_factor;
+  m.arch = c.arch;
+  if (c.arch == nn::Arch::Llama) {
+    m.kv_heads = c.kv_heads;
+    m.ffn_dim = c.ffn_dim;
+    m.tie_embeddings = c.tie_embeddings;
+    m.qkv_bias = c.qkv_bias;
+  }
+  if (!c.model.empty()) {  // --model config.json: the architecture is the file's, seq the flag's
+    nlohmann::json j = io::parse_json(io::read_file(c.model));
+    j["seq"] = c.seq;
+    m = model_from_json(j, c.model);
+    m.dropout = c.dropout;
+  }
   return m;
 }
 

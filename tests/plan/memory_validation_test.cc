@@ -39,6 +39,7 @@ struct Case {
   int ep = 1, experts = 0;  // experts > 0: every block a mixture of experts, top-2
   float capacity = 0;
   std::string weight_copies = "auto";  // --bf16-weight-copies (auto: off on the emulated path)
+  bool llama = false;  // the Llama family: 4 heads over 2 key/value heads, SwiGLU 96, untied head
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -106,6 +107,12 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   c.moe_capacity_factor = k.capacity;
   c.bf16_gemm = kernels::Bf16Gemm::Emulated;  // any CPU
   c.bf16_weight_copies = nn::parse_weight_copies(k.weight_copies);
+  if (k.llama) {
+    c.arch = nn::Arch::Llama;
+    c.kv_heads = 2;
+    c.ffn_dim = 96;
+    c.tie_embeddings = false;
+  }
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* log = open_memstream(&buf, &len);
@@ -181,6 +188,16 @@ std::vector<Case> cases() {
        1.25f},
       {"moe_dp2_tp2_ep2_full", 2, 2, 1, 1, 0, 1, "1f1b", "full", 4, "fp32", false, 2, 4},
       {"moe_pp2_dp2_ep2", 2, 1, 2, 0, 2, 1, "1f1b", "none", 4, "fp32", false, 2, 4},
+      {"llama_one_rank", 1, 1, 1, 0, 0, 1, "1f1b", "none", 4, "fp32", false, 1, 0, 0.0f, "auto",
+       true},
+      {"llama_tp2_sp_selective", 1, 2, 1, 0, 0, 1, "1f1b", "selective", 4, "fp32", true, 1, 0, 0.0f,
+       "auto", true},
+      {"llama_dp2_zero3_full", 2, 1, 1, 3, 0, 1, "1f1b", "full", 4, "fp32", false, 1, 0, 0.0f,
+       "auto", true},
+      {"llama_pp2_zb_h1", 1, 1, 2, 0, 2, 1, "zb-h1", "none", 4, "fp32", false, 1, 0, 0.0f, "auto",
+       true},
+      {"llama_pp2_dp2_tp2_zero1_bf16", 2, 2, 2, 1, 2, 1, "1f1b", "none", 4, "bf16", false, 1, 0,
+       0.0f, "auto", true},
   };
 }
 

@@ -76,7 +76,11 @@ void read_rope(const Reader& r, HfGptConfig& c) {
 HfGptConfig parse_llama_family_config(const json& j, const std::string& source) {
   const Reader r{j, source};
   HfGptConfig c;
-  c.model_type = j["model_type"].get<std::string>();
+  const json type = j.value("model_type", json(nullptr));
+  TESSERA_CHECK_AS(ConfigError, type == "llama" || type == "mistral" || type == "qwen2", "in ",
+                   source, ", \"model_type\" is ", type.dump(),
+                   "; the Llama family is llama, mistral and qwen2");
+  c.model_type = type.get<std::string>();
   c.n_layer = r.positive("num_hidden_layers");
   c.n_head = r.positive("num_attention_heads");
   c.n_embd = r.positive("hidden_size");

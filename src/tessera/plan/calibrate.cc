@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tessera/comm/bench.h"
@@ -167,11 +168,13 @@ struct Gemm {
 // per-head attention blocks, as nn/block.cc and kernels/attention.cc run them.
 std::vector<Gemm> reference_gemms(const ModelSpec& m, int micro_batch) {
   const int BT = micro_batch * m.seq, C = m.hidden, hs = m.hidden / m.heads;
+  const int Q = static_cast<int>(m.qkv()), F = static_cast<int>(m.ffn());
+  const double up = m.arch == nn::Arch::Llama ? 2 : 1;  // SwiGLU's gate and up, or GELU's c_fc
   std::vector<Gemm> g;
-  for (const auto& [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
-    g.push_back({false, false, BT, N, K, 1});  // forward
-    g.push_back({false, true, BT, K, N, 1});   // input gradient
-    g.push_back({true, false, K, N, BT, 1});   // weight gradient
+  for (const auto& [K, N, n] : {std::tuple{C, Q, 1.0}, {C, C, 1.0}, {C, F, up}, {F, C, 1.0}}) {
+    g.push_back({false, false, BT, N, K, n});  // forward
+    g.push_back({false, true, BT, K, N, n});   // input gradient
+    g.push_back({true, false, K, N, BT, n});   // weight gradient
   }
   const int blk = kernels::kAttentionBlock;
   for (int r0 = 0; r0 < m.seq; r0 += blk) {

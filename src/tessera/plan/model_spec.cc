@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/io/hf_config.h"
 #include "tessera/nn/gpt_costs.h"
 
 namespace tessera::plan {
@@ -27,6 +28,7 @@ void validate(const ModelSpec& m) {
                    ") must be at least --seq (", m.seq, ")");
   TESSERA_CHECK_AS(ConfigError, m.dropout >= 0 && m.dropout < 1, "dropout must be in [0, 1), got ",
                    m.dropout);
+  if (m.arch == nn::Arch::Llama) nn::validate(to_gpt_config(m));  // key/value heads, ffn_dim
   const MoeSpec& e = m.moe;
   TESSERA_CHECK_AS(ConfigError, e.experts >= 0, "--moe-experts must be >= 0, got ", e.experts);
   if (!e.enabled()) return;
@@ -38,8 +40,24 @@ void validate(const ModelSpec& m) {
                    "--moe-capacity-factor must be >= 0 (0 = dropless), got ", e.capacity_factor);
 }
 
+int64_t ModelSpec::ffn() const {
+  return to_gpt_config(*this).mlp_hidden();
+}
+
+int64_t ModelSpec::qkv() const {
+  const nn::GPTConfig c = to_gpt_config(*this);
+  return static_cast<int64_t>(c.n_head + 2 * c.kv_heads()) * c.head_dim();
+}
+
 nn::GPTConfig to_gpt_config(const ModelSpec& m) {
   nn::GPTConfig c;
+  c.arch = m.arch;
+  if (m.arch == nn::Arch::Llama) {
+    c.n_kv_head = m.kv_heads;
+    c.ffn_dim = m.ffn_dim;
+    c.tie_embeddings = m.tie_embeddings;
+    c.qkv_bias = m.qkv_bias;
+  }
   c.n_layer = m.layers;
   c.n_head = m.heads;
   c.n_embd = m.hidden;
@@ -57,6 +75,13 @@ nlohmann::json to_json(const ModelSpec& m) {
   nlohmann::json j = {{"layers", m.layers},  {"hidden", m.hidden}, {"heads", m.heads},
                       {"seq", m.seq},        {"vocab", m.vocab},   {"context", m.block_size()},
                       {"dropout", m.dropout}};
+  if (m.arch == nn::Arch::Llama) {
+    j["arch"] = "llama";
+    j["kv_heads"] = m.kv_heads > 0 ? m.kv_heads : m.heads;
+    j["ffn_dim"] = m.ffn();
+    j["tie_embeddings"] = m.tie_embeddings;
+    j["qkv_bias"] = m.qkv_bias;
+  }
   if (m.moe.enabled())
     j["moe"] = {{"experts", m.moe.experts},
                 {"top_k", m.moe.top_k},
@@ -112,11 +137,34 @@ bool hf_ignored(const std::string& k) {
   return false;
 }
 
+// A Llama-family config.json, as `tessera train --model` reads it (io/hf_config.h).
+ModelSpec llama_family_from_json(const nlohmann::json& j, const std::string& source) {
+  nlohmann::json hf = j;
+  hf.erase("seq");
+  const io::HfGptConfig h = io::parse_llama_family_config(hf, source);
+  ModelSpec m;
+  m.arch = nn::Arch::Llama;
+  m.layers = h.n_layer;
+  m.hidden = h.n_embd;
+  m.heads = h.n_head;
+  m.kv_heads = h.num_key_value_heads;
+  m.ffn_dim = h.intermediate_size;
+  m.vocab = h.vocab_size;
+  m.tie_embeddings = h.tie_word_embeddings;
+  m.qkv_bias = h.attention_bias;
+  m.dropout = h.attention_dropout;
+  m.seq = j.contains("seq") ? int_field(j, "seq", source) : h.n_positions;
+  validate(m);
+  return m;
+}
+
 }  // namespace
 
 ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
   TESSERA_CHECK_AS(ConfigError, j.is_object(), source,
                    ": a model description must be a JSON object");
+  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "gpt2")
+    return llama_family_from_json(j, source);
   ModelSpec m;
   const bool hf = j.contains("n_layer") || j.contains("n_embd");
   for (const auto& [k, v] : j.items()) {
@@ -152,7 +200,17 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
       m.context = int_field(j, "context", source);
     else if (k == "dropout")
       m.dropout = number_field(j, "dropout", source);
-    else if (k == "moe") {
+    else if (k == "arch")
+      m.arch =
+          nn::parse_arch(j["arch"].is_string() ? j["arch"].get<std::string>() : j["arch"].dump());
+    else if (k == "kv_heads")
+      m.kv_heads = int_field(j, "kv_heads", source);
+    else if (k == "ffn_dim")
+      m.ffn_dim = int_field(j, "ffn_dim", source);
+    else if (k == "tie_embeddings" || k == "qkv_bias") {
+      TESSERA_CHECK_AS(ConfigError, v.is_boolean(), source, ": '", k, "' must be true or false");
+      (k == "tie_embeddings" ? m.tie_embeddings : m.qkv_bias) = v.get<bool>();
+    } else if (k == "moe") {
       TESSERA_CHECK_AS(ConfigError, v.is_object(), source, ": 'moe' must be an object");
       for (const auto& [mk, mv] : v.items()) {
         (void)mv;
@@ -169,7 +227,9 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
       }
     } else {
       TESSERA_CHECK_AS(ConfigError, false, source, ": unknown key '", k,
-                       "' (a model has layers, hidden, heads, seq, vocab, context, dropout, moe)");
+                       "' (a model has layers, hidden, heads, seq, vocab, context, dropout, moe, "
+                       "and for the Llama family arch, kv_heads, ffn_dim, tie_embeddings, "
+                       "qkv_bias)");
     }
   }
   if (hf && !j.contains("seq")) m.seq = m.context;
@@ -181,10 +241,16 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
 std::string describe(const ModelSpec& m) {
   char buf[256];
   const double n = static_cast<double>(m.total_params());
-  std::snprintf(buf, sizeof buf, "GPT L=%d C=%d heads=%d s=%d V=%d, %.4g%s parameters", m.layers,
-                m.hidden, m.heads, m.seq, m.vocab, n >= 1e9 ? n / 1e9 : n / 1e6,
-                n >= 1e9 ? "B" : "M");
+  std::snprintf(buf, sizeof buf, "%s L=%d C=%d heads=%d s=%d V=%d, %.4g%s parameters",
+                m.arch == nn::Arch::Llama ? "Llama" : "GPT", m.layers, m.hidden, m.heads, m.seq,
+                m.vocab, n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M");
   std::string s = buf;
+  if (m.arch == nn::Arch::Llama) {
+    std::snprintf(buf, sizeof buf, ", kv heads %d, ffn %lld%s",
+                  m.kv_heads > 0 ? m.kv_heads : m.heads, static_cast<long long>(m.ffn()),
+                  m.tie_embeddings ? ", tied" : ", untied");
+    s += buf;
+  }
   if (m.moe.enabled()) {
     std::snprintf(buf, sizeof buf, ", MoE %d experts top-%d every %d", m.moe.experts, m.moe.top_k,
                   m.moe.every);

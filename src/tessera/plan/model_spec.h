@@ -1,6 +1,7 @@
 // The model a plan is for, by its sizes only: GPT-2 (learned positions, pre-LayerNorm blocks, the
-// LM head tied to the token embedding), optionally with mixture-of-experts MLPs. Parameter counts
-// are global (before any sharding); nothing is allocated.
+// LM head tied to the token embedding), optionally with mixture-of-experts MLPs, or the Llama
+// family (rotary, RMSNorm, grouped-query attention, SwiGLU MLP of ffn_dim, tied or untied head).
+// Parameter counts are global (before any sharding); nothing is allocated.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +35,16 @@ struct ModelSpec {
   int context = 0;     // rows of wpe, and the length activation buffers are sized for; 0 = seq
   double dropout = 0;  // > 0: dropout masks are kept for the backward
   MoeSpec moe;
+  // The Llama family (nn/gpt_config.h).
+  nn::Arch arch = nn::Arch::Gpt2;
+  int kv_heads = 0;  // 0: heads
+  int ffn_dim = 0;   // 0: Llama's rule
+  bool tie_embeddings = true;
+  bool qkv_bias = false;
 
   int block_size() const { return context > 0 ? context : seq; }
-  int64_t ffn() const { return 4 * static_cast<int64_t>(hidden); }
+  int64_t ffn() const;  // the MLP's hidden width: 4C (GPT-2) or ffn_dim
+  int64_t qkv() const;  // the q/k/v projection's width: 3C, or (heads + 2 kv_heads) x head size
 
   // Global parameter counts and model FLOPs, from the one model of the model (nn/gpt_costs.h).
   int64_t total_params() const;
@@ -56,10 +64,13 @@ void validate(const ModelSpec& m);
 nn::GPTConfig to_gpt_config(const ModelSpec& m);
 
 // {"layers": .., "hidden": .., "heads": .., "seq": .., "vocab": .., "context": .., "dropout": ..,
-//  "moe": {"experts": .., "top_k": .., "every": .., "capacity_factor": ..}}
+//  "moe": {"experts": .., "top_k": .., "every": .., "capacity_factor": ..}}, and for the Llama
+// family "arch": "llama", "kv_heads", "ffn_dim", "tie_embeddings", "qkv_bias".
 nlohmann::json to_json(const ModelSpec& m);
-// Also accepts a Hugging Face GPT-2 config.json (n_layer, n_embd, n_head, n_positions,
-// vocab_size; seq defaults to n_positions). ConfigError on unknown keys or wrong types.
+// Also accepts a Hugging Face config.json: GPT-2's (n_layer, n_embd, n_head, n_positions,
+// vocab_size; seq defaults to n_positions; unknown keys are errors) or the Llama family's
+// (model_type llama, mistral or qwen2, read as `tessera train --model` reads it; seq defaults to
+// max_position_embeddings, and a "seq" key may be added). ConfigError on wrong types.
 ModelSpec model_from_json(const nlohmann::json& j, const std::string& source);
 
 std::string describe(

@@ -99,9 +99,13 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   const Cost attn_proj = linear_cost(eff, f.attn_proj, BT, C / t, C);
   // The busiest rank's experts run moe_skew x the balanced rows (at the balanced shapes).
   const double experts = moe && l.ep > 1 ? r.moe_skew : 1.0;
-  const Cost fc = linear_cost(eff, experts * f.mlp_linear / 2, rows, C, 4 * C / mlp_t);
-  const Cost proj = linear_cost(eff, experts * f.mlp_linear / 2, rows, 4 * C / mlp_t, C);
-  Cost c = linear_cost(eff, f.qkv, BT, C, 3 * C / t);
+  // The MLP's matmuls into its hidden width (GELU's c_fc; SwiGLU's gate and up: 2/3 of the
+  // FLOPs) and out of it.
+  const double F = static_cast<double>(m.ffn());
+  const double into = m.arch == nn::Arch::Llama ? 2.0 / 3.0 : 0.5;
+  const Cost fc = linear_cost(eff, experts * f.mlp_linear * into, rows, C, F / mlp_t);
+  const Cost proj = linear_cost(eff, experts * f.mlp_linear * (1 - into), rows, F / mlp_t, C);
+  Cost c = linear_cost(eff, f.qkv, BT, C, static_cast<double>(m.qkv()) / t);
   c += attn_proj;
   c += fc;
   c += proj;
@@ -160,8 +164,11 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   // The softmax pass (and the dropout's), less the softmax a measured attention kernel includes.
   const bool timed = r.gemm != nullptr && r.attention != nullptr;
   const double softmax = attn ? 2 * scores * ((drop ? 2 : 1) - (timed ? 1 : 0)) : 0;
+  // The activation between the MLP's matmuls: GELU reads and writes F = 4C; SwiGLU reads gate and
+  // up and writes their product.
+  const double act = (m.arch == nn::Arch::Llama ? 3.0 : 2.0) * static_cast<double>(m.ffn());
   double per_token =
-      halves * (2 * C * e + branch) * repl + (mlp ? k * 8 * C / mlp_t * e : 0) + softmax;
+      halves * (2 * C * e + branch) * repl + (mlp ? k * act / mlp_t * e : 0) + softmax;
   if (moe && mlp) per_token += 2 * m.moe.top_k * C * e + 2 * m.moe.experts * 4.0;
   w.fwd_bytes = BT * per_token;
   w.bwd_bytes = 2 * w.fwd_bytes;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/io/atomic_file.h"
+#include "tessera/nn/gpt_costs.h"
 #include "tessera/parallel/gather.h"
 #include "tessera/train/moe_stats.h"
 #include "tessera/train/rank_run.h"
@@ -39,19 +40,24 @@ std::string moe_line(const nn::MoeConfig& moe, const TrainConfig& cfg) {
 void RankRun::print_header() {
   if (!log_) return;  // the lead rank prints
   const nn::GPTConfig& m = plan_.mcfg;
-  char line[700];
+  char line[800];
+  // The Llama family: its model type, key/value heads, MLP width and head.
+  char family[160] = "GPT-2";
+  if (m.llama())
+    std::snprintf(family, sizeof family, "%s (kv heads %d, ffn %d, rope theta %g%s, %s head)",
+                  m.hf_model_type.empty() ? "Llama" : m.hf_model_type.c_str(), m.kv_heads(),
+                  m.mlp_hidden(), m.rope_theta, m.rope_scaling.factor > 0 ? " llama3-scaled" : "",
+                  m.tie_embeddings ? "tied" : "untied");
   std::snprintf(
       line, sizeof line,
-      "model: GPT-2 L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
+      "model: %s L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
       "%d tokens = dp %d x %d micro-batches x %d | tp %d%s | pp %d | zero %d | recompute %s | %s "
       "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
-      m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
-      static_cast<double>(first_model().num_params_without_wpe() +
-                          static_cast<int64_t>(m.block_size) * m.n_embd) /
-          1e6,
-      cfg_.batch, cfg_.seq, cfg_.dp, n_micro_, micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp,
-      cfg_.zero, nn::to_string(cfg_.recompute), std::string(world_.backend()).c_str(),
-      plan_.threads, static_cast<long long>(plan_.split.train.size()),
+      family, m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
+      static_cast<double>(nn::total_params(m)) / 1e6, cfg_.batch, cfg_.seq, cfg_.dp, n_micro_,
+      micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp, cfg_.zero, nn::to_string(cfg_.recompute),
+      std::string(world_.backend()).c_str(), plan_.threads,
+      static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
   say(log_, nullptr, precision_line());
