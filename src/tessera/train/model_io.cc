@@ -1,10 +1,24 @@
 #include "tessera/train/model_io.h"
 
+#include <charconv>
+#include <cstdlib>
+#include <string>
+
 #include "tessera/core/error.h"
 #include "tessera/io/tensor_set.h"
 #include "tessera/kernels/bf16.h"
 
 namespace tessera::train {
+
+namespace {
+// The double a float's shortest decimal names (1e-05f -> 1e-05, not 9.99999974737875e-06), so a
+// config.json shows the number that was configured.
+double shortest_double(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+}  // namespace
 
 io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
   io::HfGptConfig h;
@@ -13,7 +27,7 @@ io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
   h.n_embd = c.n_embd;
   h.n_positions = c.block_size;
   h.vocab_size = c.vocab_size;
-  h.layer_norm_epsilon = c.ln_eps;
+  h.layer_norm_epsilon = shortest_double(c.ln_eps);
   h.num_local_experts = c.moe.experts;
   h.num_experts_per_tok = c.moe.top_k;
   h.moe_every = c.moe.every;
