@@ -1,8 +1,12 @@
-"""Training steps of a Llama-style decoder in PyTorch eager, for bench/llama/vs_pytorch.sh.
+"""Training steps of a decoder in PyTorch eager, for bench/llama/vs_pytorch.sh.
 
-Two implementations of the same architecture (RMSNorm, rotary q/k in the half-rotation
-convention, grouped-query attention, SwiGLU MLP, untied head, no biases, no dropout):
-  hf     Hugging Face transformers' LlamaForCausalLM (attn_implementation "sdpa").
+Two implementations of each architecture:
+  --family llama (RMSNorm, rotary q/k in the half-rotation convention, grouped-query attention,
+                  SwiGLU MLP, untied head, no biases, no dropout)
+  --family gpt2  (learned positions, LayerNorm, fused q/k/v with biases, GELU (tanh) MLP of 4C,
+                  head tied to the token embedding, no dropout)
+  hf     Hugging Face transformers' LlamaForCausalLM / GPT2LMHeadModel (attn_implementation
+         "sdpa").
   plain  a short module written here that calls torch.nn.functional.scaled_dot_product_attention.
 Random tokens, AdamW, fp32. Prints one JSON line: the median step time and tokens/s of the steps
 after the warm-up ones. Needs torch (and transformers for hf), e.g. a venv with
@@ -59,6 +63,42 @@ class Block(torch.nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+class Gpt2Block(torch.nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.heads = a.heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(a.dim), torch.nn.LayerNorm(a.dim)
+        self.qkv = torch.nn.Linear(a.dim, 3 * a.dim)
+        self.proj = torch.nn.Linear(a.dim, a.dim)
+        self.fc = torch.nn.Linear(a.dim, 4 * a.dim)
+        self.fc_proj = torch.nn.Linear(4 * a.dim, a.dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class PlainGpt2(torch.nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.wte = torch.nn.Embedding(a.vocab, a.dim)
+        self.wpe = torch.nn.Embedding(a.seq, a.dim)
+        self.blocks = torch.nn.ModuleList(Gpt2Block(a) for _ in range(a.layers))
+        self.ln_f = torch.nn.LayerNorm(a.dim)
+        torch.nn.init.normal_(self.wte.weight, std=0.02)
+        torch.nn.init.normal_(self.wpe.weight, std=0.01)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
 class PlainLlama(torch.nn.Module):
     def __init__(self, a):
         super().__init__()
@@ -82,7 +122,13 @@ class PlainLlama(torch.nn.Module):
 
 def build(a):
     if a.impl == "plain":
-        return PlainLlama(a)
+        return PlainLlama(a) if a.family == "llama" else PlainGpt2(a)
+    if a.family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(vocab_size=a.vocab, n_positions=a.seq, n_embd=a.dim, n_layer=a.layers,
+                         n_head=a.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         use_cache=False, bos_token_id=None, eos_token_id=None)
+        return GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.dim, intermediate_size=a.ffn,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads,
@@ -95,6 +141,7 @@ def build(a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["hf", "plain"], required=True)
+    p.add_argument("--family", choices=["llama", "gpt2"], default="llama")
     p.add_argument("--threads", type=int, default=1)
     for k, v in dict(layers=12, dim=768, heads=12, kv_heads=4, ffn=2048, vocab=16384, seq=256,
                      batch=4, steps=8, warmup=2).items():
@@ -120,7 +167,7 @@ def main():
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     med = statistics.median(times[a.warmup:])
-    print(json.dumps({"impl": a.impl, "threads": a.threads, "params": n,
+    print(json.dumps({"family": a.family, "impl": a.impl, "threads": a.threads, "params": n,
                       "step_ms": round(med * 1e3, 1),
                       "tokens_per_s": round(a.batch * a.seq / med), "loss": round(losses[-1], 4),
                       "torch": torch.__version__}))

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# tessera against PyTorch eager on a Llama-style decoder of ~100M parameters (L=12, C=768, 12
-# query heads over 4 key/value heads, SwiGLU 2048, vocabulary 16384, untied head; B=4, T=256,
-# fp32, AdamW), one rank on 1 and on 2 threads: tessera, Hugging Face's LlamaForCausalLM (sdpa)
-# and a plain PyTorch module with scaled_dot_product_attention (bench/llama/torch_llama.py), the
-# three interleaved in each round so that machine drift hits them alike. Prints per run the median
-# tokens/s of the steps after the warm-up, then per thread count each round's tessera / faster
-# PyTorch ratio.
+# tessera against PyTorch eager, one rank on 1 and on 2 threads, fp32, AdamW, B=4, T=256, random
+# tokens: tessera, Hugging Face's implementation (sdpa) and a plain PyTorch module with
+# scaled_dot_product_attention (bench/llama/torch_llama.py), the three interleaved in each round
+# so that machine drift hits them alike. Prints per run the median tokens/s of the steps after the
+# warm-up, then per thread count each round's tessera / faster PyTorch ratio. FAMILY=llama (the
+# default): a Llama-style decoder of ~100M parameters (L=12, C=768, 12 query heads over 4
+# key/value heads, SwiGLU 2048, vocabulary 16384, untied head); FAMILY=gpt2: the engine's
+# benchmark GPT-2 (L=6, C=512, 8 heads, vocabulary 4096, tied head).
 #
 # Usage: bench/llama/vs_pytorch.sh [tessera] [python with torch and transformers]
-#   env: ROUNDS (3), STEPS (8), THREADS ("1 2")
+#   env: FAMILY (llama), ROUNDS (3), STEPS (8), THREADS ("1 2")
 # Takes ~10 minutes per round on 2 cores; wants a quiet machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,13 +25,23 @@ cat >"$work/config.json" <<JSON
  "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
  "tie_word_embeddings": false, "hidden_act": "silu"}
 JSON
+family=${FAMILY:-llama}
+if [ "$family" = gpt2 ]; then
+  vocab=4096
+  model=(--layers 6 --dim 512 --heads 8 --vocab 4096)
+  torch_model=(--family gpt2 --layers 6 --dim 512 --heads 8 --vocab 4096)
+else
+  vocab=16384
+  model=(--model "$work/config.json")
+  torch_model=(--family llama)
+fi
 python3 -c "import random,struct,sys
-r=random.Random(0); open(sys.argv[1],'wb').write(struct.pack('<200000H',*[r.randrange(16384) for _ in range(200000)]))" "$work/tokens.bin"
-echo "$(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); $("$py" -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)')"
+r=random.Random(0); v=int(sys.argv[2]); open(sys.argv[1],'wb').write(struct.pack('<200000H',*[r.randrange(v) for _ in range(200000)]))" "$work/tokens.bin" "$vocab"
+echo "$family: $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); $("$py" -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)')"
 tessera_run() {  # threads -> median tokens/s of steps 3..
   local m="$work/metrics.jsonl"
   rm -f "$m"
-  "$bin" train --model "$work/config.json" --data "$work/tokens.bin" --seq 256 --batch 4 \
+  "$bin" train "${model[@]}" --data "$work/tokens.bin" --seq 256 --batch 4 \
     --steps "$steps" --warmup 2 --threads "$1" --eval-every 0 --sample-tokens 0 --val-fraction 0 \
     --log-every 1 --metrics "$m" --cache-dir "$work/cache" >"$work/tessera.log" 2>&1 ||
     { cat "$work/tessera.log"; exit 1; }
@@ -39,7 +50,8 @@ r=[json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_s' in l]
 print(round(statistics.median(x['tokens_per_s'] for x in r if x['step']>=3)))" "$m"
 }
 torch_run() {  # impl threads -> tokens/s
-  "$py" "$here/torch_llama.py" --impl "$1" --threads "$2" --steps "$steps" --warmup 2 |
+  "$py" "$here/torch_llama.py" "${torch_model[@]}" --impl "$1" --threads "$2" --steps "$steps" \
+    --warmup 2 |
     python3 -c "import json,sys; print(json.loads(sys.stdin.read())['tokens_per_s'])"
 }
 declare -A ratios
