@@ -30,6 +30,33 @@ namespace k = tessera::kernels;
 TpRegion::TpRegion(const TensorSplit& s, int64_t n, int64_t w, float* g, float* p)
     : split(s), rows(token_range(s, n)), tokens(n), width(w), gathered(g), proj(p) {}
 
+std::optional<Linear> fused(const ParameterSet& ps, std::initializer_list<const Linear*> layers) {
+  const Linear& first = **layers.begin();
+  Linear f = first;
+  f.out = 0;
+  const Linear* prev = nullptr;
+  for (const Linear* l : layers) {
+    if (!l->transposed || l->in != first.in || (l->bias >= 0) != (first.bias >= 0))
+      return std::nullopt;
+    if (prev) {
+      const int64_t n = ps.infos()[prev->weight].local_numel();
+      const k::GemmInput a = ps.gemm_weight(prev->weight), b = ps.gemm_weight(l->weight);
+      const bool weights = ps.param_data(l->weight) == ps.param_data(prev->weight) + n &&
+                           (ps.grad_data(prev->weight) == nullptr ||
+                            ps.grad_data(l->weight) == ps.grad_data(prev->weight) + n) &&
+                           (a.bf16 == nullptr || b.bf16 == a.bf16 + n);
+      const bool biases =
+          first.bias < 0 || (ps.param_data(l->bias) == ps.param_data(prev->bias) + prev->out &&
+                             (ps.grad_data(prev->bias) == nullptr ||
+                              ps.grad_data(l->bias) == ps.grad_data(prev->bias) + prev->out));
+      if (!weights || !biases) return std::nullopt;
+    }
+    f.out += l->out;
+    prev = l;
+  }
+  return f;
+}
+
 void linear_forward(const ParameterSet& ps, const Linear& l, float* y, int64_t ldy, k::GemmInput x,
                     int64_t tokens) {
   const float* bias = l.bias >= 0 ? ps.param_data(l.bias) : nullptr;

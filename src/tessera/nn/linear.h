@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 
 #include "tessera/core/tensor.h"
 #include "tessera/kernels/gemm.h"
@@ -29,6 +31,13 @@ struct Linear {
   int64_t in = 0, out = 0;
   bool transposed = false;
 };
+
+// Several nn.Linear-layout layers that read one input (q, k and v; gate and up) as one layer of
+// their summed output width, when their weights (values, gradients and any bf16 copies) and
+// biases lie back to back where they are right now: then W_1, W_2, ... are the rows of one
+// [sum out, in] matrix and one GEMM computes what the layers' GEMMs would, into the same columns.
+// nullopt otherwise (padding between them, a missing bias on one of them).
+std::optional<Linear> fused(const ParameterSet& ps, std::initializer_list<const Linear*> layers);
 
 // ASSIGNS y[tokens, l.out] (row stride ldy >= l.out) = x[tokens, l.in] W (+ b).
 void linear_forward(const ParameterSet& ps, const Linear& l, float* y, int64_t ldy,

@@ -154,9 +154,13 @@ void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y,
   keep_rounded(r.ln1, n, R * C);
   const k::GemmInput in = enter_tp(tp, n, kept(r.ln1));  // gathered once for q, k and v
   float* qkv = r.qkv.f32();
-  linear_forward(ps_, q_, qkv, W, in, BT);
-  linear_forward(ps_, k_, qkv + q_.out, W, in, BT);
-  linear_forward(ps_, v_, qkv + q_.out + k_.out, W, in, BT);
+  if (const auto f = fused(ps_, {&q_, &k_, &v_})) {  // one GEMM when the weights are adjacent
+    linear_forward(ps_, *f, qkv, W, in, BT);
+  } else {
+    linear_forward(ps_, q_, qkv, W, in, BT);
+    linear_forward(ps_, k_, qkv + q_.out, W, in, BT);
+    linear_forward(ps_, v_, qkv + q_.out + k_.out, W, in, BT);
+  }
   rotate(qkv, mb, false);
   float* atty = staging(r.atty, ws.datty);
   core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, qkv);
@@ -268,9 +272,13 @@ void RotaryAttention::run_backward(const BlockPass& mb, const float* x, const At
     keep(defer->ln1, in.f32, C);
   }
   float* dn = ws.dln.f32();
-  linear_backward(ps_, q_, dn, false, g(q_.weight), g(q_.bias), dqkv, W, in, BT);
-  linear_backward(ps_, k_, dn, true, g(k_.weight), g(k_.bias), dqkv + q_.out, W, in, BT);
-  linear_backward(ps_, v_, dn, true, g(v_.weight), g(v_.bias), dqkv + q_.out + k_.out, W, in, BT);
+  if (const auto f = fused(ps_, {&q_, &k_, &v_})) {
+    linear_backward(ps_, *f, dn, false, g(f->weight), g(f->bias), dqkv, W, in, BT);
+  } else {
+    linear_backward(ps_, q_, dn, false, g(q_.weight), g(q_.bias), dqkv, W, in, BT);
+    linear_backward(ps_, k_, dn, true, g(k_.weight), g(k_.bias), dqkv + q_.out, W, in, BT);
+    linear_backward(ps_, v_, dn, true, g(v_.weight), g(v_.bias), dqkv + q_.out + k_.out, W, in, BT);
+  }
   k::rmsnorm_backward(dres, ps_.grad_data(norm_), column_linear_grad_input(tp, dn), x,
                       ps_.param_data(norm_), r.ln1_rstd.f32(), R, C);
 }
@@ -286,6 +294,10 @@ void RotaryAttention::backward_weight(const BlockPass& mb, AttentionRecord& r) c
                   in(d.atty, r.atty), BT);
   const k::GemmInput n = in(d.ln1, r.ln1);
   const float* dqkv = d.d_attn.f32();
+  if (const auto f = fused(ps_, {&q_, &k_, &v_})) {
+    linear_backward(ps_, *f, nullptr, false, grad(f->weight), grad(f->bias), dqkv, W, n, BT);
+    return;
+  }
   linear_backward(ps_, q_, nullptr, false, grad(q_.weight), grad(q_.bias), dqkv, W, n, BT);
   linear_backward(ps_, k_, nullptr, false, grad(k_.weight), grad(k_.bias), dqkv + q_.out, W, n, BT);
   linear_backward(ps_, v_, nullptr, false, grad(v_.weight), grad(v_.bias), dqkv + q_.out + k_.out,

@@ -84,8 +84,12 @@ void SwigluMlp::run_forward(const BlockPass& mb, const float* x, float* y, Swigl
   keep_rounded(r.ln2, n, R * C);
   const k::GemmInput in = enter_tp(tp, n, kept(r.ln2));  // gathered once for gate and up
   float* gu = r.gu.f32();
-  linear_forward(ps_, gate_, gu, 2 * F, in, BT);
-  linear_forward(ps_, up_, gu + F, 2 * F, in, BT);
+  if (const auto f = fused(ps_, {&gate_, &up_})) {  // one GEMM when the weights are adjacent
+    linear_forward(ps_, *f, gu, 2 * F, in, BT);
+  } else {
+    linear_forward(ps_, gate_, gu, 2 * F, in, BT);
+    linear_forward(ps_, up_, gu + F, 2 * F, in, BT);
+  }
   float* h = staging(r.h, ws.dfch);
   k::swiglu_forward(h, gu, gu + F, BT, F, 2 * F);
   keep_rounded(r.h, h, BT * F);
@@ -169,8 +173,12 @@ void SwigluMlp::run_backward(const BlockPass& mb, const float* x, SwigluMlpRecor
     keep(defer->ln2, in.f32, C);
   }
   float* dn = ws.dln.f32();
-  linear_backward(ps_, gate_, dn, false, g(gate_.weight), nullptr, gu, 2 * F, in, BT);
-  linear_backward(ps_, up_, dn, true, g(up_.weight), nullptr, gu + F, 2 * F, in, BT);
+  if (const auto f = fused(ps_, {&gate_, &up_})) {
+    linear_backward(ps_, *f, dn, false, g(f->weight), nullptr, gu, 2 * F, in, BT);
+  } else {
+    linear_backward(ps_, gate_, dn, false, g(gate_.weight), nullptr, gu, 2 * F, in, BT);
+    linear_backward(ps_, up_, dn, true, g(up_.weight), nullptr, gu + F, 2 * F, in, BT);
+  }
   k::rmsnorm_backward(dres, ps_.grad_data(norm_), column_linear_grad_input(tp, dn), x,
                       ps_.param_data(norm_), r.ln2_rstd.f32(), R, C);
 }
@@ -185,6 +193,11 @@ void SwigluMlp::backward_weight(const BlockPass& mb, MlpRecord& record) const {
   linear_backward(ps_, down_, nullptr, false, ps_.grad_data(down_.weight), nullptr, d.d_down.f32(),
                   C, in(d.h, r.h), BT);
   const k::GemmInput n = in(d.ln2, r.ln2);
+  if (const auto f = fused(ps_, {&gate_, &up_})) {
+    linear_backward(ps_, *f, nullptr, false, ps_.grad_data(f->weight), nullptr, d.d_gu.f32(), 2 * F,
+                    n, BT);
+    return;
+  }
   linear_backward(ps_, gate_, nullptr, false, ps_.grad_data(gate_.weight), nullptr, d.d_gu.f32(),
                   2 * F, n, BT);
   linear_backward(ps_, up_, nullptr, false, ps_.grad_data(up_.weight), nullptr, d.d_gu.f32() + F,
