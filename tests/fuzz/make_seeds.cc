@@ -59,6 +59,24 @@ void safetensors_seeds(const fs::path& out) {
   io::save_safetensors(out / "seed-none.safetensors", {});
 }
 
+// Indexes naming the shards fuzz_safetensors_index.cc keeps beside them.
+void safetensors_index_seeds(const fs::path& out, const fs::path& scratch) {
+  fs::create_directories(out);
+  const fs::path model = scratch / "sharded";
+  io::save_safetensors_sharded(
+      model,
+      {{"a", ramp({2}, DType::F32)}, {"b", ramp({3}, DType::BF16)}, {"c", ramp({2}, DType::F16)}},
+      14, {{"format", "pt"}});
+  put(out / "seed-tessera.json", io::read_file(model / io::kSafetensorsIndexFile));
+  // As transformers writes it (total_parameters, a stale copy of "a" in the second shard
+  // ignored), and the smallest index there is.
+  put(out / "seed-hf.json",
+      "{\n  \"metadata\": {\n    \"total_parameters\": 7,\n    \"total_size\": 18\n  },\n"
+      "  \"weight_map\": {\n    \"a\": \"model-00001-of-00002.safetensors\",\n"
+      "    \"c\": \"model-00002-of-00002.safetensors\"\n  }\n}\n");
+  put(out / "seed-empty.json", R"({"weight_map": {}})");
+}
+
 void hf_config_seeds(const fs::path& out) {
   fs::create_directories(out);
   io::write_hf_config(out / "seed-gpt2.json", io::HfGptConfig{});
@@ -142,6 +160,7 @@ int main(int argc, char** argv) {
     raw_tokens_seeds(out / "raw_tokens");
     const fs::path scratch = out / ".scratch";
     checkpoint_seeds(out / "checkpoint", scratch);
+    safetensors_index_seeds(out / "safetensors_index", scratch);
     fs::remove_all(scratch);
     train_config_seeds(out / "train_config");
   } catch (const std::exception& e) {

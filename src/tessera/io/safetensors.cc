@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tessera/core/error.h"
+#include "tessera/io/atomic_file.h"
 #include "tessera/io/half.h"
 #include "tessera/io/json_parse.h"
 
@@ -70,30 +71,42 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(path)), map_(path_) {
-  const uint64_t size = map_.size();
-  TESSERA_CHECK_AS(IoError, size >= 8, where(), " is not a valid safetensors file: it is ", size,
-                   " bytes long, but the format starts with an 8-byte header length");
+// One mapped safetensors file, validated when it is constructed and immutable afterwards.
+struct SafetensorsFile::Shard {
+  explicit Shard(std::filesystem::path p);
+
+  std::filesystem::path path;
+  MappedFile map;
+  const std::byte* data = nullptr;  // start of the data section
+  uint64_t data_size = 0;
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+
+ private:
+  void parse_header(uint64_t header_len);
+  [[noreturn]] void invalid(const std::string& msg) const;
+};
+
+SafetensorsFile::Shard::Shard(std::filesystem::path p) : path(std::move(p)), map(path) {
+  const uint64_t size = map.size();
+  TESSERA_CHECK_AS(IoError, size >= 8, path.string(), " is not a valid safetensors file: it is ",
+                   size, " bytes long, but the format starts with an 8-byte header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) {
-    header_len |= static_cast<uint64_t>(std::to_integer<uint8_t>(map_.data()[i])) << (8 * i);
+    header_len |= static_cast<uint64_t>(std::to_integer<uint8_t>(map.data()[i])) << (8 * i);
   }
-  TESSERA_CHECK_AS(IoError, header_len <= size - 8, where(),
+  TESSERA_CHECK_AS(IoError, header_len <= size - 8, path.string(),
                    " is truncated or not a safetensors file: its header length field says ",
                    header_len, " bytes, but only ", size - 8, " bytes follow it");
   parse_header(header_len);
 }
 
-std::string SafetensorsFile::where() const {
-  return path_.string();
+void SafetensorsFile::Shard::invalid(const std::string& msg) const {
+  throw IoError(detail::concat("invalid safetensors file ", path.string(), ": ", msg));
 }
 
-void SafetensorsFile::invalid(const std::string& msg) const {
-  throw IoError(detail::concat("invalid safetensors file ", where(), ": ", msg));
-}
-
-void SafetensorsFile::parse_header(uint64_t header_len) {
-  const char* h = reinterpret_cast<const char*>(map_.data() + 8);
+void SafetensorsFile::Shard::parse_header(uint64_t header_len) {
+  const char* h = reinterpret_cast<const char*>(map.data() + 8);
   json j;
   try {
     j = parse_json(std::string_view(h, header_len));
@@ -104,15 +117,15 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
   if (!j.is_object()) {
     invalid(std::string("the header must be a JSON object, but it is a JSON ") + j.type_name());
   }
-  data_ = map_.data() + 8 + header_len;
-  data_size_ = map_.size() - 8 - header_len;
+  data = map.data() + 8 + header_len;
+  data_size = map.size() - 8 - header_len;
 
   for (const auto& [name, entry] : j.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) invalid("\"__metadata__\" must be an object of strings");
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) invalid("metadata value \"" + k + "\" must be a string");
-        metadata_[k] = v.get<std::string>();
+        metadata[k] = v.get<std::string>();
       }
       continue;
     }
@@ -157,21 +170,21 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
     info.begin = off[0].get<uint64_t>();
     info.end = off[1].get<uint64_t>();
     if (info.begin > info.end) invalid(t + " has data_offsets " + off.dump() + " with begin > end");
-    if (info.end > data_size_) {
+    if (info.end > data_size) {
       invalid(detail::concat(t, " has data_offsets ", off.dump(), " beyond the end of the data (",
-                             data_size_, " bytes); the file may be truncated"));
+                             data_size, " bytes); the file may be truncated"));
     }
     if (info.end - info.begin != nbytes) {
       invalid(detail::concat(t, " has data_offsets ", off.dump(), " (", info.end - info.begin,
                              " bytes) but its shape ", shape_str(info.shape), " and dtype ",
                              dtype_name(info.dtype), " need ", nbytes, " bytes"));
     }
-    tensors_.emplace(name, std::move(info));
+    tensors.emplace(name, std::move(info));
   }
 
   // Tensors must tile the data section exactly: no overlaps, no holes, nothing after the end.
   std::vector<std::pair<const std::string*, const TensorInfo*>> order;
-  for (const auto& [name, info] : tensors_) order.emplace_back(&name, &info);
+  for (const auto& [name, info] : tensors) order.emplace_back(&name, &info);
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return std::tie(a.second->begin, a.second->end) < std::tie(b.second->begin, b.second->end);
   });
@@ -180,7 +193,7 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
   for (const auto& [name, info] : order) {
     if (info->begin < pos) {
       invalid(detail::concat("tensors '", *prev, "' and '", *name, "' overlap (bytes ",
-                             intervals_str(tensors_.at(*prev).begin, pos), " and ",
+                             intervals_str(tensors.at(*prev).begin, pos), " and ",
                              intervals_str(info->begin, info->end), ")"));
     }
     if (info->begin > pos) {
@@ -190,37 +203,192 @@ void SafetensorsFile::parse_header(uint64_t header_len) {
     if (info->end > pos) prev = name;
     pos = info->end;
   }
-  if (pos != data_size_) {
-    invalid(detail::concat("the data section holds ", data_size_,
+  if (pos != data_size) {
+    invalid(detail::concat("the data section holds ", data_size,
                            " bytes but the tensors cover only ", pos,
                            "; the header and the data do not match"));
   }
 }
 
-std::vector<std::string> SafetensorsFile::names() const {
-  std::vector<std::string> out;
-  out.reserve(tensors_.size());
-  for (const auto& [name, info] : tensors_) out.push_back(name);
+SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(path)) {
+  auto shard = std::make_shared<const Shard>(path_);
+  for (const auto& [name, info] : shard->tensors) tensors_.emplace(name, Entry{&info, shard.get()});
+  metadata_ = shard->metadata;
+  shards_.push_back(std::move(shard));
+}
+
+SafetensorsFile SafetensorsFile::open_model(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  TESSERA_CHECK_AS(IoError, fs::exists(st), "cannot open model weights ", path.string(), ": ",
+                   fs::status_known(st) ? "it does not exist" : ec.message());
+  if (fs::is_directory(st)) {
+    const fs::path single = path / kSafetensorsModelFile;
+    const fs::path index = path / kSafetensorsIndexFile;
+    if (fs::exists(single, ec)) return SafetensorsFile(single);
+    if (fs::exists(index, ec)) return open_index(index);
+    throw IoError(detail::concat("the directory ", path.string(),
+                                 " holds no model weights: it has neither ", kSafetensorsModelFile,
+                                 " nor ", kSafetensorsIndexFile));
+  }
+  if (path.extension() == ".json") return open_index(path);
+  return SafetensorsFile(path);
+}
+
+namespace {
+
+// A shard named by an index must be a file in the index's folder: a plain file name.
+bool plain_file_name(const std::string& s) {
+  return !s.empty() && s != "." && s != ".." &&
+         s.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+}
+
+// The weight_map keys that appear more than once (JSON allows it; nlohmann, like Python's json,
+// keeps the last). `text` already parsed once, so this parse cannot fail.
+std::vector<std::string> duplicate_weight_map_keys(std::string_view text) {
+  std::string top;  // the top-level key being parsed
+  std::map<std::string, int> seen;
+  std::vector<std::string> dups;
+  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key) {
+      if (depth == 1) top = parsed.get<std::string>();
+      if (depth == 2 && top == "weight_map" && ++seen[parsed.get<std::string>()] == 2) {
+        dups.push_back(parsed.get<std::string>());
+      }
+    }
+    return true;
+  };
+  [[maybe_unused]] const json again = json::parse(text, cb);
+  return dups;
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open_index(const std::filesystem::path& index) {
+  namespace fs = std::filesystem;
+  const std::string where = index.string();
+  const auto invalid = [&](const std::string& msg) {
+    throw IoError(detail::concat("invalid safetensors index ", where, ": ", msg));
+  };
+  const std::string text = read_file(index);
+  json j;
+  try {
+    j = parse_json(text);
+  } catch (const json::exception& e) {
+    invalid(detail::concat("it is not valid JSON (", printable(e.what()), ")"));
+  }
+  if (!j.is_object()) {
+    invalid(std::string("it must be a JSON object, but it is a JSON ") + j.type_name());
+  }
+  if (!j.contains("weight_map")) invalid("it has no \"weight_map\"");
+  const json& wm = j.at("weight_map");
+  if (!wm.is_object()) {
+    invalid(std::string("\"weight_map\" must be an object mapping tensor names to shard file ") +
+            "names, but it is a JSON " + wm.type_name());
+  }
+  if (const auto dups = duplicate_weight_map_keys(text); !dups.empty()) {
+    invalid(detail::concat("\"weight_map\" names tensor '", dups.front(),
+                           "' more than once, so its shard is ambiguous"));
+  }
+  std::map<std::string, std::vector<std::string>> by_shard;  // shard -> tensors
+  for (const auto& [name, v] : wm.items()) {
+    if (!v.is_string()) {
+      invalid(detail::concat("\"weight_map\" maps tensor '", name, "' to ", printable(v.dump()),
+                             "; shard file names must be strings"));
+    }
+    const std::string shard = v.get<std::string>();
+    if (!plain_file_name(shard)) {
+      invalid(detail::concat("\"weight_map\" maps tensor '", name, "' to \"", printable(shard),
+                             "\", which is not a file name in the index's folder (no '/', '\\', ",
+                             "'.' or '..')"));
+    }
+    by_shard[shard].push_back(name);
+  }
+  SafetensorsFile out;
+  if (j.contains("metadata")) {
+    const json& md = j.at("metadata");
+    if (!md.is_object()) {
+      invalid(std::string("\"metadata\" must be an object, but it is a JSON ") + md.type_name());
+    }
+    for (const auto& [k, v] : md.items()) {
+      out.metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    }
+  }
+
+  const fs::path dir = index.parent_path();
+  for (const auto& [shard, names] : by_shard) {
+    std::error_code ec;
+    TESSERA_CHECK_AS(IoError, fs::exists(dir / shard, ec), where, " names ", shard,
+                     ", which does not exist (tensor '", names.front(), "'",
+                     names.size() > 1 ? detail::concat(" and ", names.size() - 1, " more") : "",
+                     " should be in it)");
+  }
+  std::map<std::string, const Shard*> shard_of;
+  for (const auto& [shard, names] : by_shard) {
+    out.shards_.push_back(std::make_shared<const Shard>(dir / shard));
+    shard_of[shard] = out.shards_.back().get();
+  }
+  for (const auto& [shard, names] : by_shard) {
+    const Shard* s = shard_of.at(shard);
+    for (const std::string& name : names) {
+      auto it = s->tensors.find(name);
+      if (it == s->tensors.end()) {
+        std::string hint;
+        for (const auto& [other, o] : shard_of) {
+          if (o->tensors.count(name)) hint = " (" + other + " has it)";
+        }
+        throw IoError(detail::concat(where, " maps tensor '", name, "' to ", shard,
+                                     ", which has no tensor of that name", hint));
+      }
+      out.tensors_.emplace(name, Entry{&it->second, s});
+    }
+  }
+  out.path_ = index;
+  out.sharded_ = true;
   return out;
 }
 
-const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+std::vector<std::filesystem::path> SafetensorsFile::shard_paths() const {
+  std::vector<std::filesystem::path> out;
+  for (const auto& s : shards_) out.push_back(s->path);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const std::filesystem::path& SafetensorsFile::file_of(const std::string& name) const {
+  return entry(name).shard->path;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, e] : tensors_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
   auto it = tensors_.find(name);
-  TESSERA_CHECK_AS(IoError, it != tensors_.end(), "the safetensors file ", where(),
-                   " has no tensor named '", name, "'");
+  TESSERA_CHECK_AS(IoError, it != tensors_.end(),
+                   sharded_ ? "the sharded safetensors model " : "the safetensors file ",
+                   path_.string(), " has no tensor named '", name, "'");
   return it->second;
 }
 
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  return *entry(name).info;
+}
+
 std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
-  const TensorInfo& ti = info(name);
-  return {data_ + ti.begin, static_cast<size_t>(ti.end - ti.begin)};
+  const Entry& e = entry(name);
+  return {e.shard->data + e.info->begin, static_cast<size_t>(e.info->end - e.info->begin)};
 }
 
 void SafetensorsFile::read_f32(const std::string& name, float* out, int64_t count) const {
-  const TensorInfo& ti = info(name);
-  TESSERA_CHECK_AS(ShapeError, count == ti.numel(), "cannot read tensor '", name, "' of ", where(),
-                   ": it has shape ", shape_str(ti.shape), " (", ti.numel(),
-                   " elements) but the destination holds ", count, " floats");
+  const Entry& e = entry(name);
+  TESSERA_CHECK_AS(ShapeError, count == e.info->numel(), "cannot read tensor '", name, "' of ",
+                   e.shard->path.string(), ": it has shape ", shape_str(e.info->shape), " (",
+                   e.info->numel(), " elements) but the destination holds ", count, " floats");
   read_slice_f32(name, 0, count, out);
 }
 
@@ -233,21 +401,24 @@ Tensor SafetensorsFile::read_f32(const std::string& name, MemCategory cat) const
 
 void SafetensorsFile::read_slice_f32(const std::string& name, int64_t offset, int64_t count,
                                      float* out) const {
-  const TensorInfo& ti = info(name);
+  const Entry& e = entry(name);
+  const TensorInfo& ti = *e.info;
   TESSERA_CHECK_AS(IoError, convertible_to_f32(ti.dtype), "cannot read tensor '", name, "' of ",
-                   where(), " as F32: its dtype is ", dtype_name(ti.dtype),
+                   e.shard->path.string(), " as F32: its dtype is ", dtype_name(ti.dtype),
                    ", and only F32, BF16 and F16 convert to F32");
   TESSERA_CHECK_AS(ShapeError, offset >= 0 && count >= 0 && offset <= ti.numel() - count,
                    "elements [", offset, ", ", offset + count, ") are out of range for tensor '",
-                   name, "' of ", where(), ", which has ", ti.numel(), " elements");
+                   name, "' of ", e.shard->path.string(), ", which has ", ti.numel(), " elements");
   const size_t es = dtype_size(ti.dtype);
-  convert_to_f32(ti.dtype, data_ + ti.begin + static_cast<uint64_t>(offset) * es, count, out);
+  convert_to_f32(ti.dtype, e.shard->data + ti.begin + static_cast<uint64_t>(offset) * es, count,
+                 out);
 }
 
 Tensor SafetensorsFile::read_raw(const std::string& name, MemCategory cat) const {
-  const TensorInfo& ti = info(name);
+  const Entry& e = entry(name);
+  const TensorInfo& ti = *e.info;
   Tensor t = Tensor::empty(ti.shape, ti.dtype, cat, name);
-  if (ti.end > ti.begin) std::memcpy(t.raw(), data_ + ti.begin, ti.end - ti.begin);
+  if (ti.end > ti.begin) std::memcpy(t.raw(), e.shard->data + ti.begin, ti.end - ti.begin);
   return t;
 }
 
