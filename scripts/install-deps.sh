@@ -9,6 +9,8 @@ packages=(
   libcli11-dev               # command-line parsing
   libdnnl-dev                # oneDNN 2.6: bf16 GEMMs on CPUs with avx512_bf16/AMX (optional: without it, emulated)
   zlib1g-dev                 # crc32 for checkpoint checksums
+  libpcre2-dev               # PCRE2: the pre-tokenizer regexes of Hugging Face tokenizer.json files
+  libsentencepiece-dev       # SentencePiece tokenizer.model files (Llama 2, Mistral)
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   fortunes fortunes-min      # the default training corpus
 )
