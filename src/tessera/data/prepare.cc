@@ -6,6 +6,8 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/data/bpe_tokenizer_adapter.h"
+#include "tessera/data/load_tokenizer.h"
 #include "tessera/data/token_file.h"
 
 namespace tessera::data {
@@ -52,6 +54,26 @@ std::optional<PreparedData> load_cache_entry(const fs::path& entry) {
   }
 }
 
+// Text encoded with a tokenizer of another format (a Hugging Face or SentencePiece file): each
+// document, then the tokenizer's EOS when it has one. In memory; the tokenizer stays its file.
+PreparedData encode_with_external(const DataOptions& o, const TextCorpus& corpus,
+                                  std::shared_ptr<const Tokenizer> t, const std::string& what) {
+  PreparedData p;
+  std::vector<uint32_t> ids;
+  const std::optional<uint32_t> eos = t->special_tokens().eos;
+  for (const auto& doc : corpus.documents) {
+    const std::vector<uint32_t> d = t->encode(doc);
+    ids.insert(ids.end(), d.begin(), d.end());
+    if (eos) ids.push_back(*eos);
+  }
+  p.vocab_size = t->vocab_size();
+  p.external = std::move(t);
+  p.external_source = *o.tokenizer;
+  p.tokens = std::make_shared<TokenVector>(
+      std::move(ids), what + " (tokenized in memory with " + o.tokenizer->string() + ")");
+  return p;
+}
+
 PreparedData prepare_text(const DataOptions& o, DataFormat format) {
   std::vector<fs::path> files;
   std::string what;
@@ -68,7 +90,26 @@ PreparedData prepare_text(const DataOptions& o, DataFormat format) {
   TextCorpus corpus = read_text_corpus(files);
 
   std::optional<BpeTokenizer> given;
-  if (o.tokenizer) given = BpeTokenizer::load(*o.tokenizer);
+  std::shared_ptr<const Tokenizer> external;
+  if (o.tokenizer) {
+    std::shared_ptr<const Tokenizer> t = load_tokenizer(*o.tokenizer);
+    if (t->kind() == "tessera-bpe")
+      given = BpeTokenizer::load(fs::is_directory(*o.tokenizer) ? *o.tokenizer / "tokenizer.json"
+                                                                : *o.tokenizer);
+    else
+      external = std::move(t);
+  }
+  if (external) {
+    PreparedData p = encode_with_external(o, corpus, std::move(external), what);
+    p.format = format;
+    p.text_bytes = static_cast<int64_t>(corpus.bytes);
+    p.documents = static_cast<int64_t>(corpus.documents.size());
+    p.description = detail::concat(what, ": ", files.size(), " file(s), ", corpus.documents.size(),
+                                   " documents, ", corpus.bytes, " bytes -> ", p.tokens->size(),
+                                   " tokens (vocab ", p.vocab_size, ", ", p.external->kind(), " ",
+                                   o.tokenizer->string(), ")");
+    return p;
+  }
   // The cache key: the corpus, and either the given tokenizer or the training settings.
   uint64_t key = mix_stream(corpus.fingerprint, stable_hash("tessera-data-cache-v1"));
   key = given ? mix_stream(key, given->fingerprint())
@@ -118,8 +159,15 @@ PreparedData prepare_tokens(const DataOptions& o, DataFormat format) {
                                         ? TokenFile::open(o.data)
                                         : TokenFile::open_raw_uint16(o.data);
   if (o.tokenizer) {
-    p.tokenizer = BpeTokenizer::load(*o.tokenizer);
-    p.vocab_size = p.tokenizer->vocab_size();
+    std::shared_ptr<const Tokenizer> t = load_tokenizer(*o.tokenizer);
+    p.vocab_size = t->vocab_size();
+    if (t->kind() == "tessera-bpe") {
+      p.tokenizer = BpeTokenizer::load(
+          fs::is_directory(*o.tokenizer) ? *o.tokenizer / "tokenizer.json" : *o.tokenizer);
+    } else {
+      p.external = std::move(t);
+      p.external_source = *o.tokenizer;
+    }
   } else if (file->vocab_size() != 0) {
     p.vocab_size = file->vocab_size();
   } else {
@@ -135,6 +183,12 @@ PreparedData prepare_tokens(const DataOptions& o, DataFormat format) {
 }
 
 }  // namespace
+
+std::shared_ptr<const Tokenizer> PreparedData::text_tokenizer() const {
+  if (external) return external;
+  if (tokenizer) return std::make_shared<BpeTokenizerAdapter>(*tokenizer);
+  return nullptr;
+}
 
 PreparedData prepare_data(const DataOptions& options) {
   if (options.data.empty()) return prepare_text(options, DataFormat::kTextDirectory);

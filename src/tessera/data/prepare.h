@@ -11,6 +11,7 @@
 #include "tessera/data/bpe_tokenizer.h"
 #include "tessera/data/corpus.h"
 #include "tessera/data/token_source.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
 
@@ -36,6 +37,13 @@ struct PreparedData {
   // The tokenizer: trained, loaded from the cache or from DataOptions::tokenizer. Empty for
   // token inputs read without a tokenizer.
   std::optional<BpeTokenizer> tokenizer;
+  // A tokenizer of another format that DataOptions::tokenizer names (a Hugging Face tokenizer.json,
+  // a SentencePiece tokenizer.model: load_tokenizer.h) and that file. Text is then encoded with it
+  // document by document, each followed by its EOS, and kept in memory (not cached).
+  std::shared_ptr<const Tokenizer> external;
+  std::filesystem::path external_source;
+  // The tokenizer the text was encoded with, of either kind; null for token inputs without one.
+  std::shared_ptr<const Tokenizer> text_tokenizer() const;
   // Every token id is < vocab_size (checked).
   int64_t vocab_size = 0;
   DataFormat format = DataFormat::kText;
