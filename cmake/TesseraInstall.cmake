@@ -27,8 +27,8 @@ set(TESSERA_PUBLIC_HEADERS_nn
     unit_hooks.h unit_model.h)
 set(TESSERA_PUBLIC_HEADERS_optim adamw.h grad_clip.h lr_schedule.h optimizer.h sgd.h)
 set(TESSERA_PUBLIC_HEADERS_data
-    bpe_tokenizer.h corpus.h dataset.h eval_windows.h prepare.h sampler.h token_file.h
-    token_source.h)
+    bpe_tokenizer.h bpe_tokenizer_adapter.h corpus.h dataset.h eval_windows.h load_tokenizer.h
+    prepare.h sampler.h token_file.h token_source.h tokenizer.h)
 set(TESSERA_PUBLIC_HEADERS_io atomic_file.h checkpoint.h checksum.h hf_config.h safetensors.h
     tensor_set.h)
 # buckets.h and zero.h are the engine's internals that data_parallel.h needs: installed, not stable.
@@ -154,7 +154,8 @@ set(CPACK_PACKAGE_VENDOR "tessera")
 set(CPACK_PACKAGE_CONTACT "tessera maintainers")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "C++20 library for training GPT models across many ranks (static libraries, headers, CMake package)")
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libopenblas-dev, nlohmann-json3-dev, zlib1g-dev, pkg-config")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS
+    "libopenblas-dev, nlohmann-json3-dev, zlib1g-dev, pkg-config, libpcre2-dev, libsentencepiece-dev")
 if(TESSERA_CONFIG_WITH_MPI)
   string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libopenmpi-dev")
 endif()
