@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-all_targets=(checkpoint hf_config raw_tokens safetensors safetensors_index token_file tokenizer train_config)
+all_targets=(checkpoint hf_config hf_tokenizer raw_tokens safetensors safetensors_index token_file tokenizer train_config)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do

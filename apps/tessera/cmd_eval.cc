@@ -71,7 +71,7 @@ void register_eval(CLI::App& root, int& exit_code) {
   cmd->add_option("--data", f->data,
                   "Text, tessera token file, or raw uint16 .bin; empty: the default corpus");
   cmd->add_option("--tokenizer", f->tokenizer,
-                  "tokenizer.json (default: the one beside the weights)");
+                  "tokenizer.json or tokenizer.model (default: the one beside the weights)");
   cmd->add_option("--seq", f->seq, "Window length (default: the model's context)");
   cmd->add_option("--batch", f->batch, "Windows per forward pass")
       ->check(CLI::PositiveNumber)
