@@ -129,3 +129,88 @@ TEST(Attention, RejectsKeyValueHeadsNotDividingQueryHeads) {
 
 }  // namespace
 }  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+// attention_decode against a float64 reference written from its contract: query i (position
+// pos0 + i) of head h attends over keys [0, pos0 + i] of key/value head h / (q / kv). Rows with
+// padding (ldq, ldkv wider than the heads) so that strides are honoured.
+struct DecodeCase {
+  int n;
+  int64_t pos0;
+  int q, kv, hs;
+};
+
+class AttentionDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(AttentionDecodeTest, MatchesTheFloat64Reference) {
+  const auto [n, pos0, q, kv, hs] = GetParam();
+  const AttentionHeads heads{q, kv, hs};
+  const int64_t L = pos0 + n, C = int64_t{q} * hs;
+  const int64_t ldq = C + 3, ldkv = int64_t{kv} * hs + 5;
+  const auto qs = randn(static_cast<size_t>(n * ldq), 31);
+  const auto ks = randn(static_cast<size_t>(L * ldkv), 32);
+  const auto vs = randn(static_cast<size_t>(L * ldkv), 33);
+  std::vector<float> out(static_cast<size_t>(n * C), 123.0f);
+  // The scratch the kernel asks for, then a guard it must not touch.
+  const size_t used = static_cast<size_t>(attention_decode_scratch(n, pos0 + n, heads));
+  std::vector<float> scratch(used + 64, -7.0f);
+  attention_decode(out.data(), qs.data(), ldq, ks.data(), vs.data(), ldkv, n, pos0, heads,
+                   scratch.data());
+  for (size_t i = used; i < scratch.size(); ++i) ASSERT_EQ(scratch[i], -7.0f) << "scratch overrun";
+  const int G = q / kv;
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < q; ++h) {
+      const int64_t keys = pos0 + i + 1, g = h / G;
+      std::vector<double> s(static_cast<size_t>(keys));
+      double mx = -1e300, z = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double d = 0;
+        for (int e = 0; e < hs; ++e)
+          d += static_cast<double>(qs[i * ldq + h * hs + e]) * ks[j * ldkv + g * hs + e];
+        s[j] = d / std::sqrt(static_cast<double>(hs));
+        mx = std::max(mx, s[j]);
+      }
+      for (double& x : s) z += (x = std::exp(x - mx));
+      for (int e = 0; e < hs; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j < keys; ++j) o += s[j] / z * vs[j * ldkv + g * hs + e];
+        ASSERT_NEAR(out[i * C + h * hs + e], o, 1e-5 * (1 + std::abs(o)))
+            << "query " << i << " at position " << pos0 + i << ", head " << h;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDecodeTest,
+                         ::testing::Values(DecodeCase{1, 0, 1, 1, 4}, DecodeCase{1, 9, 6, 2, 4},
+                                           DecodeCase{1, 9, 4, 1, 8}, DecodeCase{1, 100, 3, 3, 4},
+                                           DecodeCase{5, 0, 4, 4, 4}, DecodeCase{5, 7, 6, 3, 4},
+                                           DecodeCase{70, 3, 4, 2, 4}, DecodeCase{130, 0, 2, 1, 4},
+                                           DecodeCase{3, 100, 4, 2, 4}));
+
+// The n rows of a prefill at position 0 are attention_forward's rows of the whole sequence.
+TEST(AttentionDecode, APrefillIsTheForwardsRows) {
+  const int T = 70, q = 4, kv = 2, hs = 4;
+  const AttentionHeads heads{q, kv, hs};
+  const int W = heads.row_width(), C = q * hs;
+  const auto qkv = randn(static_cast<size_t>(T) * W, 34);
+  std::vector<float> want(static_cast<size_t>(T) * C), att(static_cast<size_t>(q) * T * T);
+  attention_forward(want.data(), att.data(), nullptr, qkv.data(), 1, T, heads);
+  std::vector<float> got(want.size()),
+      scratch(static_cast<size_t>(attention_decode_scratch(T, T, heads)));
+  attention_decode(got.data(), qkv.data(), W, qkv.data() + C, qkv.data() + C + kv * hs, W, T, 0,
+                   heads, scratch.data());
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << i;
+}
+
+TEST(AttentionDecode, RejectsEmptySteps) {
+  std::vector<float> x(64);
+  EXPECT_THROW(attention_decode(x.data(), x.data(), 8, x.data(), x.data(), 8, 0, 0,
+                                AttentionHeads{2, 1, 4}, x.data()),
+               ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera::kernels

@@ -2,10 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <ostream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "gpt_reference.h"
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/nn/gpt_costs.h"
 
@@ -358,5 +364,328 @@ TEST(GPT, BadConfigsAndBatchesAreClearErrors) {
   EXPECT_THROW(fresh.backward(), Error);
 }
 
+}  // namespace
+}  // namespace tessera::nn
+
+namespace tessera::nn {
+namespace {
+namespace decode {
+
+// Generation with a key/value cache (KvCache, GPT::decode): for every model family (GPT-2,
+// GPT-2 with a mixture of experts, the Llama family with grouped-query, multi-query and plain
+// heads, q/k/v biases, tied and untied heads, Llama 3's rope scaling, dropout configured but off
+// in inference, recomputation), decoding a sequence token by token, and in chunks (a prefill of
+// several tokens, then steps), gives the logits of the full forward at every position; a full
+// cache refuses more, and a reset one starts over; models that cannot decode say why.
+
+GPTConfig gpt2(int block_size = 24) {
+  GPTConfig c;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.block_size = block_size;
+  c.vocab_size = 53;
+  c.dropout = 0.1f;  // configured, off in inference
+  return c;
+}
+
+GPTConfig gpt2_moe() {
+  GPTConfig c = gpt2();
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.every = 2;  // block 1 MoE, blocks 0 and 2 dense
+  return c;
+}
+
+// 4 query heads over 2 key/value heads, a SwiGLU width of 48.
+GPTConfig llama(int kv_heads = 2, bool tied = true) {
+  GPTConfig c;
+  c.arch = Arch::Llama;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_kv_head = kv_heads;
+  c.n_embd = 32;
+  c.ffn_dim = 48;
+  c.block_size = 24;
+  c.vocab_size = 53;
+  c.rope_theta = 500000.0;
+  c.tie_embeddings = tied;
+  c.dropout = 0.1f;
+  c.ln_eps = 1e-6f;
+  return c;
+}
+
+struct Case {
+  std::string name;
+  GPTConfig cfg;
+  Recompute recompute = Recompute::None;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({"gpt2", gpt2()});
+  v.push_back({"gpt2_recompute_full", gpt2(), Recompute::Full});
+  v.push_back({"gpt2_moe", gpt2_moe()});
+  v.push_back({"llama_gqa_tied", llama(2, true)});
+  v.push_back({"llama_gqa_untied", llama(2, false)});
+  v.push_back({"llama_mqa", llama(1, false)});
+  GPTConfig mha = llama(4, true);
+  v.push_back({"llama_mha_selective", mha, Recompute::Selective});
+  GPTConfig qwen = llama(2, false);
+  qwen.qkv_bias = true;
+  qwen.o_bias = true;
+  v.push_back({"qwen2_qkv_bias", qwen});
+  GPTConfig l3 = llama(2, true);
+  l3.rope_scaling = {8.0, 1.0, 4.0, 16.0};  // original_max_positions 16 < block_size: all bands
+  v.push_back({"llama3_rope_scaling", l3});
+  return v;
+}
+
+// Initialises, then adds noise to every parameter (both sets) so that biases, gains and every path
+// carry non-trivial values.
+void init_noisy_all(GPT& m, uint64_t seed) {
+  m.initialize(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  for (ParamGroup g : {ParamGroup::Model, ParamGroup::Experts}) {
+    ParameterSet& ps = m.params(g);
+    if (ps.size() == 0) continue;
+    float* w = ps.flat_params().f32();
+    for (const ParamInfo& p : ps.infos())
+      for (int64_t i = 0; i < p.local_numel(); ++i) w[p.offset + i] += d(rng);
+  }
+}
+
+std::vector<int32_t> random_tokens(const GPTConfig& c, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = tok(rng);
+  return t;
+}
+
+// The logits [T, V] of the full forward of tokens[0, T) (inference).
+std::vector<float> full_logits(GPT& m, const std::vector<int32_t>& tokens) {
+  const int T = static_cast<int>(tokens.size()), V = m.config().vocab_size;
+  m.forward(Batch{tokens.data(), nullptr, 1, T, 0}, StepContext{3, 7, false, 1.0f});
+  return std::vector<float>(m.logits(), m.logits() + int64_t{T} * V);
+}
+
+// max_j |got_j - want_j| / max_j |want_j| of one position's logits.
+double relative_error(const float* got, const float* want, int V) {
+  double diff = 0, scale = 0;
+  for (int j = 0; j < V; ++j) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[j]) - want[j]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[j])));
+  }
+  return diff / scale;
+}
+
+constexpr double kTolerance = 1e-5;
+
+// Decodes `tokens` in steps of chunks[0], chunks[1], ... (the rest one by one) and compares each
+// position's logits with the full forward's. Returns the worst relative error.
+double worst_over_chunks(GPT& m, const std::vector<int32_t>& tokens, const std::vector<int>& chunks,
+                         const std::string& what) {
+  const int T = static_cast<int>(tokens.size()), V = m.config().vocab_size;
+  const std::vector<float> want = full_logits(m, tokens);
+  KvCache cache = m.make_kv_cache();
+  std::vector<float> got(static_cast<size_t>(T) * V);
+  double worst = 0;
+  size_t c = 0;
+  for (int pos = 0; pos < T;) {
+    const int n = c < chunks.size() ? std::min(chunks[c++], T - pos) : 1;
+    EXPECT_EQ(cache.length(), pos);
+    float* rows = got.data() + int64_t{pos} * V;
+    if (n == 1 && pos % 2 == 1) {  // the form that returns the last row
+      const float* last = m.decode(tokens.data() + pos, n, cache);
+      std::copy(last, last + V, rows);
+    } else {
+      m.decode(tokens.data() + pos, n, cache, rows);
+    }
+    for (int i = pos; i < pos + n; ++i) {
+      const double e = relative_error(got.data() + int64_t{i} * V, want.data() + int64_t{i} * V, V);
+      EXPECT_LE(e, kTolerance) << what << ": position " << i << " (step of " << n << " at " << pos
+                               << ")";
+      worst = std::max(worst, e);
+    }
+    pos += n;
+  }
+  EXPECT_EQ(cache.length(), T);
+  return worst;
+}
+
+class Decode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Decode, TokenByTokenAndInChunksGiveTheFullForwardsLogitsAtEveryPosition) {
+  const Case& k = GetParam();
+  Allocator alloc("decode");
+  GPTLayout layout;
+  layout.recompute = k.recompute;
+  GPT m(k.cfg, 2, alloc, layout);
+  init_noisy_all(m, 11);
+  ASSERT_TRUE(m.can_decode()) << m.decode_unsupported();
+  const int T = k.cfg.block_size;
+  const std::vector<int32_t> tokens = random_tokens(k.cfg, T, 5);
+  double worst = worst_over_chunks(m, tokens, {}, k.name + " token by token");
+  worst = std::max(worst, worst_over_chunks(m, tokens, {7, 1, 1, 5, 3}, k.name + " in chunks"));
+  worst = std::max(worst, worst_over_chunks(m, tokens, {T}, k.name + " one prefill"));
+  // Shorter sequences (the full forward of T' < block_size tokens) as well.
+  const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 9);
+  worst = std::max(worst, worst_over_chunks(m, head, {4}, k.name + " 9 tokens"));
+  RecordProperty("worst_relative_error", std::to_string(worst));
+  std::printf("[          ] %s: worst relative error %.3g\n", k.name.c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Decode, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// Prefills of more than one block of queries (kernels::kAttentionBlock = 64).
+TEST(DecodeLong, PrefillsLongerThanOneAttentionBlock) {
+  for (GPTConfig c : {gpt2(80), llama(2, false)}) {
+    c.block_size = 80;
+    c.n_layer = 2;
+    Allocator alloc("decode");
+    GPT m(c, 1, alloc);
+    init_noisy_all(m, 12);
+    const std::vector<int32_t> tokens = random_tokens(c, 80, 6);
+    worst_over_chunks(m, tokens, {70, 1, 2}, std::string(to_string(c.arch)) + " 70 + 1 + 2 + 1...");
+    worst_over_chunks(m, tokens, {1, 66}, std::string(to_string(c.arch)) + " 1 + 66 + 1...");
+  }
+}
+
+TEST(DecodeCache, AFullCacheRefusesMoreAndAResetOneStartsOver) {
+  for (const GPTConfig& c : {gpt2(), llama()}) {
+    Allocator alloc("decode");
+    GPT m(c, 1, alloc);
+    init_noisy_all(m, 13);
+    const int T = c.block_size, V = c.vocab_size;
+    const std::vector<int32_t> tokens = random_tokens(c, T + 1, 7);
+    KvCache cache = m.make_kv_cache();
+    EXPECT_EQ(cache.capacity(), T);
+    EXPECT_EQ(cache.layers(), c.n_layer);
+    EXPECT_EQ(cache.width(), int64_t{c.llama() ? c.kv_heads() : c.n_head} * c.head_dim());
+    m.decode(tokens.data(), T - 2, cache);
+    EXPECT_THROW(m.decode(tokens.data() + T - 2, 3, cache), ShapeError);  // 1 past the end
+    EXPECT_EQ(cache.length(), T - 2);                                     // unchanged
+    m.decode(tokens.data() + T - 2, 2, cache);
+    EXPECT_TRUE(cache.full());
+    EXPECT_THROW(m.decode(tokens.data() + T, 1, cache), ShapeError);
+    // Reset: the window slid by one, prefilled at [0, T), is the full forward of that window.
+    cache.reset();
+    EXPECT_EQ(cache.length(), 0);
+    const std::vector<int32_t> window(tokens.begin() + 1, tokens.end());
+    std::vector<float> got(static_cast<size_t>(T) * V);
+    m.decode(window.data(), T, cache, got.data());
+    const std::vector<float> want = full_logits(m, window);
+    for (int i = 0; i < T; ++i)
+      EXPECT_LE(relative_error(got.data() + int64_t{i} * V, want.data() + int64_t{i} * V, V),
+                kTolerance)
+          << to_string(c.arch) << " position " << i;
+    // A smaller cache holds fewer positions.
+    KvCache small = m.make_kv_cache(5);
+    EXPECT_EQ(small.capacity(), 5);
+    m.decode(tokens.data(), 5, small);
+    EXPECT_THROW(m.decode(tokens.data(), 1, small), ShapeError);
+    EXPECT_THROW(m.make_kv_cache(T + 1), ConfigError);
+    EXPECT_THROW(m.make_kv_cache(-1), ConfigError);
+  }
+}
+
+// The cache holds each layer's keys (after rotation, in a rotary model) and values: those the
+// full forward's record keeps in its qkv.
+TEST(DecodeCache, HoldsTheForwardsKeysAndValues) {
+  for (const GPTConfig& c : {gpt2(), llama(2, false)}) {
+    Allocator alloc("decode");
+    GPT m(c, 1, alloc);
+    init_noisy_all(m, 14);
+    const int T = c.block_size;
+    const std::vector<int32_t> tokens = random_tokens(c, T, 8);
+    std::unique_ptr<StageRecord> rec = m.make_record();
+    m.forward(StepContext{0, 0, false, 1.0f}, Batch{tokens.data(), nullptr, 1, T, 0}, *rec);
+    const GPT::Record& r = static_cast<const GPT::Record&>(*rec);
+    KvCache cache = m.make_kv_cache();
+    for (int t = 0; t < T; ++t) m.decode(tokens.data() + t, 1, cache);
+    const int64_t Wk = cache.width(), q = int64_t{c.n_head} * c.head_dim(), row = q + 2 * Wk;
+    for (int l = 0; l < c.n_layer; ++l) {
+      const float* qkv = r.blocks[static_cast<size_t>(l)].attention->qkv.f32();
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < Wk; ++j) {
+          const float k = qkv[t * row + q + j], v = qkv[t * row + q + Wk + j];
+          ASSERT_NEAR(cache.keys(l)[t * Wk + j], k, 1e-5 * (1 + std::abs(k)))
+              << to_string(c.arch) << " layer " << l << " position " << t;
+          ASSERT_NEAR(cache.values(l)[t * Wk + j], v, 1e-5 * (1 + std::abs(v)))
+              << to_string(c.arch) << " layer " << l << " position " << t;
+        }
+    }
+  }
+}
+
+TEST(DecodeCache, RejectsBadTokensAndAnotherModelsCache) {
+  const GPTConfig c = gpt2();
+  Allocator alloc("decode");
+  GPT m(c, 1, alloc), other(c, 1, alloc);
+  KvCache cache = m.make_kv_cache();
+  const int32_t bad[] = {3, c.vocab_size};
+  EXPECT_THROW(m.decode(bad, 2, cache), ConfigError);
+  EXPECT_EQ(cache.length(), 0);
+  const int32_t ok[] = {3};
+  EXPECT_THROW(other.decode(ok, 1, cache), Error);
+  EXPECT_THROW(m.decode(ok, 0, cache), ShapeError);
+}
+
+TEST(DecodeCache, LivesInTheActivationsCategory) {
+  const GPTConfig c = llama(2, false);
+  Allocator alloc("decode");
+  GPT m(c, 1, alloc);
+  const size_t before = alloc.in_use(MemCategory::Activations);
+  const size_t params = alloc.in_use(MemCategory::Parameters);
+  {
+    KvCache cache = m.make_kv_cache();
+    // At least the keys and values of every layer and position.
+    const size_t kv = sizeof(float) * 2 * c.n_layer * c.block_size * cache.width();
+    EXPECT_GE(alloc.in_use(MemCategory::Activations), before + kv);
+    EXPECT_EQ(alloc.in_use(MemCategory::Parameters), params);
+  }
+  EXPECT_EQ(alloc.in_use(MemCategory::Activations), before);  // freed with the cache
+}
+
+TEST(DecodeCache, ModelsThatCannotDecodeSayWhy) {
+  Allocator alloc("decode");
+  {  // a pipeline stage
+    GPTLayout stage;
+    stage.last_unit = 2;
+    GPT m(gpt2(), 1, alloc, stage);
+    EXPECT_FALSE(m.can_decode());
+    EXPECT_NE(m.decode_unsupported().find("whole model"), std::string::npos);
+    EXPECT_THROW(m.make_kv_cache(), ConfigError);
+  }
+  {  // tensor parallelism
+    auto tp = comm::placeholder_group(2, 0);
+    auto ep = comm::placeholder_group(1, 0);
+    GPT m(llama(), 1, alloc, GPTLayout{}, *tp, *ep);
+    EXPECT_NE(m.decode_unsupported().find("tensor parallelism"), std::string::npos);
+    EXPECT_THROW(m.make_kv_cache(), ConfigError);
+  }
+  {  // ZeRO-3: the parameters are not resident
+    GPTLayout zero3;
+    zero3.full_params = false;
+    GPT m(gpt2(), 1, alloc, zero3);
+    EXPECT_NE(m.decode_unsupported().find("resident"), std::string::npos);
+  }
+  {  // a mixture of experts with a capacity
+    GPTConfig c = gpt2_moe();
+    c.moe.capacity_factor = 1.25f;
+    GPT m(c, 1, alloc);
+    EXPECT_NE(m.decode_unsupported().find("dropless"), std::string::npos);
+    EXPECT_THROW(m.make_kv_cache(), ConfigError);
+  }
+}
+
+}  // namespace decode
 }  // namespace
 }  // namespace tessera::nn

@@ -109,6 +109,53 @@ void attention_forward(float* out, float* att, float* att_drop, const float* qkv
   }
 }
 
+int64_t attention_decode_scratch(int max_n, int64_t positions, const AttentionHeads& heads) {
+  check_attention_heads(heads);
+  // A block of up to kAttentionBlock queries, or one query's heads of a key/value head, by the
+  // keys they see.
+  return int64_t{std::max(std::min(max_n, kAttentionBlock), heads.q / heads.kv)} * positions;
+}
+
+void attention_decode(float* out, const float* q, int64_t ldq, const float* k, const float* v,
+                      int64_t ldkv, int n, int64_t pos0, const AttentionHeads& heads,
+                      float* scratch) {
+  check_attention_heads(heads);
+  TESSERA_CHECK_AS(ShapeError, n > 0 && pos0 >= 0, "attention_decode: ", n,
+                   " new queries at position ", pos0);
+  const int NH = heads.q, hs = heads.size, G = heads.q / heads.kv;
+  const int64_t C = int64_t{NH} * hs;  // out's width
+  const int lq = static_cast<int>(ldq), lkv = static_cast<int>(ldkv), ldo = static_cast<int>(C);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  if (n == 1) {
+    // One query: the G query heads of a key/value head are the rows of one [G, hs] matrix (they lie
+    // side by side in the query row), so each key/value head is one pair of GEMMs.
+    const int L = static_cast<int>(pos0 + 1);
+    for (int g = 0; g < heads.kv; ++g) {
+      const int64_t col = int64_t{g} * G * hs;
+      gemm(false, true, G, L, hs, scale, q + col, hs, k + int64_t{g} * hs, lkv, 0.0f, scratch, L);
+      for (int r = 0; r < G; ++r) causal_softmax_row(scratch + int64_t{r} * L, L - 1, L);
+      gemm(false, false, G, hs, L, 1.0f, scratch, L, v + int64_t{g} * hs, lkv, 0.0f, out + col, hs);
+    }
+    return;
+  }
+  for (int h = 0; h < NH; ++h) {
+    const float* kh = k + int64_t{h / G} * hs;  // the key/value head of query head h
+    const float* vh = v + int64_t{h / G} * hs;
+    for (int r0 = 0; r0 < n; r0 += kAttentionBlock) {
+      const int r1 = std::min(n, r0 + kAttentionBlock), rb = r1 - r0;
+      const int L = static_cast<int>(pos0 + r1);  // the keys the block's last query sees
+      // S[0:rb, 0:L] = scale * Q[r0:r1] K[0:L]^T
+      gemm(false, true, rb, L, hs, scale, q + int64_t{r0} * ldq + int64_t{h} * hs, lq, kh, lkv,
+           0.0f, scratch, L);
+      for (int t = 0; t < rb; ++t)
+        causal_softmax_row(scratch + int64_t{t} * L, static_cast<int>(pos0) + r0 + t, L);
+      // O[r0:r1] = P[0:rb, 0:L] V[0:L]
+      gemm(false, false, rb, hs, L, 1.0f, scratch, L, vh, lkv, 0.0f,
+           out + int64_t{r0} * C + int64_t{h} * hs, ldo);
+    }
+  }
+}
+
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* att,
                         const float* att_drop, const float* qkv, int B, int T,
                         const AttentionHeads& heads, float p) {

@@ -44,6 +44,21 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att_drop, const float* qkv, int B, int T,
                         const AttentionHeads& heads, float p = 0.0f);
 
+// Attention of n new queries of one sequence, at positions [pos0, pos0 + n), over the keys and
+// values of positions [0, pos0 + n) (a key/value cache that holds the earlier positions and the new
+// ones' own): query i sees keys [0, pos0 + i], so the new queries are causal among themselves.
+// Query row i holds query head h at q + i * ldq + h * heads.size; key (value) row p holds key/value
+// head g at k (v) + p * ldkv + g * heads.size (grouped-query heads as attention_forward). ASSIGNS
+// out[n, heads.q * heads.size] (heads concatenated). No dropout (inference). scratch: at least
+// attention_decode_scratch(n, pos0 + n, heads) floats. Row i's result is what attention_forward
+// gives row pos0 + i of the whole sequence (to rounding: the GEMMs see other shapes).
+void attention_decode(float* out, const float* q, int64_t ldq, const float* k, const float* v,
+                      int64_t ldkv, int n, int64_t pos0, const AttentionHeads& heads,
+                      float* scratch);
+// The scratch (floats) of any attention_decode of up to max_n new queries with pos0 + n <=
+// positions.
+int64_t attention_decode_scratch(int max_n, int64_t positions, const AttentionHeads& heads);
+
 // Multi-head attention (GPT-2): qkv[B,T,3C]: columns [0,C) queries, [C,2C) keys, [2C,3C) values;
 // head h owns columns [h*hs, (h+1)*hs) of each, hs = C / NH. ASSIGNS out[B,T,C] (heads
 // concatenated) and att[B,NH,T,T] = softmax probabilities (only the causal lower triangle is

@@ -258,4 +258,29 @@ void Attention::backward_weight(const BlockPass& mb, AttentionRecord& r) const {
                      d.d_attn.f32(), in(d.ln1, r.ln1), nullptr, BT, C, 3 * Cl);
 }
 
+void Attention::decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv,
+                       DecodeScratch& s, BlockWorkspace& ws) const {
+  TESSERA_ASSERT(split_.size() == 1, "h.", layer_, ".attn: decode without tensor parallelism only");
+  const int n = step.n;
+  const int64_t C = cfg_.n_embd, W = 3 * C;
+  ps_.refresh_bf16_copy(c_attn_.weight);
+  ps_.refresh_bf16_copy(c_proj_.weight);
+  float* ln1 = s.norm.f32();
+  k::layernorm_forward(ln1, s.mean.f32(), s.rstd.f32(), x, ps_.param_data(ln_w_),
+                       ps_.param_data(ln_b_), n, static_cast<int>(C), cfg_.ln_eps);
+  float* qkv = s.qkv.f32();
+  linear_forward(ps_, c_attn_, qkv, W, ln1, n);
+  // The new keys and values at their positions, then the attention over all of them.
+  const size_t row = sizeof(float) * static_cast<size_t>(C);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(kv.k.f32() + (step.pos0 + i) * C, qkv + i * W + C, row);
+    std::memcpy(kv.v.f32() + (step.pos0 + i) * C, qkv + i * W + 2 * C, row);
+  }
+  k::attention_decode(s.atty.f32(), qkv, W, kv.k.f32(), kv.v.f32(), C, n, step.pos0,
+                      k::AttentionHeads::multi_head(static_cast<int>(C), cfg_.n_head),
+                      s.scores.f32());
+  const TpRegion tp(split_, n, C, nullptr, ws.proj.f32());
+  row_linear(tp, ps_, c_proj_, y, s.atty.f32(), x, BranchDropout{});
+}
+
 }  // namespace tessera::nn

@@ -59,6 +59,12 @@ class Attention final : public AttentionBranch {
   std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
                                                            Allocator* alloc) const override;
 
+  // Generation with a key/value cache (see AttentionBranch::decode): ln_1 and c_attn on the new
+  // rows, their keys and values into the cache, the attention over the cache, c_proj and the
+  // residual.
+  void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv, DecodeScratch& s,
+              BlockWorkspace& ws) const override;
+
   int heads_local() const override { return heads_local_; }
   int64_t c_local() const { return c_local_; }
 

@@ -66,6 +66,12 @@ class AttentionBranch {
   // current allocator).
   virtual std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
                                                                    Allocator* alloc) const = 0;
+  // Generation with a key/value cache (GPT::decode, nn/gpt.h; one rank, no tensor parallelism):
+  // ASSIGNS y[n, C] = x + attention branch(x) for the step's n new tokens, whose attention reads
+  // the keys and values of positions [0, pos0) in kv and of the new tokens, which it writes to rows
+  // [pos0, pos0 + n) of kv first. No dropout, no record: only the scratch in s and ws.
+  virtual void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv,
+                      DecodeScratch& s, BlockWorkspace& ws) const = 0;
   virtual int heads_local() const = 0;
 };
 

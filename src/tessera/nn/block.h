@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/attention_branch.h"
@@ -77,6 +78,22 @@ class Block {
   // record for backward_weight(r) (W); the LayerNorms' (and a mixture of experts') are computed
   // now.
   void backward(Record& r, float* dres, Workspace& ws, bool defer_weights = false) const;
+  // Generation with a key/value cache (GPT::decode, nn/gpt.h; a whole block on one rank): ASSIGNS
+  // y[n, C] = block(x) for the step's n new tokens (x[n, C]), the attention over the keys and
+  // values of `kv` (AttentionBranch::decode, which adds the new tokens' own), the MLP's ordinary
+  // inference forward on the new rows in the scratch record of its kind (made by the first decode
+  // that needs it). No dropout; x and y must not alias.
+  void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv, DecodeScratch& s,
+              Workspace& ws) const {
+    TESSERA_ASSERT(attention_ && mlp_, "h.", layer_, ": decode needs a whole block");
+    attention_->decode(step, x, s.x_attn.f32(), kv, s, ws);
+    std::unique_ptr<MlpRecord>& r = s.mlp[mlp_->kind()];
+    if (!r) r = mlp_->make_record(1, *s.alloc, nullptr);  // block_size rows: any step's
+    BlockPass pass;  // one sequence of n tokens, inference (no dropout, no MoE statistics)
+    pass.B = 1;
+    pass.T = step.n;
+    mlp_->forward(pass, s.x_attn.f32(), y, *r, ws);
+  }
   // W: ACCUMULATES the weight and bias gradients a deferred backward left in r.
   void backward_weight(Record& r) const;
   // The bytes a deferred backward keeps for W of a micro-batch of `tokens` tokens (measured:

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
@@ -54,6 +55,38 @@ struct BlockWorkspace {
   Tensor x_attn;
   std::map<std::string, std::unique_ptr<MlpRecord>> mlp;
   std::shared_ptr<MixtureOfExperts::Workspace> moe;  // exchange buffers of the MoE blocks
+};
+
+// Generation with a key/value cache (KvCache and GPT::decode, nn/gpt.h): what a decode step
+// through a block reads and writes besides the stage's workspace.
+
+// The new tokens of a decode step: n of them, at positions [pos0, pos0 + n) of their sequence.
+struct DecodeStep {
+  int n = 0;
+  int64_t pos0 = 0;
+  int64_t end() const { return pos0 + n; }
+};
+
+// One layer's keys and values: [capacity, width] each, row p the key (value) heads of position p
+// (rotated keys in a rotary model), heads side by side.
+struct KvLayer {
+  Tensor k, v;
+};
+
+// Scratch of a decode step, sized for `rows` new tokens at once and a cache of `positions`.
+struct DecodeScratch {
+  int64_t rows = 0, positions = 0;
+  Tensor norm;                    // [rows, C]: a norm's output
+  Tensor mean, rstd;              // [rows]: its statistics
+  Tensor qkv;                     // [rows, (q + 2 kv) head_dim]: the new queries, keys and values
+  Tensor atty;                    // [rows, q head_dim]: the attention's output, heads concatenated
+  Tensor scores;                  // kernels::attention_decode's scratch
+  Tensor x_attn;                  // [rows, C]: a block's residual stream between its branches
+  std::vector<int64_t> position;  // [rows]: the new rows' positions (rotary)
+  // One record per kind of MLP ("gelu", "moe", ...), shared by the blocks of that kind, made by
+  // the first decode that runs one (in `alloc`).
+  std::map<std::string, std::unique_ptr<MlpRecord>> mlp;
+  Allocator* alloc = nullptr;
 };
 
 // The recomputation record an MLP of `kind` reserved in `ws` (Mlp::reserve), as its own type R.

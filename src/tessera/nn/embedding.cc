@@ -95,4 +95,12 @@ void Embedding::backward(Record& r, float* dout, float* scratch) const {
                              rows_.size(), r.B, r.T, cfg_.n_embd);
 }
 
+void Embedding::decode(const int32_t* tokens, int n, int64_t pos0, float* out) const {
+  TESSERA_ASSERT(split_.size() == 1, "the embedding's decode without tensor parallelism only");
+  const int C = cfg_.n_embd;
+  k::embedding_lookup_rows(out, tokens, ps_.param_data(wte_), 0, cfg_.vocab_size, n, C);
+  if (wpe_ >= 0)  // rows pos0 + i of a sequence of block_size positions
+    k::add_positions_rows(out, ps_.param_data(wpe_), pos0, n, cfg_.block_size, C);
+}
+
 }  // namespace tessera::nn

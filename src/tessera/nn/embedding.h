@@ -46,6 +46,10 @@ class Embedding {
   // sequence parallelism.
   void forward(const StepContext& ctx, const Batch& b, float* out, Record& r,
                float* scratch = nullptr) const;
+  // Generation with a key/value cache (GPT::decode; no tensor parallelism): ASSIGNS out[n, C] =
+  // wte[tokens[i]] + wpe[pos0 + i] (GPT-2; the Llama family: wte alone), no dropout. Ids and
+  // positions checked by the caller.
+  void decode(const int32_t* tokens, int n, int64_t pos0, float* out) const;
   // Given dout[rows, C] (overwritten: the dropout backward runs in place), ACCUMULATES the wte
   // and wpe gradients. scratch as for forward.
   void backward(Record& r, float* dout, float* scratch = nullptr) const;

@@ -6,6 +6,7 @@
 
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
+#include "tessera/kernels/attention.h"
 #include "tessera/nn/gpt_costs.h"
 
 namespace tessera::nn {
@@ -325,6 +326,106 @@ std::vector<float> GPT::full_logits_row(int64_t row) const {
 const float* GPT::losses() const {
   TESSERA_CHECK(shared_if_made() != nullptr, "losses() before forward()");
   return shared_if_made()->head->losses.f32();
+}
+
+std::string GPT::decode_unsupported() const {
+  if (!has_embedding() || !has_head())
+    return "the whole model on one rank (this is a pipeline stage, units " +
+           std::to_string(first_unit_) + ".." + std::to_string(last_unit_) + ")";
+  if (tp_.size() > 1)
+    return "a model without tensor parallelism (this rank holds 1/" + std::to_string(tp_.size()) +
+           " of it)";
+  if (ep_.size() > 1)
+    return "a model without expert parallelism (its experts are split over " +
+           std::to_string(ep_.size()) + " ranks)";
+  if (!layout_.full_params) return "the parameters resident on the rank (not ZeRO-3)";
+  if (cfg_.moe.enabled() && cfg_.moe.capacity_factor > 0.0f)
+    return "a dropless mixture of experts (this one has capacity factor " +
+           std::to_string(cfg_.moe.capacity_factor) +
+           ": which tokens an expert drops depends on the whole sequence)";
+  return "";
+}
+
+KvCache GPT::make_kv_cache(int positions) {
+  const std::string why = decode_unsupported();
+  TESSERA_CHECK_AS(ConfigError, why.empty(), "generation with a key/value cache needs ", why,
+                   "; generate with the full forward instead");
+  const int P = positions == 0 ? cfg_.block_size : positions;
+  TESSERA_CHECK_AS(ConfigError, P >= 1 && P <= cfg_.block_size, "a key/value cache of ", P,
+                   " positions: it holds 1 to block_size (", cfg_.block_size, ") positions");
+  const int64_t C = cfg_.n_embd, D = cfg_.head_dim();
+  const int64_t Hq = cfg_.n_head, Hkv = cfg_.llama() ? cfg_.kv_heads() : cfg_.n_head;
+  auto make = [&](int64_t n, const std::string& name) {
+    return Tensor::zeros({n}, DType::F32, MemCategory::Activations, name, &alloc_);
+  };
+  KvCache c;
+  c.model_ = this;
+  c.capacity_ = P;
+  c.width_ = Hkv * D;
+  for (const Block& b : blocks_) {
+    const std::string h = "h." + std::to_string(b.layer()) + ".kv_cache";
+    c.layers_.push_back({make(P * c.width_, h + ".k"), make(P * c.width_, h + ".v")});
+  }
+  DecodeScratch& s = c.scratch_;
+  s.rows = P;
+  s.positions = P;
+  s.norm = make(P * C, "decode.norm");
+  s.mean = make(P, "decode.norm.mean");
+  s.rstd = make(P, "decode.norm.rstd");
+  s.qkv = make(P * (Hq + 2 * Hkv) * D, "decode.qkv");
+  s.atty = make(P * Hq * D, "decode.atty");
+  s.scores = make(kernels::attention_decode_scratch(
+                      P, P,
+                      kernels::AttentionHeads{static_cast<int>(Hq), static_cast<int>(Hkv),
+                                              static_cast<int>(D)}),
+                  "decode.scores");
+  s.x_attn = make(P * C, "decode.x_attn");
+  s.position.resize(static_cast<size_t>(P));
+  s.alloc = &alloc_;
+  c.hidden_[0] = make(P * C, "decode.x");
+  c.hidden_[1] = make(P * C, "decode.y");
+  c.logits_ = make(cfg_.vocab_size, "decode.logits");
+  return c;
+}
+
+const float* GPT::decode(const int32_t* tokens, int n, KvCache& cache) {
+  run_decode(tokens, n, cache, nullptr);
+  return cache.logits_.f32();
+}
+
+void GPT::decode(const int32_t* tokens, int n, KvCache& cache, float* logits) {
+  TESSERA_CHECK(logits != nullptr, "decode() into null logits");
+  run_decode(tokens, n, cache, logits);
+}
+
+void GPT::run_decode(const int32_t* tokens, int n, KvCache& cache, float* logits) {
+  TESSERA_CHECK(cache.model_ == this, "decode() with a key/value cache made by another model");
+  TESSERA_CHECK_AS(ShapeError, n >= 1 && n <= cache.room(), "decoding ", n,
+                   " new tokens with a key/value cache holding ", cache.length(), " of its ",
+                   cache.capacity(), " positions: it takes 1 to ", cache.room(),
+                   " (a full cache does not slide: reset() it and prefill the window to continue "
+                   "from)");
+  for (int i = 0; i < n; ++i)
+    TESSERA_CHECK_AS(ConfigError, tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id ",
+                     tokens[i], " at position ", cache.length() + i,
+                     " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
+  kernels::GemmModeScope precision(layout_.gemm);
+  const DecodeStep step{n, cache.length()};
+  float* x = cache.hidden_[0].f32();
+  float* y = cache.hidden_[1].f32();
+  embedding_->decode(tokens, n, step.pos0, x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    blocks_[i].decode(step, x, y, cache.layers_[i], cache.scratch_, ws_);
+    std::swap(x, y);
+  }
+  DecodeScratch& s = cache.scratch_;
+  const int64_t C = cfg_.n_embd;
+  if (logits)
+    head_->decode(x, n, logits, s.norm.f32(), s.mean.f32(), s.rstd.f32());
+  else  // the last row only
+    head_->decode(x + (n - 1) * C, 1, cache.logits_.f32(), s.norm.f32(), s.mean.f32(),
+                  s.rstd.f32());
+  cache.length_ += n;
 }
 
 int64_t GPT::num_params_without_wpe() const {

@@ -112,6 +112,57 @@ class ExpertUnits final : public UnitModel {
   GPT& model_;
 };
 
+// Generation with a key/value cache (GPT::make_kv_cache, GPT::decode): the keys and values of one
+// sequence in every layer of a GPT, kept between decode steps.
+//
+// A decode step runs n new tokens at positions [pos0, pos0 + n) of one sequence through the model,
+// given every layer's keys and values of positions [0, pos0) in the cache: the embedding of the new
+// tokens (GPT-2: with wpe at their positions), in each block the attention of the new queries over
+// the cached and new keys (causal among the new ones; AttentionBranch::decode, which writes the new
+// keys and values into the cache: after rotation in a rotary model) and the MLP on the new rows
+// (the module's ordinary forward on a scratch record: exact, because an MLP, a dropless mixture of
+// experts too, works row by row), and the head's logits of the new rows. Each new row's logits are
+// those a full forward of the sequence [0, pos0 + n) gives at its position, to rounding (the GEMMs
+// see other shapes).
+//
+// The cache holds block_size positions (or fewer, if asked): a model has no positions past
+// block_size (GPT-2's wpe has block_size rows; a rotary model trains and samples at block_size).
+// A decode that would pass the cache's capacity is refused (ShapeError): the caller decides what a
+// full cache means. train::generate re-prefills the last block_size tokens at positions
+// [0, block_size) for every token past block_size, which is exactly what today's window does
+// (train/generate.h).
+//
+// Everything is allocated once, by GPT::make_kv_cache, in the model's allocator under Activations
+// (the MLP's scratch record of each kind by the first decode that needs it).
+class KvCache {
+ public:
+  KvCache() = default;
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+
+  int64_t length() const { return length_; }      // positions held: [0, length)
+  int64_t capacity() const { return capacity_; }  // positions it can hold
+  int64_t room() const { return capacity_ - length_; }
+  bool full() const { return length_ == capacity_; }
+  // Forgets every position (the memory stays): the next decode starts a sequence at position 0.
+  void reset() { length_ = 0; }
+
+  int layers() const { return static_cast<int>(layers_.size()); }
+  int64_t width() const { return width_; }  // of a key (value) row: kv_heads x head_dim
+  // Layer l's keys and values, [capacity, width] (rows [0, length) meaningful).
+  const float* keys(int l) const { return layers_.at(static_cast<size_t>(l)).k.f32(); }
+  const float* values(int l) const { return layers_.at(static_cast<size_t>(l)).v.f32(); }
+
+ private:
+  friend class GPT;
+  std::vector<KvLayer> layers_;
+  int64_t length_ = 0, capacity_ = 0, width_ = 0;
+  DecodeScratch scratch_;
+  Tensor hidden_[2];  // [rows, C]: the residual stream, in turn a block's input and output
+  Tensor logits_;     // [V]: the last new token's logits
+  const GPT* model_ = nullptr;
+};
+
 class GPT : public StageModel {
  public:
   // The activations of one micro-batch on this stage.
@@ -218,6 +269,29 @@ class GPT : public StageModel {
   // Per-token losses [B, T] of the last single-record forward() with targets.
   const float* losses() const;
 
+  // Generation with a key/value cache (KvCache above). What keeps this model from it ("" if
+  // nothing): it needs the whole model on this rank (not a pipeline stage) without tensor or
+  // expert parallelism, its parameters resident (not ZeRO-3), and no mixture of experts with a
+  // capacity (which tokens an expert drops depends on the whole sequence, later tokens included,
+  // so an earlier token's output would change as the sequence grows). Such models generate with
+  // the full forward (train::generate does).
+  std::string decode_unsupported() const;
+  bool can_decode() const { return decode_unsupported().empty(); }
+  // A cache for one sequence of up to `positions` tokens (0: block_size, the most there is) and
+  // the scratch of its decode steps, allocated once in the model's allocator (Activations).
+  // ConfigError naming the reason when the model cannot decode.
+  KvCache make_kv_cache(int positions = 0);
+  // Runs the n new tokens[n] at positions [cache.length(), cache.length() + n) of the cache's
+  // sequence (n >= 1: a prefill of several tokens, or one step) and appends their keys and values
+  // to the cache. Returns the [V] logits of the last new token (in the cache: valid until its next
+  // decode); the second form ASSIGNS every new token's logits[n, V] instead. Each row's logits are
+  // those the full forward of the sequence gives at its position (to rounding). ShapeError when
+  // the cache has no room for n more positions (it never slides: the caller resets it and
+  // prefills the window it wants); ConfigError for a token outside the vocabulary. Inference only
+  // (no dropout, no MoE statistics); no unit hooks run.
+  const float* decode(const int32_t* tokens, int n, KvCache& cache);
+  void decode(const int32_t* tokens, int n, KvCache& cache, float* logits);
+
   int64_t num_params_without_wpe() const;  // whole-model parameter count minus wpe (PaLM's N)
   // 6 N + 12 L C T (PaLM, forward + backward), N counting the parameters a token uses: k of the
   // E experts of an MoE block, and its router.
@@ -237,6 +311,8 @@ class GPT : public StageModel {
 
  private:
   void check_batch(const Batch& b) const;
+  // decode(): the new rows' logits into `logits` ([n, V]), or the last row's into the cache.
+  void run_decode(const int32_t* tokens, int n, KvCache& cache, float* logits);
   void backward_pass(Record& rec, const float* dout, bool split, const BackwardPass& pass);
   static Record& record(StageRecord& r) { return static_cast<Record&>(r); }
   static const Record& record(const StageRecord& r) { return static_cast<const Record&>(r); }

@@ -147,4 +147,17 @@ void Head::backward(Record& r, float* dx, float* scratch, bool defer_weights) co
   r.have_targets = false;  // the logits are now gradients: a second backward would be wrong
 }
 
+void Head::decode(const float* x, int64_t rows, float* logits, float* norm, float* mean,
+                  float* rstd) const {
+  TESSERA_ASSERT(split_.size() == 1, "the head's decode without tensor parallelism only");
+  const int C = cfg_.n_embd, V = static_cast<int>(vocab_.size());
+  if (cfg_.llama())
+    k::rmsnorm_forward(norm, rstd, x, ps_.param_data(lnf_w_), rows, C, cfg_.ln_eps);
+  else
+    k::layernorm_forward(norm, mean, rstd, x, ps_.param_data(lnf_w_), ps_.param_data(lnf_b_),
+                         static_cast<int>(rows), C, cfg_.ln_eps);
+  ps_.refresh_bf16_copy(wte_);
+  k::matmul_nt_forward(logits, norm, ps_.gemm_weight(wte_), static_cast<int>(rows), C, V);
+}
+
 }  // namespace tessera::nn

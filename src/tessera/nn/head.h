@@ -70,6 +70,11 @@ class Head {
   // which reads the logits' gradient and ln_f's output kept in r.
   void backward(Record& r, float* dx, float* scratch, bool defer_weights = false) const;
   void backward_weight(const Record& r) const;
+  // Generation with a key/value cache (GPT::decode; no tensor parallelism): ASSIGNS logits[rows, V]
+  // of x[rows, C] (the norm, then the LM head), as forward computes them. norm: rows x C floats of
+  // scratch; mean, rstd: rows each (mean unused by an RMSNorm).
+  void decode(const float* x, int64_t rows, float* logits, float* norm, float* mean,
+              float* rstd) const;
 
  private:
   const ParameterSet& ps_;

@@ -304,4 +304,39 @@ void RotaryAttention::backward_weight(const BlockPass& mb, AttentionRecord& r) c
                   W, n, BT);
 }
 
+void RotaryAttention::decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv,
+                             DecodeScratch& s, BlockWorkspace& ws) const {
+  TESSERA_ASSERT(split_.size() == 1, "layer ", layer_,
+                 "'s attention: decode without tensor parallelism only");
+  TESSERA_ASSERT(step.end() <= rope_->positions, "layer ", layer_, "'s attention: position ",
+                 step.end() - 1, " is past the rotary table's ", rope_->positions);
+  const int n = step.n, D = heads_.size;
+  const int64_t C = cfg_.n_embd, W = heads_.width(), KV = int64_t{heads_.kv} * D;
+  for (const Linear* l : {&q_, &k_, &v_, &o_}) ps_.refresh_bf16_copy(l->weight);
+  float* norm = s.norm.f32();
+  k::rmsnorm_forward(norm, s.rstd.f32(), x, ps_.param_data(norm_), n, C, cfg_.ln_eps);
+  float* qkv = s.qkv.f32();
+  if (const auto f = fused(ps_, {&q_, &k_, &v_})) {
+    linear_forward(ps_, *f, qkv, W, norm, n);
+  } else {
+    linear_forward(ps_, q_, qkv, W, norm, n);
+    linear_forward(ps_, k_, qkv + q_.out, W, norm, n);
+    linear_forward(ps_, v_, qkv + q_.out + k_.out, W, norm, n);
+  }
+  int64_t* pos = s.position.data();
+  for (int i = 0; i < n; ++i) pos[i] = step.pos0 + i;
+  k::rope_apply(qkv, n, heads_.q, D, W, pos, rope_->cos.data(), rope_->sin.data());
+  k::rope_apply(qkv + q_.out, n, heads_.kv, D, W, pos, rope_->cos.data(), rope_->sin.data());
+  // The new (rotated) keys and values at their positions, then the attention over all of them.
+  const size_t row = sizeof(float) * static_cast<size_t>(KV);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(kv.k.f32() + (step.pos0 + i) * KV, qkv + i * W + q_.out, row);
+    std::memcpy(kv.v.f32() + (step.pos0 + i) * KV, qkv + i * W + q_.out + KV, row);
+  }
+  k::attention_decode(s.atty.f32(), qkv, W, kv.k.f32(), kv.v.f32(), KV, n, step.pos0,
+                      k::AttentionHeads{heads_.q, heads_.kv, D}, s.scores.f32());
+  const TpRegion tp(split_, n, C, nullptr, ws.proj.f32());
+  row_linear(tp, ps_, o_, y, s.atty.f32(), x, BranchDropout{});
+}
+
 }  // namespace tessera::nn

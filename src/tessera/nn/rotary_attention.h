@@ -55,6 +55,11 @@ class RotaryAttention final : public AttentionBranch {
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
                                                            Allocator* alloc) const override;
+  // Generation with a key/value cache (see AttentionBranch::decode): the norm and q/k/v on the new
+  // rows, q and k rotated at the new positions, the keys (rotated) and values into the cache, the
+  // attention over the cache, o_proj and the residual.
+  void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv, DecodeScratch& s,
+              BlockWorkspace& ws) const override;
   int heads_local() const override { return heads_.q; }
 
  private:

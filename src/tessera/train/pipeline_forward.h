@@ -20,6 +20,8 @@ class PipelineForward {
   PipelineForward(std::vector<nn::GPT*> chunks, comm::Communicator& pp, DType wire = DType::F32);
 
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }
+  // The model, when it is whole on this rank (no pipeline group), else null.
+  nn::GPT* whole_model() const { return pp_size_ == 1 ? chunks_.front() : nullptr; }
   // The sum of b's token losses, on every pipeline rank.
   double loss_sum(const nn::Batch& b, const nn::StepContext& ctx);
   // The full [V] logits of row `row` (b * T + t) of b, on every pipeline rank.
