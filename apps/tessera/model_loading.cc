@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "tessera/core/error.h"
+#include "tessera/data/load_tokenizer.h"
 #include "tessera/train/model_io.h"
 
 namespace tessera::app {
@@ -27,11 +28,15 @@ LoadedModel load_model(const std::string& weights, int heads, const std::string&
   nn::GPTLayout layout;
   layout.gemm = gemm;
   m.model = std::make_unique<nn::GPT>(train::from_hf_config(hc, 0.0f), max_batch, *m.alloc, layout);
-  train::load_weights(*m.model, io::SafetensorsFile(file));
-  std::filesystem::path tok =
-      tokenizer.empty() ? file.parent_path() / "tokenizer.json" : std::filesystem::path(tokenizer);
+  train::load_weights(*m.model, train::open_weights(weights));
+  // The one given, else a SentencePiece tokenizer.model beside the weights (load_tokenizer picks
+  // it from the folder), else a tokenizer.json there.
+  const std::filesystem::path folder = file.parent_path();
+  std::filesystem::path tok = tokenizer;
+  if (tokenizer.empty())
+    tok = std::filesystem::exists(folder / "tokenizer.model") ? folder : folder / "tokenizer.json";
   if (!tokenizer.empty() || std::filesystem::exists(tok)) {
-    m.tokenizer = data::BpeTokenizer::load(tok);
+    m.tokenizer = data::load_tokenizer(tok);
     m.tokenizer_path = tok;
     TESSERA_CHECK_AS(ConfigError, m.tokenizer->vocab_size() <= hc.vocab_size, "tokenizer '",
                      tok.string(), "' has ", m.tokenizer->vocab_size(),

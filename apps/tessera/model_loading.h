@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "tessera/data/bpe_tokenizer.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt.h"
 
@@ -15,7 +15,9 @@ namespace tessera::app {
 struct LoadedModel {
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<nn::GPT> model;
-  std::optional<data::BpeTokenizer> tokenizer;  // --tokenizer, or tokenizer.json beside the weights
+  // --tokenizer, or the tokenizer beside the weights (tokenizer.json or tokenizer.model, of any
+  // format data::load_tokenizer reads), or null.
+  std::shared_ptr<const data::Tokenizer> tokenizer;
   std::optional<std::filesystem::path> tokenizer_path;
 };
 

@@ -49,6 +49,17 @@ check eval 0 "loss [0-9.]+ nats/token" -- "$bin" eval --weights "$dir/run" --dat
   --seq 16 --batch 4
 check sample 0 "The" -- "$bin" sample --weights "$dir/run/model.safetensors" --prompt "The" \
   --tokens 10
+# The speed on stderr (stdout keeps the text), and the same text with and without the key/value
+# cache, through the window sliding past --seq 16.
+check sample-speed 0 "decode: 9 tokens in [0-9.]+ s \([0-9.]+ tokens/s\) \| key/value cache" -- \
+  "$bin" sample --weights "$dir/run" --prompt "The" --tokens 10
+check sample-full-forward 0 "full forward per token" -- "$bin" sample --weights "$dir/run" \
+  --prompt "The" --tokens 10 --kv-cache false
+"$bin" sample --weights "$dir/run" --prompt "The" --tokens 40 --seed 5 >"$dir/cached.txt" 2>/dev/null
+"$bin" sample --weights "$dir/run" --prompt "The" --tokens 40 --seed 5 --kv-cache false \
+  >"$dir/full.txt" 2>/dev/null
+check sample-same-text 0 "" -- cmp "$dir/cached.txt" "$dir/full.txt"
+check sample-stdout-text-only 1 "" -- grep -q "tokens/s" "$dir/cached.txt"
 check eval-missing 1 "does not exist" -- "$bin" eval --weights "$dir/none.safetensors" --data x
 head -c 100 "$dir/run/model.safetensors" >"$dir/trunc.safetensors"
 cp "$dir/run/config.json" "$dir/config.json"

@@ -27,7 +27,8 @@ inline std::map<std::string, std::vector<float>> read_weights(const std::filesys
 }
 
 // Per tensor: ||b - a|| <= rel * ||a|| (2-norm), the usual relative error of a tensor;
-// expert_rel (when > 0) instead for the experts of a mixture of experts ("*.mlp.experts.*").
+// expert_rel (when > 0) instead for the experts of a mixture of experts ("*.mlp.experts.*", and
+// Mixtral's "*.block_sparse_moe.experts.*").
 inline void expect_same_weights(const std::map<std::string, std::vector<float>>& a,
                                 const std::map<std::string, std::vector<float>>& b, double rel,
                                 double expert_rel = 0) {
@@ -51,7 +52,9 @@ inline void expect_same_weights(const std::map<std::string, std::vector<float>>&
       diff += (static_cast<double>(vb[i]) - va[i]) * (static_cast<double>(vb[i]) - va[i]);
       norm += static_cast<double>(va[i]) * va[i];
     }
-    const bool expert = expert_rel > 0 && name.find(".mlp.experts.") != std::string::npos;
+    const bool expert =
+        expert_rel > 0 && (name.find(".mlp.experts.") != std::string::npos ||
+                           name.find(".block_sparse_moe.experts.") != std::string::npos);
     // A rotary model's key bias (Qwen2's self_attn.k_proj.bias) is rotated with its key, so its
     // gradient is not zero, but it is what is left of the zero above: only q . (R(j - i) b)
     // varies over the keys j, and at small angles little does. Its gradients are small and AdamW

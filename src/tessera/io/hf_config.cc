@@ -38,17 +38,34 @@ std::string strip(const std::string& name, const std::vector<std::string>& prefi
 
 }  // namespace
 
+void read_routing(const json& j, const std::string& source, HfGptConfig& c) {
+  if (j.contains("norm_topk_prob") && !j["norm_topk_prob"].is_null()) {
+    TESSERA_CHECK_AS(ConfigError, j["norm_topk_prob"].is_boolean(), "in ", source,
+                     ", \"norm_topk_prob\" must be true or false, got ",
+                     j["norm_topk_prob"].dump());
+    c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+  }
+  if (j.contains("scoring_func") && !j["scoring_func"].is_null()) {
+    const json& f = j["scoring_func"];
+    TESSERA_CHECK_AS(ConfigError, f == "softmax" || f == "sigmoid", "in ", source,
+                     ", \"scoring_func\" is ", f.dump(),
+                     "; tessera's routers score by softmax or sigmoid");
+    c.scoring_func = f.get<std::string>();
+  }
+}
+
 HfGptConfig parse_hf_config(const json& j, const std::string& source) {
   TESSERA_CHECK_AS(ConfigError, j.is_object(), "the GPT-2 config ", source,
                    " must be a JSON object, but it is a JSON ", j.type_name());
   if (j.contains("model_type")) {
     const json& mt = j["model_type"];
-    const std::set<std::string> llama = {"llama", "mistral", "qwen2"};
+    const std::set<std::string> llama = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
     if (mt.is_string() && llama.count(mt.get<std::string>()))
       return parse_llama_family_config(j, source);
     TESSERA_CHECK_AS(ConfigError, mt.is_string() && mt.get<std::string>() == "gpt2", "in ", source,
                      ", \"model_type\" is ", mt.dump(),
-                     "; tessera reads the model types gpt2, llama, mistral and qwen2");
+                     "; tessera reads the model types gpt2, llama, mistral, qwen2, mixtral and "
+                     "qwen2_moe");
   }
   HfGptConfig c;
   c.n_layer = required_int(j, "n_layer", source);
@@ -107,6 +124,7 @@ HfGptConfig parse_hf_config(const json& j, const std::string& source) {
     non_negative("moe_capacity_factor", c.moe_capacity_factor);
     non_negative("router_aux_loss_coef", c.router_aux_loss_coef);
     non_negative("router_z_loss_coef", c.router_z_loss_coef);
+    read_routing(j, source, c);
   }
   return c;
 }
@@ -142,6 +160,8 @@ json hf_config_to_json(const HfGptConfig& c) {
     j["moe_capacity_factor"] = c.moe_capacity_factor;
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
     j["router_z_loss_coef"] = c.router_z_loss_coef;
+    if (!c.norm_topk_prob) j["norm_topk_prob"] = false;
+    if (c.scoring_func != "softmax") j["scoring_func"] = c.scoring_func;
   }
   return j;
 }

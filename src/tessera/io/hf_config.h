@@ -1,5 +1,6 @@
 // Hugging Face config.json of GPT-2 and of the Llama family (model_type "llama", "mistral",
-// "qwen2"): read, validate, write; and the GPT-2 tensor names and shapes.
+// "qwen2", and the mixtures of experts "mixtral" and "qwen2_moe"): read, validate, write; and the
+// GPT-2 tensor names and shapes.
 #pragma once
 
 #include <filesystem>
@@ -13,9 +14,9 @@
 namespace tessera::io {
 
 struct HfGptConfig {
-  // "gpt2", or the Llama family's "llama" | "mistral" | "qwen2" (read from and written as their
-  // own keys: num_hidden_layers, num_attention_heads, hidden_size, max_position_embeddings,
-  // rms_norm_eps into the GPT-2 names below).
+  // "gpt2", or the Llama family's "llama" | "mistral" | "qwen2" | "mixtral" | "qwen2_moe" (read
+  // from and written as their own keys: num_hidden_layers, num_attention_heads, hidden_size,
+  // max_position_embeddings, rms_norm_eps into the GPT-2 names below).
   std::string model_type = "gpt2";
   int n_layer = 12;
   int n_head = 12;
@@ -32,6 +33,20 @@ struct HfGptConfig {
   double moe_capacity_factor = 0;
   double router_aux_loss_coef = 0.01;
   double router_z_loss_coef = 0.001;
+  // Routing (any mixture): Qwen2-MoE's norm_topk_prob (Mixtral: always), and the scores,
+  // "softmax" or "sigmoid" (DeepSeek-V3's key scoring_func; written only when sigmoid).
+  bool norm_topk_prob = true;
+  std::string scoring_func = "softmax";
+  // The Llama family's mixtures of experts. mixtral: num_local_experts, intermediate_size the
+  // experts' width (here both intermediate_size and moe_intermediate_size), every block MoE.
+  // qwen2_moe: num_experts (num_local_experts here), moe_intermediate_size,
+  // shared_expert_intermediate_size (0: none), decoder_sparse_step (moe_every), mlp_only_layers,
+  // intermediate_size the dense blocks' width, and tessera's shared_expert_gate (written only when
+  // false: Qwen2-MoE always gates its shared expert).
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+  bool shared_expert_gate = false;
+  std::vector<int> mlp_only_layers{};
   // The Llama family.
   int num_key_value_heads = 0;  // 0: n_head
   int intermediate_size = 0;
@@ -55,10 +70,14 @@ struct HfGptConfig {
 // max_position_embeddings, rms_norm_eps, rope_theta and rope_scaling (or transformers 5's
 // rope_parameters: "default" or "llama3"), attention_bias, tie_word_embeddings, sliding_window,
 // attention_dropout; what tessera does not build (another hidden_act, mlp_bias, a head_dim other
-// than hidden_size / heads, other rope types) is a ConfigError naming the key.
+// than hidden_size / heads, other rope types, Mixtral's router_jitter_noise) is a ConfigError
+// naming the key. mixtral and qwen2_moe add their experts' keys (above) and router_aux_loss_coef;
+// qwen2_moe reads qkv_bias (default true).
 HfGptConfig parse_hf_config(const nlohmann::json& j, const std::string& source);
 HfGptConfig parse_llama_family_config(const nlohmann::json& j, const std::string& source);
 nlohmann::json llama_family_config_to_json(const HfGptConfig& c);
+// norm_topk_prob and scoring_func of any mixture, when present.
+void read_routing(const nlohmann::json& j, const std::string& source, HfGptConfig& c);
 HfGptConfig read_hf_config(const std::filesystem::path& path);  // IoError if unreadable
 
 // The fields plus model_type "gpt2", architectures ["GPT2LMHeadModel"], n_ctx and

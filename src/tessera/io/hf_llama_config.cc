@@ -1,5 +1,6 @@
-// config.json of the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): the
-// keys Hugging Face transformers reads and writes, in the fields of HfGptConfig.
+// config.json of the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, and the
+// mixtures of experts MixtralForCausalLM and Qwen2MoeForCausalLM): the keys Hugging Face
+// transformers reads and writes, in the fields of HfGptConfig.
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,15 @@ struct Reader {
     TESSERA_CHECK_AS(ConfigError, ok, "in ", source, ", \"", key, "\" must be a ",
                      positive_only ? "positive" : "non-negative", " number, got ", v.dump());
     return v.get<double>();
+  }
+  int non_negative(const char* key, int fallback) const {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    const json& v = j.at(key);
+    const bool ok = v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                    v.get<int64_t>() <= std::numeric_limits<int>::max();
+    TESSERA_CHECK_AS(ConfigError, ok, "in ", source, ", \"", key,
+                     "\" must be a non-negative integer, got ", v.dump());
+    return static_cast<int>(v.get<int64_t>());
   }
   bool flag(const char* key, bool fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
@@ -71,15 +81,71 @@ void read_rope(const Reader& r, HfGptConfig& c) {
   c.rope_original_max_positions = r.number(p, "original_max_position_embeddings", 8192.0, true);
 }
 
+// Mixtral's and Qwen2-MoE's experts.
+void read_experts(const Reader& r, HfGptConfig& c) {
+  const json& j = r.j;
+  const bool mixtral = c.model_type == "mixtral";
+  if (mixtral) {
+    c.num_local_experts = r.positive("num_local_experts");
+    c.num_experts_per_tok =
+        j.contains("num_experts_per_tok") ? r.positive("num_experts_per_tok") : 2;
+    c.moe_intermediate_size = c.intermediate_size;  // the experts' width; no dense blocks
+    c.moe_every = 1;
+    c.norm_topk_prob = true;
+    c.shared_expert_gate = false;
+    const double jitter = r.number(j, "router_jitter_noise", 0.0, false);
+    r.refuse(jitter > 0, "router_jitter_noise",
+             "tessera's router takes its input as it is (no multiplicative jitter)");
+  } else {
+    c.num_local_experts = r.non_negative("num_experts", 0);
+    if (c.num_local_experts == 0) return;  // every block dense
+    c.num_experts_per_tok =
+        j.contains("num_experts_per_tok") ? r.positive("num_experts_per_tok") : 4;
+    c.moe_intermediate_size = r.positive("moe_intermediate_size");
+    c.shared_expert_intermediate_size = r.non_negative("shared_expert_intermediate_size", 0);
+    c.shared_expert_gate =
+        c.shared_expert_intermediate_size > 0 && r.flag("shared_expert_gate", true);
+    c.norm_topk_prob = r.flag("norm_topk_prob", false);
+    c.moe_every = j.contains("decoder_sparse_step") ? r.positive("decoder_sparse_step") : 1;
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      const json& l = j["mlp_only_layers"];
+      TESSERA_CHECK_AS(ConfigError, l.is_array(), "in ", r.source,
+                       ", \"mlp_only_layers\" must be a list of layer indices, got ", l.dump());
+      for (const json& v : l) {
+        TESSERA_CHECK_AS(
+            ConfigError,
+            v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.n_layer, "in ",
+            r.source, ", \"mlp_only_layers\" holds ", v.dump(), ", which is not a layer of the ",
+            c.n_layer, "-layer model");
+        c.mlp_only_layers.push_back(v.get<int>());
+      }
+    }
+  }
+  TESSERA_CHECK_AS(ConfigError, c.num_experts_per_tok <= c.num_local_experts, "in ", r.source,
+                   ", num_experts_per_tok ", c.num_experts_per_tok, " exceeds the ",
+                   c.num_local_experts, " experts");
+  TESSERA_CHECK_AS(ConfigError, c.moe_every <= c.n_layer, "in ", r.source, ", decoder_sparse_step ",
+                   c.moe_every, " exceeds num_hidden_layers ", c.n_layer);
+  c.router_aux_loss_coef = r.number(j, "router_aux_loss_coef", 0.001, false);
+  c.router_z_loss_coef = r.number(j, "router_z_loss_coef", c.router_z_loss_coef, false);
+  c.moe_capacity_factor = r.number(j, "moe_capacity_factor", 0.0, false);
+  read_routing(j, r.source, c);
+  if (mixtral)
+    r.refuse(!c.norm_topk_prob || c.scoring_func != "softmax", "scoring_func",
+             "Mixtral's router renormalises softmax scores");
+}
+
 }  // namespace
 
 HfGptConfig parse_llama_family_config(const json& j, const std::string& source) {
   const Reader r{j, source};
   HfGptConfig c;
   const json type = j.value("model_type", json(nullptr));
-  TESSERA_CHECK_AS(ConfigError, type == "llama" || type == "mistral" || type == "qwen2", "in ",
-                   source, ", \"model_type\" is ", type.dump(),
-                   "; the Llama family is llama, mistral and qwen2");
+  TESSERA_CHECK_AS(ConfigError,
+                   type == "llama" || type == "mistral" || type == "qwen2" || type == "mixtral" ||
+                       type == "qwen2_moe",
+                   "in ", source, ", \"model_type\" is ", type.dump(),
+                   "; the Llama family is llama, mistral, qwen2, mixtral and qwen2_moe");
   c.model_type = type.get<std::string>();
   c.n_layer = r.positive("num_hidden_layers");
   c.n_head = r.positive("num_attention_heads");
@@ -106,10 +172,17 @@ HfGptConfig parse_llama_family_config(const json& j, const std::string& source) 
   if (j.contains("hidden_act"))
     r.refuse(j["hidden_act"] != "silu", "hidden_act", "tessera's Llama MLP is SwiGLU (silu)");
   r.refuse(r.flag("mlp_bias", false), "mlp_bias", "MLP biases are not built");
-  // Qwen2 always has q/k/v biases and no o_proj bias; Llama's attention_bias puts one on all four.
-  c.attention_bias = c.model_type == "qwen2" || r.flag("attention_bias", false);
+  // Qwen2 always has q/k/v biases and no o_proj bias, Qwen2-MoE has them by qkv_bias, Mixtral
+  // none; Llama's attention_bias puts one on all four.
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen2_moe";
+  if (c.model_type == "qwen2_moe")
+    c.attention_bias = r.flag("qkv_bias", true);
+  else
+    c.attention_bias =
+        c.model_type == "qwen2" || (c.model_type != "mixtral" && r.flag("attention_bias", false));
   c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
-  const bool window = c.model_type != "qwen2" || r.flag("use_sliding_window", false);
+  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe") read_experts(r, c);
+  const bool window = !qwen || r.flag("use_sliding_window", false);
   if (window && j.contains("sliding_window") && !j["sliding_window"].is_null())
     c.sliding_window = r.positive("sliding_window");
   return c;
@@ -118,7 +191,10 @@ HfGptConfig parse_llama_family_config(const json& j, const std::string& source) 
 json llama_family_config_to_json(const HfGptConfig& c) {
   static const std::map<std::string, std::string> arch = {{"llama", "LlamaForCausalLM"},
                                                           {"mistral", "MistralForCausalLM"},
-                                                          {"qwen2", "Qwen2ForCausalLM"}};
+                                                          {"qwen2", "Qwen2ForCausalLM"},
+                                                          {"mixtral", "MixtralForCausalLM"},
+                                                          {"qwen2_moe", "Qwen2MoeForCausalLM"}};
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen2_moe";
   json j{{"model_type", c.model_type},
          {"architectures", {arch.at(c.model_type)}},
          {"num_hidden_layers", c.n_layer},
@@ -135,10 +211,35 @@ json llama_family_config_to_json(const HfGptConfig& c) {
          {"attention_dropout", c.attention_dropout},
          {"torch_dtype", "float32"}};
   if (c.model_type == "llama") j["attention_bias"] = c.attention_bias;
-  if (c.model_type != "qwen2")
+  if (!qwen)
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   else if (c.sliding_window > 0)
     j["use_sliding_window"] = true, j["sliding_window"] = c.sliding_window;
+  if (c.model_type == "mixtral") {
+    j["num_local_experts"] = c.num_local_experts;
+    j["intermediate_size"] = c.moe_intermediate_size;
+    j["router_jitter_noise"] = 0.0;
+  } else if (c.model_type == "qwen2_moe") {
+    j["qkv_bias"] = c.attention_bias;
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["num_experts"] = c.num_local_experts;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.moe_every;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    if (c.shared_expert_intermediate_size > 0 && !c.shared_expert_gate)
+      j["shared_expert_gate"] = false;
+  }
+  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe") {
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+    // tessera's own keys (transformers ignores them).
+    j["router_z_loss_coef"] = c.router_z_loss_coef;
+    if (c.moe_capacity_factor > 0) j["moe_capacity_factor"] = c.moe_capacity_factor;
+    if (c.scoring_func != "softmax") j["scoring_func"] = c.scoring_func;
+  }
   if (c.rope_factor > 0)
     j["rope_scaling"] = {
         {"rope_type", "llama3"},

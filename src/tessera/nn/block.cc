@@ -6,6 +6,7 @@
 #include "tessera/nn/moe_mlp.h"
 #include "tessera/nn/rotary_attention.h"
 #include "tessera/nn/swiglu_mlp.h"
+#include "tessera/nn/swiglu_moe_mlp.h"
 
 namespace tessera::nn {
 
@@ -39,14 +40,14 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
       attention_ = std::make_unique<Attention>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
   }
   if (part == BlockPart::Attention) return;
-  if (cfg.llama()) {
-    mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
-    return;
-  }
   // The MoE's experts read fp32 inputs (their GEMM-only inputs are not kept in bf16).
-  if (cfg.moe.is_moe_layer(layer))
-    mlp_ = std::make_unique<MoeMlp>(ps, experts ? *experts : ps, cfg, layer, split, expert_split,
-                                    recompute);
+  ParameterSet& eps = experts ? *experts : ps;
+  if (cfg.moe.is_moe_layer(layer) && cfg.llama())
+    mlp_ = std::make_unique<SwigluMoeMlp>(ps, eps, cfg, layer, split, expert_split, recompute);
+  else if (cfg.moe.is_moe_layer(layer))
+    mlp_ = std::make_unique<MoeMlp>(ps, eps, cfg, layer, split, expert_split, recompute);
+  else if (cfg.llama())
+    mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
   else
     mlp_ = std::make_unique<GeluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
 }

@@ -6,6 +6,15 @@
 
 namespace tessera::nn {
 
+namespace {
+// Whether Hugging Face's Mixtral expresses a Llama-family mixture of experts.
+bool mixtral_expresses(const GPTConfig& c) {
+  const MoeConfig& m = c.moe;
+  return m.enabled() && m.shared_ffn_dim == 0 && m.every == 1 && m.dense_layers.empty() &&
+         m.score == RouterScore::Softmax && m.renormalize && !c.qkv_bias && !c.o_bias;
+}
+}  // namespace
+
 void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, c.n_layer > 0, "n_layer must be positive, got ", c.n_layer);
   TESSERA_CHECK_AS(ConfigError, c.n_head > 0, "n_head must be positive, got ", c.n_head);
@@ -36,13 +45,23 @@ void validate(const GPTConfig& c) {
     TESSERA_CHECK_AS(ConfigError, c.sliding_window == 0 || c.block_size <= c.sliding_window,
                      "sliding-window attention is not implemented: the context of ", c.block_size,
                      " positions must not exceed the window of ", c.sliding_window);
-    TESSERA_CHECK_AS(ConfigError, c.moe.experts == 0,
-                     "mixtures of experts are not yet built for the Llama family");
+    TESSERA_CHECK_AS(ConfigError, c.moe.ffn_dim >= 0 && c.moe.shared_ffn_dim >= 0,
+                     "--moe-ffn-dim and --moe-shared-ffn-dim must be >= 0, got ", c.moe.ffn_dim,
+                     " and ", c.moe.shared_ffn_dim);
+    TESSERA_CHECK_AS(ConfigError, !c.moe.shared_gate || c.moe.shared_ffn_dim > 0,
+                     "--moe-shared-gate gates the shared expert: set --moe-shared-ffn-dim");
+    TESSERA_CHECK_AS(ConfigError, c.hf_model_type != "mixtral" || mixtral_expresses(c),
+                     "a Mixtral model has experts in every block, no shared expert, softmax "
+                     "scores, renormalised gates and no attention biases");
   } else {
     TESSERA_CHECK_AS(ConfigError, c.n_kv_head == 0 || c.n_kv_head == c.n_head,
                      "GPT-2 has no grouped-query attention (n_kv_head ", c.n_kv_head, ")");
     TESSERA_CHECK_AS(ConfigError, c.tie_embeddings && !c.qkv_bias && !c.o_bias && c.ffn_dim == 0,
                      "untied heads, q/k/v or output biases and ffn_dim are for the Llama family");
+    TESSERA_CHECK_AS(ConfigError,
+                     c.moe.ffn_dim == 0 && c.moe.shared_ffn_dim == 0 && !c.moe.shared_gate,
+                     "GPT-2's experts are MLPs of 4C: --moe-ffn-dim, --moe-shared-ffn-dim and "
+                     "--moe-shared-gate are for the Llama family (--arch llama)");
   }
   const MoeConfig& m = c.moe;
   TESSERA_CHECK_AS(ConfigError, m.experts >= 0, "--moe-experts must be >= 0 (0 = dense), got ",
@@ -58,6 +77,42 @@ void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, m.aux_loss >= 0.0f && m.z_loss >= 0.0f,
                    "--moe-aux-loss and --moe-z-loss must be >= 0, got ", m.aux_loss, " and ",
                    m.z_loss);
+  for (int l : m.dense_layers)
+    TESSERA_CHECK_AS(ConfigError, l >= 0 && l < c.n_layer, "dense layer ", l,
+                     " (mlp_only_layers) is not a block of the ", c.n_layer, "-layer model");
+}
+
+bool MoeConfig::is_moe_layer(int layer) const {
+  if (experts <= 0 || layer % every != every - 1) return false;
+  for (int l : dense_layers)
+    if (l == layer) return false;
+  return true;
+}
+
+const char* to_string(RouterScore s) {
+  return s == RouterScore::Sigmoid ? "sigmoid" : "softmax";
+}
+
+RouterScore parse_router_score(const std::string& s) {
+  if (s == "softmax") return RouterScore::Softmax;
+  if (s == "sigmoid") return RouterScore::Sigmoid;
+  throw ConfigError(detail::concat("--moe-router must be softmax or sigmoid, got '", s, "'"));
+}
+
+std::string llama_moe_type(const GPTConfig& c) {
+  if (c.hf_model_type == "mixtral" || c.hf_model_type == "qwen2_moe") return c.hf_model_type;
+  return mixtral_expresses(c) ? "mixtral" : "qwen2_moe";
+}
+
+std::string GPTConfig::hf_type() const {
+  if (!llama()) return "gpt2";
+  if (moe.enabled()) return llama_moe_type(*this);
+  return hf_model_type.empty() ? "llama" : hf_model_type;
+}
+
+int GPTConfig::moe_hidden() const {
+  if (!llama()) return 4 * n_embd;
+  return moe.ffn_dim > 0 ? moe.ffn_dim : mlp_hidden();
 }
 
 const char* to_string(Arch a) {

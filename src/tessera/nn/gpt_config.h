@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/kernels/rope.h"
 
@@ -19,21 +20,42 @@ const char* to_string(Arch a);
 Arch parse_arch(const std::string& s);  // "gpt2" | "llama", else ConfigError
 
 // Mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer, Fedus
-// et al. 2021): the MLP of some blocks becomes `experts` GPT-2 MLPs and a linear router (nn/moe.h,
-// docs/ARCHITECTURE.md decision 30). Block l (0-based) is an MoE block when
-// l % every == every - 1: every = 1 makes every block MoE, every = 2 blocks 1, 3, 5, ... (GShard's
-// and Switch's "every other layer").
+// et al. 2021): the MLP of some blocks becomes `experts` expert MLPs and a linear router (nn/moe.h,
+// docs/ARCHITECTURE.md decision 30): GPT-2 MLPs of 4C for GPT-2, SwiGLU MLPs of their own width
+// (ffn_dim) for the Llama family, which may add shared experts that every token passes through
+// (Qwen2-MoE, DeepSeekMoE). Block l (0-based) is an MoE block when l % every == every - 1 and l is
+// not in dense_layers: every = 1 makes every block MoE, every = 2 blocks 1, 3, 5, ... (GShard's
+// and Switch's "every other layer"; Qwen2-MoE's decoder_sparse_step, its mlp_only_layers the
+// dense_layers).
+enum class RouterScore {
+  Softmax,  // p = softmax(logits) (Switch, Mixtral, Qwen2-MoE)
+  Sigmoid,  // s = sigmoid(logits) per expert (DeepSeek-V3)
+};
+const char* to_string(RouterScore s);
+RouterScore parse_router_score(const std::string& s);  // "softmax" | "sigmoid", else ConfigError
+
 struct MoeConfig {
   int experts = 0;  // E; 0: every MLP is dense
-  int top_k = 2;    // experts per token (gates renormalised over them)
+  int top_k = 2;    // experts per token
   int every = 1;
+  std::vector<int> dense_layers{};  // blocks that stay dense whatever `every` says
   // Per-sequence capacity (moe_router.h): 0 = dropless; otherwise each expert takes at most
   // ceil(capacity_factor * top_k * T / E) of a sequence's T tokens.
   float capacity_factor = 0.0f;
   float aux_loss = 0.01f;  // alpha of the Switch load-balancing loss, alpha E sum_i f_i P_i
   float z_loss = 0.001f;   // beta of the router z-loss (ST-MoE), beta mean (logsumexp logits)^2
+  RouterScore score = RouterScore::Softmax;
+  // The top-k gates divided by their sum (Mixtral; Qwen2-MoE's norm_topk_prob), or the scores as
+  // they are.
+  bool renormalize = true;
+  // The Llama family: the experts' SwiGLU width (0: the dense MLP's, GPTConfig::mlp_hidden()),
+  // and one shared expert of shared_ffn_dim (0: none) whose output is scaled by
+  // sigmoid(x . w_gate) when shared_gate (Qwen2-MoE's shared_expert_gate).
+  int ffn_dim = 0;
+  int shared_ffn_dim = 0;
+  bool shared_gate = false;
   bool enabled() const { return experts > 0; }
-  bool is_moe_layer(int layer) const { return experts > 0 && layer % every == every - 1; }
+  bool is_moe_layer(int layer) const;
   bool operator==(const MoeConfig&) const = default;
 };
 
@@ -60,14 +82,26 @@ struct GPTConfig {
   int max_positions = 0;   // the positions the model was made for (HF max_position_embeddings); 0:
                            // block_size. Rotary models train and sample at block_size <= this.
   int sliding_window = 0;  // Mistral/Qwen2's window (0: none); block_size must not exceed it
-  std::string hf_model_type;  // "llama", "mistral" or "qwen2": what an export writes ("": llama)
+  // "llama", "mistral", "qwen2", "mixtral" or "qwen2_moe": what an export writes (see hf_type()).
+  std::string hf_model_type;
 
   bool llama() const { return arch == Arch::Llama; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return n_embd / n_head; }
   // The MLP's hidden width: 4C for GPT-2; ffn_dim, or Llama's rule, for the Llama family.
   int mlp_hidden() const;
+  // An expert's hidden width: 4C for GPT-2; moe.ffn_dim, or mlp_hidden(), for the Llama family.
+  int moe_hidden() const;
+  // The Hugging Face model type an export writes and whose parameter names the modules take:
+  // "gpt2"; for the Llama family hf_model_type ("llama" when empty), except that a mixture of
+  // experts is "mixtral" or "qwen2_moe" (llama_moe_type).
+  std::string hf_type() const;
 };
+
+// The Hugging Face family of a Llama-family mixture of experts: the one it was read as ("mixtral"
+// or "qwen2_moe"), else "mixtral" when Mixtral expresses it (every block MoE, no shared expert,
+// softmax scores, renormalised gates, no attention biases) and "qwen2_moe" otherwise.
+std::string llama_moe_type(const GPTConfig& c);
 
 // Llama's default MLP width for a model of width C when none is given: 2/3 of 4C rounded up to a
 // multiple of 256, as Meta's reference code computes it (multiple_of = 256).

@@ -12,8 +12,11 @@ GPTParams llama_params(const GPTConfig& c) {
   p.attention = p.layer_norm + C * (q + 2 * kv) + q * C;
   if (c.qkv_bias) p.attention += q + 2 * kv;
   if (c.o_bias) p.attention += C;
-  p.expert = 3 * C * F;
-  p.mlp = p.layer_norm + p.expert;
+  p.mlp = p.layer_norm + 3 * C * F;
+  p.expert = 3 * C * c.moe_hidden();
+  p.router = C * c.moe.experts;
+  if (c.moe.shared_ffn_dim > 0)
+    p.shared_expert = 3 * C * c.moe.shared_ffn_dim + (c.moe.shared_gate ? C : 0);
   p.head = p.layer_norm + (c.tie_embeddings ? 0 : p.wte);
   return p;
 }
@@ -41,7 +44,7 @@ int64_t attention_half_params(const GPTConfig& c) {
 int64_t mlp_half_params(const GPTConfig& c, int layer, int experts) {
   const GPTParams p = gpt_params(c);
   if (!c.moe.is_moe_layer(layer)) return p.mlp;
-  return p.layer_norm + p.router + static_cast<int64_t>(experts) * p.expert;
+  return p.layer_norm + p.router + static_cast<int64_t>(experts) * p.expert + p.shared_expert;
 }
 
 namespace {
@@ -80,11 +83,16 @@ BlockFlops block_flops(const GPTConfig& c, int layer, int T) {
   f.attention_out = 2 * C * C;
   f.attention_core = 4.0 * T * C;
   f.mlp = 2 * 8 * C * C;
-  if (c.llama()) {  // grouped-query q/k/v; three F-wide matmuls
+  const bool moe = c.moe.is_moe_layer(layer);
+  if (c.llama()) {  // grouped-query q/k/v; three F-wide matmuls (an expert's own F)
     f.qkv = 2 * C * static_cast<double>(c.n_head + 2 * c.kv_heads()) * c.head_dim();
-    f.mlp = 2 * 3 * C * c.mlp_hidden();
+    f.mlp = 2 * 3 * C * (moe ? c.moe_hidden() : c.mlp_hidden());
   }
-  if (c.moe.is_moe_layer(layer)) f.router = 2 * C * c.moe.experts;
+  if (moe) {
+    f.router = 2 * C * c.moe.experts;
+    if (c.moe.shared_ffn_dim > 0)
+      f.shared_expert = 2 * 3 * C * c.moe.shared_ffn_dim + (c.moe.shared_gate ? 2 * C : 0);
+  }
   return f;
 }
 

@@ -16,24 +16,26 @@ namespace tessera::nn {
 
 // Parameters of the modules of `c`.
 struct GPTParams {
-  int64_t wte = 0, wpe = 0;  // [V, C], [block_size, C]
-  int64_t attention = 0;     // ln_1, c_attn (+ bias), attn c_proj (+ bias)
-  int64_t mlp = 0;           // ln_2, c_fc (+ bias), mlp c_proj (+ bias): a dense MLP half
-  int64_t expert = 0;        // one expert: c_fc (+ bias), c_proj (+ bias)
-  int64_t router = 0;        // [C, E]
-  int64_t head = 0;          // ln_f (+ an untied lm_head [V, C])
-  int64_t layer_norm = 0;    // one LayerNorm (weight and bias), or RMSNorm (weight)
+  int64_t wte = 0, wpe = 0;   // [V, C], [block_size, C]
+  int64_t attention = 0;      // ln_1, c_attn (+ bias), attn c_proj (+ bias)
+  int64_t mlp = 0;            // ln_2, c_fc (+ bias), mlp c_proj (+ bias): a dense MLP half
+  int64_t expert = 0;         // one expert: c_fc (+ bias), c_proj (+ bias)
+  int64_t router = 0;         // [C, E]
+  int64_t shared_expert = 0;  // an MoE block's shared expert (gate, up, down) and its gate
+  int64_t head = 0;           // ln_f (+ an untied lm_head [V, C])
+  int64_t layer_norm = 0;     // one LayerNorm (weight and bias), or RMSNorm (weight)
   // The Llama family: attention = norm, q/k/v (grouped-query), o (+ biases); mlp = norm + gate,
-  // up and down ("expert" = the three matrices); no wpe.
+  // up and down of the dense width; expert = an expert's three matrices (moe_hidden(); a dense
+  // model: the MLP's); no wpe.
 };
 GPTParams gpt_params(const GPTConfig& c);
 
 // The parameters of block `layer`: its attention half and its MLP half (an MoE block: ln_2, the
-// router and `experts` of its experts).
+// router, `experts` of its experts and the shared expert).
 int64_t attention_half_params(const GPTConfig& c);
 int64_t mlp_half_params(const GPTConfig& c, int layer, int experts);
 // The whole model's parameters (every expert), and those a token's forward multiplies with (top_k
-// experts of an MoE block), without wpe: PaLM's N.
+// experts and the shared expert of an MoE block), without wpe: PaLM's N.
 int64_t total_params(const GPTConfig& c);
 int64_t active_params_without_wpe(const GPTConfig& c);
 // Model FLOPs per token, forward + backward, no recomputation: 6 N + 12 L C T (PaLM), N without an
@@ -46,8 +48,11 @@ struct BlockFlops {
   double qkv = 0;             // c_attn: 2 x 3 C^2
   double attention_out = 0;   // attn c_proj: 2 x C^2
   double attention_core = 0;  // Q K^T and P V over T keys: 4 T C (dense)
-  double mlp = 0;             // c_fc and c_proj, per pass: 2 x 8 C^2
+  double mlp = 0;             // c_fc and c_proj, per pass: 2 x 8 C^2 (SwiGLU: 2 x 3 C F)
   double router = 0;          // 2 C E (MoE blocks)
+  double shared_expert = 0;   // an MoE block's shared expert, 2 x 3 C Fs, and its gate, 2 C
+  // The MLP half's forward FLOPs with `passes` expert passes (mlp_passes).
+  double mlp_half(int passes) const { return passes * mlp + router + shared_expert; }
   double attention() const { return qkv + attention_out + attention_core; }
 };
 BlockFlops block_flops(const GPTConfig& c, int layer, int T);

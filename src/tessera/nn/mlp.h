@@ -1,7 +1,8 @@
 // A block's MLP branch as a module interface: y = x + dropout(mlp(norm(x))), on this rank's rows
-// of the residual stream. GPT-2's MLP (GeluMlp, nn/gelu_mlp.h) and a mixture of experts (MoeMlp,
-// nn/moe_mlp.h) are its two kinds; a Block holds one of them behind its attention (nn/block.h), so
-// a new kind of MLP is a new module, not a branch in the block.
+// of the residual stream. Its kinds: GPT-2's MLP (GeluMlp, nn/gelu_mlp.h) and mixture of experts
+// (MoeMlp, nn/moe_mlp.h), the Llama family's SwiGLU MLP (SwigluMlp, nn/swiglu_mlp.h) and mixture
+// of experts (SwigluMoeMlp, nn/swiglu_moe_mlp.h); a Block holds one of them behind its attention
+// (nn/block.h), so a new kind of MLP is a new module, not a branch in the block.
 //
 // The contract every kind keeps (the one nn/attention.h keeps too): forward/backward run over a
 // record the caller owns, one per micro-batch in flight (make_record); parameter gradients
@@ -27,7 +28,8 @@ struct MlpRecord {
 class Mlp {
  public:
   virtual ~Mlp() = default;
-  // The kind's name ("gelu", "moe"): the workspace keeps one recomputation record per kind.
+  // The kind's name ("gelu", "moe", "swiglu", "swiglu_moe"): the workspace keeps one recomputation
+  // record per kind.
   virtual const char* kind() const = 0;
 
   // The activations this module's recompute mode keeps for a micro-batch of up to max_batch

@@ -6,8 +6,8 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
-#include "tessera/kernels/gelu.h"
 #include "tessera/kernels/gemm.h"
+#include "tessera/nn/linear.h"
 #include "tessera/nn/moe_router.h"
 
 namespace tessera::nn {
@@ -29,31 +29,40 @@ void copy_rows(float* dst, const float* src, int64_t rows, int C) {
 
 MixtureOfExperts::MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg,
                                    int layer, ExpertSplit split)
-    : ps_(ps), eps_(experts), cfg_(cfg), m_(cfg.moe), layer_(layer), split_(split) {
+    : ps_(ps),
+      eps_(experts),
+      cfg_(cfg),
+      m_(cfg.moe),
+      layer_(layer),
+      split_(split),
+      names_(moe_names(cfg, layer)) {
   const int E = m_.experts, n = split.size();
   TESSERA_CHECK_AS(ConfigError, E > 0 && E % n == 0, "--moe-experts ", E,
                    " does not split over --ep ", n,
                    " ranks; choose an expert count that is a multiple of ep");
   local_ = E / n;
   first_expert_ = split.rank() * local_;
-  const int64_t C = cfg.n_embd, F = 4 * C;
-  const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-  const std::string h = "h." + std::to_string(layer) + ".mlp.";
-  router_ = ps.add(h + "router.weight", {C, E}, Init::Normal, kInitStd, true);
-  for (int el = 0; el < local_; ++el) {
-    const std::string e = h + "experts." + std::to_string(first_expert_ + el) + ".";
-    ExpertParams p;
-    p.fc_w = experts.add(e + "c_fc.weight", {C, F}, Init::Normal, kInitStd, true);
-    p.fc_b = experts.add(e + "c_fc.bias", {F}, Init::Zeros, 0.0f, false);
-    p.proj_w = experts.add(e + "c_proj.weight", {F, C}, Init::Normal, proj_std, true);
-    p.proj_b = experts.add(e + "c_proj.bias", {C}, Init::Zeros, 0.0f, false);
-    experts.mark_gemm_weight(p.fc_w);
-    experts.mark_gemm_weight(p.proj_w);
-    experts_.push_back(p);
-  }
+  const int64_t C = cfg.n_embd;
+  router_ =
+      ps.add(names_.router, cfg.llama() ? Shape{E, C} : Shape{C, E}, Init::Normal, kInitStd, true);
+  experts_ = make_expert_mlps(experts, cfg, layer, first_expert_, local_);
   dispatch_label_ = "dispatch h." + std::to_string(layer);
   combine_label_ = "combine h." + std::to_string(layer);
   reset_stats();
+}
+
+Linear MixtureOfExperts::router() const {
+  Linear l;
+  l.weight = router_;
+  l.in = cfg_.n_embd, l.out = m_.experts;
+  l.transposed = cfg_.llama();
+  return l;
+}
+
+void MixtureOfExperts::set_score_bias(std::vector<float> bias) const {
+  TESSERA_ASSERT(bias.empty() || static_cast<int>(bias.size()) == m_.experts,
+                 "a selection bias of ", bias.size(), " values for ", m_.experts, " experts");
+  score_bias_ = std::move(bias);
 }
 
 void MixtureOfExperts::reset_stats() const {
@@ -66,12 +75,15 @@ MixtureOfExperts::Record MixtureOfExperts::make_record(int max_batch, Allocator&
   const int64_t N = static_cast<int64_t>(max_batch) * cfg_.block_size, E = m_.experts;
   Record r;
   r.alloc = &alloc;
-  const std::string h = "h." + std::to_string(layer_) + ".mlp.";
+  const std::string& h = names_.prefix;
   r.logits =
       Tensor::zeros({N * E}, DType::F32, MemCategory::Activations, h + "router.logits", &alloc);
   r.probs =
       Tensor::zeros({N * E}, DType::F32, MemCategory::Activations, h + "router.probs", &alloc);
   r.lse = Tensor::zeros({N}, DType::F32, MemCategory::Activations, h + "router.lse", &alloc);
+  if (m_.score == RouterScore::Sigmoid)
+    r.scores =
+        Tensor::zeros({N * E}, DType::F32, MemCategory::Activations, h + "router.scores", &alloc);
   return r;
 }
 
@@ -160,11 +172,12 @@ std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::remote_blocks(const Re
 std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::pieces(
     const std::vector<RowBlock>& blocks) const {
   if (split_.size() == 1) return blocks;  // nothing to overlap: whole blocks, the largest GEMMs
-  // Equal pieces of at most about 2^28 flops of expert forward (16 C^2 per row), and at least 256
+  // Equal pieces of at most about 2^28 flops of expert forward (16 C^2 per row for GPT-2's
+  // experts), and at least 256
   // rows, so that the pieces stay large GEMMs (bench/engine/bench_gemm_rows measures the rows
   // against the BLAS's speed).
-  const int64_t C = cfg_.n_embd;
-  const int64_t max_rows = std::clamp<int64_t>((int64_t{1} << 28) / (16 * C * C), 256, 2048);
+  const int64_t max_rows =
+      std::clamp<int64_t>((int64_t{1} << 28) / experts_->flops_per_row(), 256, 2048);
   std::vector<RowBlock> out;
   for (const RowBlock& b : blocks) {
     const int64_t n = (b.rows + max_rows - 1) / max_rows, rows = (b.rows + n - 1) / n;
@@ -175,57 +188,53 @@ std::vector<MixtureOfExperts::RowBlock> MixtureOfExperts::pieces(
 }
 
 void MixtureOfExperts::block_forward(const RowBlock& b, ExpertRows& side, float* out) const {
-  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
-  auto ep = [&](int i) { return eps_.param_data(i); };
-  auto w = [&](int i) { return eps_.gemm_weight(i); };  // refreshed by forward
-  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
-  float* fc = side.fc.f32() + b.begin * F;
-  float* fch = side.fch.f32() + b.begin * F;
-  k::matmul_forward(fc, side.in.f32() + b.begin * C, w(q.fc_w), ep(q.fc_b), nullptr, M, C, F);
-  k::gelu_forward(fch, fc, b.rows * F);
-  k::matmul_forward(out + b.begin * C, fch, w(q.proj_w), ep(q.proj_b), nullptr, M, F, C);
+  const int64_t C = cfg_.n_embd, A = experts_->act_width(), H = experts_->hid_width();
+  experts_->forward(b.el, b.rows, side.in.f32() + b.begin * C, side.act.f32() + b.begin * A,
+                    side.hid.f32() + b.begin * H, out + b.begin * C);
 }
 
 void MixtureOfExperts::block_backward_data(const RowBlock& b, const ExpertRows& side,
-                                           const float* dy, float* dfc, float* dx) const {
-  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
-  auto w = [&](int i) { return eps_.gemm_weight(i); };  // as the forward read them
-  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
-  float* df = dfc + b.begin * F;
-  k::matmul_backward(df, nullptr, nullptr, dy + b.begin * C, nullptr, w(q.proj_w), M, F, C);
-  k::gelu_backward(df, df, side.fc.f32() + b.begin * F, b.rows * F);
-  k::matmul_backward(dx + b.begin * C, nullptr, nullptr, df, nullptr, w(q.fc_w), M, C, F);
+                                           const float* dy, float* dact, float* dx,
+                                           Workspace& ws) const {
+  const int64_t C = cfg_.n_embd, A = experts_->act_width();
+  float* scratch =
+      experts_->scratch_width() > 0
+          ? ensure(ws.dhid, b.rows * experts_->scratch_width(), "moe.d_hidden", ws.alloc)
+          : nullptr;
+  experts_->backward_data(b.el, b.rows, side.act.f32() + b.begin * A, dy + b.begin * C,
+                          dact + b.begin * A, dx + b.begin * C, scratch);
 }
 
 void MixtureOfExperts::block_backward_weights(const RowBlock& b, const ExpertRows& side,
-                                              const float* dy, const float* dfc) const {
-  const int C = cfg_.n_embd, F = 4 * C, M = static_cast<int>(b.rows);
-  auto eg = [&](int i) { return eps_.grad_data(i); };
-  const ExpertParams& q = experts_[static_cast<size_t>(b.el)];
-  k::matmul_backward(nullptr, eg(q.proj_w), eg(q.proj_b), dy + b.begin * C,
-                     side.fch.f32() + b.begin * F, nullptr, M, F, C);
-  k::matmul_backward(nullptr, eg(q.fc_w), eg(q.fc_b), dfc + b.begin * F,
-                     side.in.f32() + b.begin * C, nullptr, M, C, F);
+                                              const float* dy, const float* dact) const {
+  const int64_t C = cfg_.n_embd, A = experts_->act_width(), H = experts_->hid_width();
+  experts_->backward_weights(b.el, b.rows, side.in.f32() + b.begin * C,
+                             side.hid.f32() + b.begin * H, dy + b.begin * C, dact + b.begin * A);
 }
 
 void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float loss_scale,
                                Record& r, Workspace& ws, bool count_stats) const {
-  const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd, F = 4 * C;
+  const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd;
+  const int64_t A = experts_->act_width(), H = experts_->hid_width();
   const int64_t N = static_cast<int64_t>(B) * T;
   r.B = B, r.T = T, r.loss_scale = loss_scale, r.x = x;
-  auto p = [&](int i) { return ps_.param_data(i); };
 
-  // Route (fp32 in every precision): logits, softmax, top-k with renormalised gates,
-  // per-sequence capacity.
+  // Route (fp32 in every precision): logits, scores, top-k (biased selection, gates renormalised
+  // or not), per-sequence capacity.
   {
     k::GemmModeScope fp32(k::GemmMode{});
-    k::matmul_forward(r.logits.f32(), x, p(router_), nullptr, nullptr, static_cast<int>(N), C, E);
+    linear_forward(ps_, router(), r.logits.f32(), E, x, N);
   }
-  router_softmax(r.probs.f32(), r.lse.f32(), r.logits.f32(), N, E);
+  const bool sigmoid = m_.score == RouterScore::Sigmoid;
+  if (sigmoid)
+    router_sigmoid(r.scores.f32(), r.probs.f32(), r.lse.f32(), r.logits.f32(), N, E);
+  else
+    router_softmax(r.probs.f32(), r.lse.f32(), r.logits.f32(), N, E);
   r.expert.resize(static_cast<size_t>(N * kk));
   r.gate.resize(r.expert.size());
   r.kept.resize(r.expert.size());
-  router_top_k(r.expert.data(), r.gate.data(), r.probs.f32(), N, E, kk);
+  router_top_k(r.expert.data(), r.gate.data(), sigmoid ? r.scores.f32() : r.probs.f32(), N, E, kk,
+               score_bias_.empty() ? nullptr : score_bias_.data(), m_.renormalize);
   const int64_t dropped =
       router_capacity(r.kept.data(), r.expert.data(), B, T, E, kk, expert_capacity(m_, T));
   if (count_stats) {
@@ -242,15 +251,12 @@ void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float l
 
   // The rows: those for the other ranks into the send buffer, this rank's own into local.in.
   PendingExchange counts = plan_rows(r);
-  for (const ExpertParams& q : experts_) {  // (a bf16 model's copies, read by every row block)
-    eps_.refresh_bf16_copy(q.fc_w);
-    eps_.refresh_bf16_copy(q.proj_w);
-  }
+  experts_->refresh_bf16_copies();  // (a bf16 model's copies, read by every row block)
   const int64_t K_local = r.K - r.K_remote;
   float* send = ensure(ws.send, r.K_remote * C, "moe.send", ws.alloc);
   float* local_in = ensure(r.local.in, K_local * C, "moe.expert_input", r.alloc);
-  ensure(r.local.fc, K_local * F, "moe.fc", r.alloc);
-  ensure(r.local.fch, K_local * F, "moe.fc.gelu", r.alloc);
+  ensure(r.local.act, K_local * A, "moe.expert_act", r.alloc);
+  ensure(r.local.hid, K_local * H, "moe.expert_hidden", r.alloc);
   for (int64_t row = 0; row < r.K; ++row) {
     float* dst = row < r.K_remote ? send + row * C : local_in + (row - r.K_remote) * C;
     copy_rows(dst, x + r.token_of[row] * C, 1, C);
@@ -269,8 +275,8 @@ void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float l
         counts.wait();
         plan_receive(r);
         float* recv = ensure(r.remote.in, r.R * C, "moe.expert_input", r.alloc);
-        ensure(r.remote.fc, r.R * F, "moe.fc", r.alloc);
-        ensure(r.remote.fch, r.R * F, "moe.fc.gelu", r.alloc);
+        ensure(r.remote.act, r.R * A, "moe.expert_act", r.alloc);
+        ensure(r.remote.hid, r.R * H, "moe.expert_hidden", r.alloc);
         dispatch =
             post_rows(split_.group, send, r.send_rows, recv, r.recv_rows, C, dispatch_label_);
       }
@@ -313,9 +319,9 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
                                 Workspace& ws) const {
   TESSERA_ASSERT(r.B > 0 && r.x != nullptr, "MixtureOfExperts::backward of h.", layer_,
                  " without a forward");
-  const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd, F = 4 * C;
+  const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd;
+  const int64_t A = experts_->act_width();
   const int64_t N = static_cast<int64_t>(r.B) * r.T, K_local = r.K - r.K_remote;
-  auto p = [&](int i) { return ps_.param_data(i); };
 
   // Gates: dgate_tj = dout_t . y_tj; each row's output gradient gate_tj dout_t, in the row order.
   ws.dgate.assign(static_cast<size_t>(N * kk), 0.0f);
@@ -337,8 +343,8 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
   float* dx_rows = ensure(ws.dx_rows, r.K * C, "moe.d_rows", ws.alloc);
   float* dy_remote = ensure(ws.dy_remote, r.R * C, "moe.d_expert_output", ws.alloc);
   float* dx_remote = ensure(ws.ye, r.R * C, "moe.expert_output", ws.alloc);
-  float* dfc_local = ensure(ws.dfc_local, K_local * F, "moe.d_fc", ws.alloc);
-  float* dfc_remote = ensure(ws.dfc_remote, r.R * F, "moe.d_fc", ws.alloc);
+  float* dfc_local = ensure(ws.dfc_local, K_local * A, "moe.d_expert_act", ws.alloc);
+  float* dfc_remote = ensure(ws.dfc_remote, r.R * A, "moe.d_expert_act", ws.alloc);
   const float* dy_local = dy + r.K_remote * C;
   float* dx_local = dx_rows + r.K_remote * C;
 
@@ -357,7 +363,7 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
     if (!remote_done && dispatch.done()) {
       dispatch.wait();
       for (const RowBlock& b : remote)
-        block_backward_data(b, r.remote, dy_remote, dfc_remote, dx_remote);
+        block_backward_data(b, r.remote, dy_remote, dfc_remote, dx_remote, ws);
       combine = post_rows(split_.group, dx_remote, r.recv_rows, dx_rows, r.send_rows, C,
                           combine_label_ + " (backward)");
       remote_done = true;
@@ -365,7 +371,7 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
     }
     if (next < local_data.size() + local.size()) {
       if (next < local_data.size())
-        block_backward_data(local_data[next], r.local, dy_local, dfc_local, dx_local);
+        block_backward_data(local_data[next], r.local, dy_local, dfc_local, dx_local, ws);
       else
         block_backward_weights(local[next - local_data.size()], r.local, dy_local, dfc_local);
       ++next;
@@ -381,13 +387,17 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
   // Router: dlogits from the gates and the auxiliary losses; dx = dlogits . W^T, then the
   // experts' input gradients added token by token.
   float* dlogits = ensure(ws.dlogits, N * E, "moe.d_logits", ws.alloc);
-  router_backward(dlogits, ws.dgate.data(), r.probs.f32(), r.lse.f32(), r.expert.data(),
-                  r.gate.data(), r.B, r.T, E, kk, m_.aux_loss * r.loss_scale,
-                  m_.z_loss * r.loss_scale);
+  const float bw = m_.aux_loss * r.loss_scale, zw = m_.z_loss * r.loss_scale;
+  if (m_.score == RouterScore::Sigmoid)
+    router_backward_sigmoid(dlogits, ws.dgate.data(), r.scores.f32(), r.probs.f32(), r.lse.f32(),
+                            r.logits.f32(), r.expert.data(), r.gate.data(), r.B, r.T, E, kk, bw, zw,
+                            m_.renormalize);
+  else
+    router_backward(dlogits, ws.dgate.data(), r.probs.f32(), r.lse.f32(), r.expert.data(),
+                    r.gate.data(), r.B, r.T, E, kk, bw, zw, m_.renormalize);
   {
     k::GemmModeScope fp32(k::GemmMode{});  // the router is fp32 in every precision
-    k::matmul_backward(dx, ps_.grad_data(router_), nullptr, dlogits, r.x, p(router_),
-                       static_cast<int>(N), C, E);
+    linear_backward(ps_, router(), dx, false, ps_.grad_data(router_), nullptr, dlogits, E, r.x, N);
   }
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < kk; ++j) {

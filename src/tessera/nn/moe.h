@@ -1,10 +1,12 @@
-// The mixture of experts inside an MoE block's MLP branch (nn/moe_mlp.h; docs/ARCHITECTURE.md,
-// decision 30), on its input x = ln_2's output of every token: a linear fp32 router
-// (moe_router.h) sends each token to its top-k of E experts, each a GPT-2 MLP
-// (c_fc, gelu, c_proj); the output is sum_j kept_j gate_j expert_{e_j}(x). Parameters:
-//   "h.<l>.mlp.router.weight"             [C, E]   (registered in the model's parameter set)
-//   "h.<l>.mlp.experts.<e>.c_fc.weight"   [C, 4C], c_fc.bias [4C],
-//   "h.<l>.mlp.experts.<e>.c_proj.weight" [4C, C], c_proj.bias [C]   (in the expert set)
+// The mixture of experts inside an MoE block's MLP branch (nn/moe_mlp.h, nn/swiglu_moe_mlp.h;
+// docs/ARCHITECTURE.md, decision 30), on its input x = the norm's output of every token: a linear
+// fp32 router (moe_router.h: softmax or sigmoid scores, an optional selection bias) sends each
+// token to its top-k of E experts (moe_experts.h: GPT-2 MLPs, or the Llama family's SwiGLU MLPs);
+// the output is sum_j kept_j gate_j expert_{e_j}(x). Parameters (moe_experts.h's MoeNames):
+//   the router, "h.<l>.mlp.router.weight" [C, E] (GPT-2's Conv1D layout) or
+//     "model.layers.<l>.{block_sparse_moe,mlp}.gate.weight" [E, C] (nn.Linear layout), in the
+//     model's parameter set;
+//   this rank's experts in the expert set ("h.<l>.mlp.experts.<e>.c_fc.weight", ...),
 // initialised like the dense MLP's (keyed by these global names, so expert e gets the same values
 // wherever it lives).
 //
@@ -47,9 +49,12 @@
 #include "tessera/core/tensor.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/moe_exchange.h"
+#include "tessera/nn/moe_experts.h"
 #include "tessera/nn/parameters.h"
 
 namespace tessera::nn {
+
+struct Linear;  // nn/linear.h
 
 // The expert-parallel group a layer's experts are split over. Always a group: one rank (a size-1
 // communicator) holds every expert and exchanges nothing.
@@ -75,13 +80,14 @@ class MixtureOfExperts {
   // The rows of one side of an expert's work: this rank's own assignments to its own experts
   // (local), or the rows received from the other ranks (remote).
   struct ExpertRows {
-    Tensor in, fc, fch;  // [rows, C], [rows, 4C], [rows, 4C]
+    Tensor in, act, hid;  // [rows, C] and the experts' two kept activations (moe_experts.h)
   };
   struct Record {
     int B = 0, T = 0;
     float loss_scale = 0;
     const float* x = nullptr;          // [N, C] the ln_2 output, kept alive by the caller
     Tensor logits, probs, lse;         // [N, E], [N, E], [N] (sized for max_batch at creation)
+    Tensor scores;                     // [N, E] a sigmoid router's scores (probs: normalised)
     std::vector<int32_t> expert;       // [N, k]
     std::vector<float> gate;           // [N, k]
     std::vector<uint8_t> kept;         // [N, k]
@@ -102,10 +108,14 @@ class MixtureOfExperts {
                        // the first K_remote rows, those dispatched)
     Tensor ye;         // [R, C] the remote rows' outputs, then their input gradients
     Tensor dy_remote;  // [R, C] the remote rows' output gradients
-    Tensor dfc_local, dfc_remote;  // [K - K_remote, 4C], [R, 4C]
+    Tensor dfc_local, dfc_remote;  // [K - K_remote, act], [R, act]: d act of the rows
+    Tensor dhid;                   // [rows of a block, the experts' scratch width]
     Tensor dx_rows;                // [K, C] the input gradient of every row, in the row order
     Tensor dlogits;                // [N, E]
     std::vector<float> dgate;
+    // The shared expert's scratch (nn/swiglu_moe_mlp.h): every token's output gradient of it and
+    // its hidden width's gradient.
+    Tensor shared_d, shared_dh;
     Allocator* alloc = nullptr;
   };
 
@@ -129,11 +139,15 @@ class MixtureOfExperts {
   int local_experts() const { return local_; }
   const MoeStats& stats() const { return stats_; }
   void reset_stats() const;
+  const MoeNames& names() const { return names_; }
+
+  // The selection bias of auxiliary-loss-free balancing ([E], added to the scores to choose the
+  // top k, never to the gates), or none (empty: the scores alone). It is state of the trainer, not
+  // a parameter: the same on every rank, set between steps (train/moe_bias.h), hence const.
+  void set_score_bias(std::vector<float> bias) const;
+  const std::vector<float>& score_bias() const { return score_bias_; }
 
  private:
-  struct ExpertParams {
-    int fc_w, fc_b, proj_w, proj_b;
-  };
   // Rows [begin, begin + rows) of one side for local expert el.
   struct RowBlock {
     int el;
@@ -150,15 +164,15 @@ class MixtureOfExperts {
   // arrived (fixed by the counts alone, so the results do not depend on the timing). One rank:
   // the blocks as they are.
   std::vector<RowBlock> pieces(const std::vector<RowBlock>& blocks) const;
-  // An expert's forward on one block: fc = in W_fc + b, fch = gelu(fc), out = fch W_proj + b.
+  // An expert's forward on one block, its input side of the backward (dact and dx ASSIGNED), and
+  // its weight gradients (ACCUMULATED): ExpertMlps on the block's rows of one side.
   void block_forward(const RowBlock& b, ExpertRows& side, float* out) const;
-  // An expert's backward on one block, input side only: dfc = gelu'(fc) (dy W_proj^T), and
-  // dx = dfc W_fc^T ASSIGNED.
-  void block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy, float* dfc,
-                           float* dx) const;
-  // The expert's weight gradients from one block (ACCUMULATED).
+  void block_backward_data(const RowBlock& b, const ExpertRows& side, const float* dy, float* dact,
+                           float* dx, Workspace& ws) const;
   void block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
-                              const float* dfc) const;
+                              const float* dact) const;
+  // The router as a linear layer (moe.cc; nn/linear.h).
+  Linear router() const;
 
   const ParameterSet& ps_;
   const ParameterSet& eps_;
@@ -167,10 +181,12 @@ class MixtureOfExperts {
   int layer_;
   ExpertSplit split_;
   int first_expert_, local_;
-  int router_;
-  std::vector<ExpertParams> experts_;  // local experts
+  MoeNames names_;
+  int router_ = -1;  // [C, E] (GPT-2) or, for the Llama family, [E, C] (nn.Linear layout)
+  std::unique_ptr<ExpertMlps> experts_;  // local experts
   std::string dispatch_label_, combine_label_;
   mutable MoeStats stats_;
+  mutable std::vector<float> score_bias_;
 };
 
 }  // namespace tessera::nn

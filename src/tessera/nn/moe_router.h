@@ -2,9 +2,17 @@
 // micro-batch of B sequences x T tokens (N = B T rows), E experts, top-k:
 //
 //   logits = x . W_router                       [N, E]  (a linear router, no bias)
-//   p = softmax(logits), lse = logsumexp(logits) [N, E], [N]
-//   the k largest p of each token, descending; ties go to the lower expert index
-//   gate_j = p_{e_j} / sum_{j'} p_{e_j'}         renormalised over the k chosen experts
+//   scores: softmax (Switch, Mixtral, Qwen2-MoE)  p = softmax(logits), the scores themselves
+//           sigmoid (DeepSeek-V3)                 s = sigmoid(logits) per expert, p = s / sum s
+//   lse = logsumexp(logits)                      [N]     (the z-loss, whatever the scores)
+//   the k largest scores (+ a per-expert selection bias b, if any) of each token, descending;
+//   ties go to the lower expert index
+//   gate_j = s_{e_j} / sum_{j'} s_{e_j'}         renormalised over the k chosen experts, or
+//   gate_j = s_{e_j}                             (renormalize false: Qwen2-MoE's norm_topk_prob)
+//
+// The selection bias is auxiliary-loss-free load balancing (DeepSeek-V3, Wang et al. 2024): it
+// moves which experts a token is sent to, never the gates (so it gets no gradient); the trainer
+// updates it after each optimizer step (train/moe_bias.h).
 //
 // Capacity (docs/ARCHITECTURE.md, decision 30). Switch Transformer (Fedus et al. 2021) gives each
 // expert capacity = capacity_factor x tokens_per_batch / E, where the batch is what one device
@@ -19,7 +27,8 @@
 // dropped set depends only on the sequence itself. capacity_factor 0 = dropless.
 //
 // Auxiliary losses, per sequence s of T tokens (f counted from the router's choices, before
-// capacity):
+// capacity; p the softmax probabilities, or the normalised sigmoid scores as DeepSeek-V3's
+// sequence-wise balance loss takes them):
 //   f_si = (1 / (T k)) #{(t, j) in s : e_tj = i},   P_si = (1 / T) sum_{t in s} p_ti
 //   balance_s = E sum_i f_si P_si               (Switch's load-balancing loss; 1 when uniform)
 //   z_t = lse_t^2                               (ST-MoE's router z-loss, Zoph et al. 2022)
@@ -38,9 +47,15 @@ namespace tessera::nn {
 // ASSIGNS probs[N, E] = softmax(logits) row-wise and lse[N] = logsumexp of each row.
 void router_softmax(float* probs, float* lse, const float* logits, int64_t N, int E);
 
-// ASSIGNS expert[N, k] (the k most probable experts, descending, ties to the lower index) and
-// gate[N, k] (their probabilities renormalised to sum to 1).
-void router_top_k(int32_t* expert, float* gate, const float* probs, int64_t N, int E, int k);
+// ASSIGNS scores[N, E] = sigmoid(logits), probs[N, E] = each row of scores over its sum, and
+// lse[N] = logsumexp of each row of logits.
+void router_sigmoid(float* scores, float* probs, float* lse, const float* logits, int64_t N, int E);
+
+// ASSIGNS expert[N, k] (the k experts of highest score + bias[e] (bias null: the score),
+// descending, ties to the lower index) and gate[N, k] (their scores, renormalised to sum to 1
+// when `renormalize`).
+void router_top_k(int32_t* expert, float* gate, const float* scores, int64_t N, int E, int k,
+                  const float* bias = nullptr, bool renormalize = true);
 
 // Assignments an expert takes per sequence of T tokens; 0 = unlimited (capacity_factor 0).
 int64_t expert_capacity(const MoeConfig& m, int T);
@@ -58,11 +73,19 @@ struct RouterLossSums {
 RouterLossSums router_loss_sums(const float* probs, const float* lse, const int32_t* expert, int B,
                                 int T, int E, int k);
 
-// ASSIGNS dlogits[N, E]: the gradient of the objective with respect to the router logits, from
+// ASSIGNS dlogits[N, E]: the gradient of the objective with respect to the router logits of a
+// softmax router, from
 //   dgate[N, k]   dL/d gate (the experts' outputs dotted with the output gradient; 0 if dropped)
 //   balance_weight = aux_loss x loss_scale, z_weight = z_loss x loss_scale.
 void router_backward(float* dlogits, const float* dgate, const float* probs, const float* lse,
                      const int32_t* expert, const float* gate, int B, int T, int E, int k,
-                     float balance_weight, float z_weight);
+                     float balance_weight, float z_weight, bool renormalize = true);
+
+// The same for a sigmoid router (scores, probs and lse of router_sigmoid; the z-loss's softmax
+// from logits and lse).
+void router_backward_sigmoid(float* dlogits, const float* dgate, const float* scores,
+                             const float* probs, const float* lse, const float* logits,
+                             const int32_t* expert, const float* gate, int B, int T, int E, int k,
+                             float balance_weight, float z_weight, bool renormalize);
 
 }  // namespace tessera::nn

@@ -7,6 +7,7 @@
 #include "tessera/core/error.h"
 #include "tessera/io/tensor_set.h"
 #include "tessera/kernels/bf16.h"
+#include "tessera/train/moe_bias.h"
 
 namespace tessera::train {
 
@@ -34,11 +35,20 @@ io::HfGptConfig to_hf_config(const nn::GPTConfig& c) {
   h.moe_capacity_factor = c.moe.capacity_factor;
   h.router_aux_loss_coef = c.moe.aux_loss;
   h.router_z_loss_coef = c.moe.z_loss;
+  h.norm_topk_prob = c.moe.renormalize;
+  h.scoring_func = nn::to_string(c.moe.score);
   if (c.llama()) {
-    h.model_type = c.hf_model_type.empty() ? "llama" : c.hf_model_type;
+    h.model_type = c.hf_type();
     h.n_positions = c.max_positions > 0 ? c.max_positions : c.block_size;
     h.num_key_value_heads = c.kv_heads();
     h.intermediate_size = c.mlp_hidden();
+    if (c.moe.enabled()) {
+      h.moe_intermediate_size = c.moe_hidden();
+      h.shared_expert_intermediate_size = c.moe.shared_ffn_dim;
+      h.shared_expert_gate = c.moe.shared_gate;
+      h.mlp_only_layers = c.moe.dense_layers;
+      if (h.model_type == "mixtral") h.intermediate_size = h.moe_intermediate_size;
+    }
     h.rope_theta = c.rope_theta;
     h.rope_factor = c.rope_scaling.factor;
     h.rope_low_freq_factor = c.rope_scaling.low_freq_factor;
@@ -67,7 +77,13 @@ nn::GPTConfig from_hf_config(const io::HfGptConfig& h, float dropout) {
   c.moe.capacity_factor = static_cast<float>(h.moe_capacity_factor);
   c.moe.aux_loss = static_cast<float>(h.router_aux_loss_coef);
   c.moe.z_loss = static_cast<float>(h.router_z_loss_coef);
+  c.moe.renormalize = h.norm_topk_prob;
+  c.moe.score = nn::parse_router_score(h.scoring_func);
   if (h.llama_family()) {
+    c.moe.ffn_dim = h.moe_intermediate_size;
+    c.moe.shared_ffn_dim = h.shared_expert_intermediate_size;
+    c.moe.shared_gate = h.shared_expert_gate;
+    c.moe.dense_layers = h.mlp_only_layers;
     c.arch = nn::Arch::Llama;
     c.hf_model_type = h.model_type;
     c.max_positions = h.n_positions;
@@ -131,7 +147,13 @@ io::NamedTensors named_weights(nn::GPT& model) {
 }
 
 void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
-  io::load_into(file, named_weights(model));
+  io::TensorLoadOptions o;  // the MoE selection biases are state beside the weights
+  for (const nn::MixtureOfExperts* m : model.moe_layers())
+    o.ignore.push_back(m->names().score_bias);
+  io::load_into(file, named_weights(model), o);
+  for (const nn::MixtureOfExperts* m : model.moe_layers())
+    if (file.contains(m->names().score_bias))
+      m->set_score_bias(read_score_bias(file, m->names().score_bias, model.config().moe.experts));
 }
 
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,

@@ -22,7 +22,8 @@ io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::opt
 std::filesystem::path weights_file(const std::filesystem::path& weights);
 
 // Copies every parameter from the file into the model (names, shapes checked; "transformer."
-// prefix and the tied lm_head.weight accepted). Throws IoError naming the problem.
+// prefix and the tied lm_head.weight accepted), and the MoE layers' selection biases the file
+// holds (train/moe_bias.h). Throws IoError naming the problem.
 void load_weights(nn::GPT& model, const io::SafetensorsFile& file);
 // The model's parameters under their Hugging Face names (views, no copy).
 io::NamedTensors named_weights(nn::GPT& model);

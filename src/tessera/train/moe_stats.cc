@@ -33,7 +33,11 @@ MoeStepStats moe_step_stats(const nn::GPTConfig& model, const std::vector<nn::GP
     layer.layer = l;
     layer.balance = b[0] / b[1];
     layer.z = b[2] / b[3];
-    for (int e = 0; e < E; ++e) layer.load.push_back(b[5 + e] / assignments);
+    for (int e = 0; e < E; ++e) {
+      layer.load.push_back(b[5 + e] / assignments);
+      layer.assigned.push_back(static_cast<int64_t>(b[5 + e]));  // integers, summed exactly
+    }
+    layer.assignments = static_cast<int64_t>(assignments);
     out.aux_loss += m.aux_loss * layer.balance;
     out.z_loss += m.z_loss * layer.z;
     out.max_load_ratio =

@@ -12,9 +12,11 @@ namespace tessera::train {
 struct MoeStepStats {
   struct Layer {
     int layer = 0;
-    double balance = 0;        // mean over sequences of balance_s (1 = perfectly balanced)
-    double z = 0;              // mean over tokens of lse^2
-    std::vector<double> load;  // [E] share of the router's assignments per expert
+    double balance = 0;             // mean over sequences of balance_s (1 = perfectly balanced)
+    double z = 0;                   // mean over tokens of lse^2
+    std::vector<double> load;       // [E] share of the router's assignments per expert
+    std::vector<int64_t> assigned;  // [E] the router's assignments per expert (exact counts)
+    int64_t assignments = 0;        // their sum: tokens x top_k
   };
   std::vector<Layer> layers;
   double aux_loss = 0, z_loss = 0;  // alpha sum_l balance_l, beta sum_l z_l: added to the objective

@@ -153,7 +153,9 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   const DType wire = resolve(cfg.activation_comm_dtype, cfg.precision);
   executor_.emplace(stage_models(), mesh_.pp(), wire);
   forward_.emplace(models(), mesh_.pp(), wire);
+  if (plan.mcfg.moe.enabled()) moe_bias_.emplace(plan.mcfg, cfg.moe_bias_rate);
   restore_or_initialize();
+  if (moe_bias_) moe_bias_->apply(models());
   result_.first_step = step_;
 }
 
@@ -228,8 +230,16 @@ void RankRun::train_step() {
     timing_sum_.pipeline_seconds += executor_->timing().pipeline_seconds;
   }
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
-  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
-             process_cpu_seconds() - cpu0);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double cpu_secs = process_cpu_seconds() - cpu0;
+  // The step's routing over the job (collective): the metrics, and the next step's selection
+  // biases (the same on every rank: the same counts, the same arithmetic).
+  const MoeStepStats moe = moe_step_stats(plan_.mcfg, models(), mesh_.tp_rank() == 0, world_);
+  if (moe_bias_) {
+    moe_bias_->update(moe);
+    moe_bias_->apply(models());
+  }
+  after_step(loss, norm, lr, secs, cpu_secs, moe);
 }
 
 // A stop request (stop_request.h) counts once every rank has seen it: one small all-reduce per

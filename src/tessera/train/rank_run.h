@@ -26,6 +26,8 @@
 #include "tessera/parallel/rank_engines.h"
 #include "tessera/parallel/unit_timeline.h"
 #include "tessera/train/metrics.h"
+#include "tessera/train/moe_bias.h"
+#include "tessera/train/moe_stats.h"
 #include "tessera/train/pipeline_forward.h"
 #include "tessera/train/progress.h"
 #include "tessera/train/run_plan.h"
@@ -69,7 +71,8 @@ class RankRun {
   // Reports (rank_run_report.cc).
   void print_header();
   std::string precision_line() const;
-  void after_step(double loss, double norm, float lr, double secs, double cpu_secs);
+  void after_step(double loss, double norm, float lr, double secs, double cpu_secs,
+                  const MoeStepStats& moe);
   void report_memory();
   void report_pipeline();
   void write_timeline();
@@ -94,6 +97,7 @@ class RankRun {
   std::optional<parallel::RankEngines> engines_;
   std::optional<parallel::StepExecutor> executor_;
   std::optional<PipelineForward> forward_;
+  std::optional<MoeBias> moe_bias_;  // every MoE layer's selection bias (the same on every rank)
   int64_t boundary_elems_ = 0;       // hidden-state elements a stage passes on per micro-batch
   parallel::StepTiming timing_sum_;  // over the steps after the first
   parallel::StepTraffic traffic_;    // of the last step

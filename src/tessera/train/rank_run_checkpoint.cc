@@ -15,15 +15,19 @@ namespace fs = std::filesystem;
 
 void RankRun::restore_or_initialize() {
   if (!plan_.ckpt) {
-    if (cfg_.init_from.empty())
+    if (cfg_.init_from.empty()) {
       engines_->initialize(cfg_.seed);
-    else
-      engines_->load_weights(io::SafetensorsFile(weights_file(cfg_.init_from)));
+    } else {
+      const io::SafetensorsFile weights(weights_file(cfg_.init_from));
+      engines_->load_weights(weights);
+      if (moe_bias_) moe_bias_->load(weights);
+    }
     return;
   }
   const io::LoadedCheckpoint& ck = *plan_.ckpt;
   const std::string optimizer = engines_->optimizer().name();
   engines_->load_weights(ck.model);
+  if (moe_bias_) moe_bias_->load(ck.model);
   TESSERA_CHECK_AS(ConfigError, ck.state.value("optimizer", optimizer) == optimizer, "checkpoint '",
                    ck.dir.string(), "' was written with ", config_key("optimizer"), " ",
                    ck.state.value("optimizer", std::string("?")), ", not ", optimizer);
@@ -61,9 +65,11 @@ void RankRun::save(int64_t at_step) {
   if (cfg_.save.empty()) return;
   // Gathered on every rank (collective); rank 0 writes.
   parallel::RankEngines::Gathered gathered = engines_->gather();
+  if (moe_bias_) moe_bias_->check_identical(world_);
   if (lead_) {
     io::Checkpoint c;
     c.model = std::move(gathered.weights);
+    if (moe_bias_) moe_bias_->append_to(c.model);  // state beside the weights
     c.optimizer = std::move(gathered.optimizer_state);
     c.step = at_step;
     c.config = to_hf_config(plan_.mcfg);

@@ -22,16 +22,30 @@ size_t model_state_peak(const Allocator& a) {
          a.peak(MemCategory::OptimizerState);
 }
 
-std::string moe_line(const nn::MoeConfig& moe, const TrainConfig& cfg) {
-  char line[320];
-  std::snprintf(line, sizeof line,
-                "mixture of experts: %d experts, top-%d, every %d block(s) (blocks l with l %% "
-                "%d == %d), capacity factor %g%s, aux loss %g, z loss %g | ep %d (%d experts "
-                "per rank, expert gradients summed over %d ranks)",
-                moe.experts, moe.top_k, moe.every, moe.every, moe.every - 1,
-                static_cast<double>(moe.capacity_factor),
-                moe.capacity_factor > 0 ? "" : " (dropless)", static_cast<double>(moe.aux_loss),
-                static_cast<double>(moe.z_loss), cfg.ep, moe.experts / cfg.ep, cfg.dp / cfg.ep);
+std::string moe_line(const nn::GPTConfig& m, const TrainConfig& cfg) {
+  const nn::MoeConfig& moe = m.moe;
+  std::string kind = "GPT-2 MLPs";
+  if (m.llama()) {
+    kind = "SwiGLU experts " + std::to_string(m.moe_hidden()) + " wide";
+    if (moe.shared_ffn_dim > 0)
+      kind += std::string(moe.shared_gate ? ", a gated" : ", a") + " shared expert " +
+              std::to_string(moe.shared_ffn_dim) + " wide";
+  }
+  char bias[80] = "";
+  if (cfg.moe_bias_rate > 0)
+    std::snprintf(bias, sizeof bias, ", selection bias rate %g (aux-loss-free balancing)",
+                  static_cast<double>(cfg.moe_bias_rate));
+  char line[640];
+  std::snprintf(
+      line, sizeof line,
+      "mixture of experts: %d experts (%s), top-%d %s%s, every %d block(s) (blocks l "
+      "with l %% %d == %d%s), capacity factor %g%s, aux loss %g, z loss %g%s | ep %d (%d "
+      "experts per rank, expert gradients summed over %d ranks)",
+      moe.experts, kind.c_str(), moe.top_k, nn::to_string(moe.score),
+      moe.renormalize ? " renormalised" : "", moe.every, moe.every, moe.every - 1,
+      moe.dense_layers.empty() ? "" : ", some dense", static_cast<double>(moe.capacity_factor),
+      moe.capacity_factor > 0 ? "" : " (dropless)", static_cast<double>(moe.aux_loss),
+      static_cast<double>(moe.z_loss), bias, cfg.ep, moe.experts / cfg.ep, cfg.dp / cfg.ep);
   return line;
 }
 
@@ -61,7 +75,7 @@ void RankRun::print_header() {
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
   say(log_, nullptr, precision_line());
-  if (m.moe.enabled()) say(log_, nullptr, moe_line(m.moe, cfg_));
+  if (m.moe.enabled()) say(log_, nullptr, moe_line(m, cfg_));
   if (parallel::traits(schedule_.kind).pipelined)
     say(log_, nullptr,
         "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
@@ -92,7 +106,8 @@ std::string RankRun::precision_line() const {
               : std::string());
 }
 
-void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs) {
+void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs,
+                         const MoeStepStats& moe) {
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
   const double comm_bytes = traffic_.data_parallel + traffic_.tensor_parallel;
@@ -126,7 +141,6 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
                         {"comm_bytes_per_rank", comm_bytes},
                         {"tp_bytes_per_rank", traffic_.tensor_parallel},
                         {"pp_bytes_per_rank", traffic_.pipeline}};
-  const MoeStepStats moe = moe_step_stats(plan_.mcfg, models(), mesh_.tp_rank() == 0, world_);
   if (!moe.layers.empty()) {
     st.moe = true;
     st.moe_aux_loss = moe.aux_loss;

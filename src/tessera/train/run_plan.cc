@@ -71,6 +71,11 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
     mcfg.moe.top_k = cfg.moe_top_k;
     mcfg.moe.every = cfg.moe_every;
     mcfg.moe.capacity_factor = cfg.moe_capacity_factor;
+    mcfg.moe.score = cfg.moe_router;
+    mcfg.moe.renormalize = cfg.moe_renormalize;
+    mcfg.moe.ffn_dim = cfg.moe_ffn_dim;
+    mcfg.moe.shared_ffn_dim = cfg.moe_shared_ffn_dim;
+    mcfg.moe.shared_gate = cfg.moe_shared_gate;
     mcfg.n_layer = cfg.layers;
     mcfg.n_embd = cfg.dim;
     mcfg.n_head = cfg.new_model_heads();

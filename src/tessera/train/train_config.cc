@@ -244,11 +244,12 @@ void model_fields(std::vector<ConfigField>& f) {
                     "lm_head); GPT-2 is always tied"));
   f.push_back(value(model, "qkv_bias", &T::qkv_bias, "--arch llama: biases on q, k and v (Qwen2)"));
   f.push_back(value(model, "moe_experts", &T::moe_experts,
-                    "Mixture of experts: experts per MoE block (each a GPT-2 MLP); 0 = dense MLPs",
+                    "Mixture of experts: experts per MoE block (GPT-2 MLPs; SwiGLU MLPs of "
+                    "--moe-ffn-dim for --arch llama); 0 = dense MLPs",
                     at_least(0, " (0 = dense)")));
   f.push_back(value(model, "moe_top_k", &T::moe_top_k,
-                    "Experts per token (gates renormalised over them); ties go to the lower "
-                    "expert index"));
+                    "Experts per token (their gates renormalised unless --moe-renormalize false); "
+                    "ties go to the lower expert index"));
   f.push_back(value(model, "moe_every", &T::moe_every,
                     "Block l (0-based) is an MoE block when l % every == every - 1 (1: every "
                     "block)"));
@@ -261,6 +262,31 @@ void model_fields(std::vector<ConfigField>& f) {
                     at_least(0.0f)));
   f.push_back(value(model, "moe_z_loss", &T::moe_z_loss,
                     "Router z-loss coefficient (mean logsumexp^2)", at_least(0.0f)));
+  f.push_back(
+      choice(model, "moe_router", &T::moe_router,
+             "The router's scores: softmax over the experts (Switch, Mixtral, Qwen2-MoE) "
+             "or a sigmoid per expert (DeepSeek-V3; the balance loss reads them "
+             "normalised)",
+             {{nn::RouterScore::Softmax, "softmax"}, {nn::RouterScore::Sigmoid, "sigmoid"}}));
+  f.push_back(value(model, "moe_renormalize", &T::moe_renormalize,
+                    "Divide a token's top-k gates by their sum (Mixtral; Qwen2-MoE's "
+                    "norm_topk_prob); false: the scores as they are"));
+  f.push_back(value(model, "moe_bias_rate", &T::moe_bias_rate,
+                    "Auxiliary-loss-free balancing (DeepSeek-V3): after each optimizer step every "
+                    "expert's selection bias moves by this rate toward the mean load (bias += "
+                    "rate x sign(mean load - load)); the bias chooses the top k, never weighs "
+                    "them. 0: off",
+                    at_least(0.0f, " (0 = off)")));
+  f.push_back(value(model, "moe_ffn_dim", &T::moe_ffn_dim,
+                    "--arch llama: an expert's SwiGLU width (fine-grained experts); 0: --ffn-dim's",
+                    at_least(0, " (0: --ffn-dim's)")));
+  f.push_back(value(model, "moe_shared_ffn_dim", &T::moe_shared_ffn_dim,
+                    "--arch llama: the width of a shared expert every token passes through beside "
+                    "its top k (a SwiGLU MLP, split over --tp like a dense one); 0: none",
+                    at_least(0, " (0: none)")));
+  f.push_back(value(model, "moe_shared_gate", &T::moe_shared_gate,
+                    "--arch llama: scale the shared expert's output by sigmoid(x . w_gate) "
+                    "(Qwen2-MoE's shared_expert_gate)"));
 }
 
 void optimisation_fields(std::vector<ConfigField>& f) {
@@ -538,8 +564,14 @@ void check_tensor_parallel(const nn::GPTConfig& m, int tp) {
                    " key/value heads (tensor parallelism splits key/value heads, it does not "
                    "replicate them); choose ",
                    config_key("tp"), " among the divisors of both");
-  TESSERA_CHECK_AS(ConfigError, m.mlp_hidden() % tp == 0, config_key("tp"), " ", tp,
+  bool dense = false;  // a block with a dense MLP (a mixture's experts are whole on every tp rank)
+  for (int l = 0; l < m.n_layer; ++l) dense = dense || !m.moe.is_moe_layer(l);
+  TESSERA_CHECK_AS(ConfigError, !dense || m.mlp_hidden() % tp == 0, config_key("tp"), " ", tp,
                    " does not divide the MLP width ", m.mlp_hidden(), "; choose ", config_key("tp"),
+                   " dividing it");
+  TESSERA_CHECK_AS(ConfigError, m.moe.shared_ffn_dim % tp == 0, config_key("tp"), " ", tp,
+                   " does not divide the shared expert's width ", m.moe.shared_ffn_dim, " (",
+                   config_key("moe_shared_ffn_dim"), "); choose ", config_key("tp"),
                    " dividing it");
 }
 
@@ -593,6 +625,15 @@ void TrainConfig::validate() const {
     TESSERA_CHECK_AS(ConfigError, moe_experts == 0 || (moe_every >= 1 && moe_every <= layers),
                      key("moe_every"), " ", moe_every, " must be between 1 and ", key("layers"),
                      " ", layers);
+    TESSERA_CHECK_AS(ConfigError,
+                     (moe_ffn_dim == 0 && moe_shared_ffn_dim == 0 && !moe_shared_gate) ||
+                         (arch == nn::Arch::Llama && moe_experts > 0),
+                     key("moe_ffn_dim"), ", ", key("moe_shared_ffn_dim"), " and ",
+                     key("moe_shared_gate"), " are settings of a mixture of experts (",
+                     key("moe_experts"), ") of ", key("arch"), " llama");
+    TESSERA_CHECK_AS(ConfigError, !moe_shared_gate || moe_shared_ffn_dim > 0,
+                     key("moe_shared_gate"), " gates the shared expert: set ",
+                     key("moe_shared_ffn_dim"));
   }
 }
 

@@ -59,6 +59,14 @@ struct TrainConfig {
   float moe_capacity_factor = 0.0f;  // per-sequence capacity factor; 0 = dropless
   float moe_aux_loss = 0.01f;        // load-balancing loss coefficient (alpha)
   float moe_z_loss = 0.001f;         // router z-loss coefficient (beta)
+  nn::RouterScore moe_router = nn::RouterScore::Softmax;  // the router's scores
+  bool moe_renormalize = true;                            // the top-k gates divided by their sum
+  // Auxiliary-loss-free balancing (train/moe_bias.h): the selection bias's step u per optimizer
+  // step; 0: off (a bias the model already has stays as it is).
+  float moe_bias_rate = 0.0f;
+  int moe_ffn_dim = 0;           // --arch llama: an expert's SwiGLU width; 0: --ffn-dim's
+  int moe_shared_ffn_dim = 0;    // --arch llama: the shared expert's width; 0: none
+  bool moe_shared_gate = false;  // --arch llama: the shared expert scaled by sigmoid(x . w)
 
   // Optimisation.
   int64_t steps = 1000;

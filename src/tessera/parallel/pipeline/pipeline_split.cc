@@ -18,7 +18,7 @@ std::vector<double> half_unit_costs(const nn::GPTConfig& cfg, int T) {
   for (int l = 0; l < cfg.n_layer; ++l) {
     const nn::BlockFlops f = nn::block_flops(cfg, l, T);
     costs.push_back(3 * f.attention());
-    costs.push_back(3 * (nn::mlp_passes(cfg, l) * f.mlp + f.router));
+    costs.push_back(3 * f.mlp_half(nn::mlp_passes(cfg, l)));
   }
   costs.push_back(3 * nn::head_flops(cfg) + 10 * V);  // + the softmax and cross-entropy
   return costs;
