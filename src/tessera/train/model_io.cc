@@ -101,8 +101,18 @@ nn::GPTConfig from_hf_config(const io::HfGptConfig& h, float dropout) {
 }
 
 std::filesystem::path weights_file(const std::filesystem::path& weights) {
-  if (std::filesystem::is_directory(weights)) return weights / "model.safetensors";
-  return weights;
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(weights)) return weights;
+  const fs::path single = weights / io::kSafetensorsModelFile;
+  const fs::path index = weights / io::kSafetensorsIndexFile;
+  return !fs::exists(single) && fs::exists(index) ? index : single;  // transformers' order
+}
+
+io::SafetensorsFile open_weights(const std::filesystem::path& weights) {
+  const std::filesystem::path file = weights_file(weights);
+  TESSERA_CHECK_AS(ConfigError, std::filesystem::exists(file), "weights file '", file.string(),
+                   "' does not exist");
+  return io::SafetensorsFile::open_model(file);
 }
 
 io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::optional<int> heads) {
@@ -119,7 +129,7 @@ io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::opt
     }
     return c;
   }
-  io::SafetensorsFile f(file);
+  const io::SafetensorsFile f = io::SafetensorsFile::open_model(file);
   io::GptShape s = io::infer_gpt_shape(f);
   TESSERA_CHECK_AS(ConfigError, heads.has_value(), "'", file.string(),
                    "' has no config.json beside it, so the number of heads is unknown: pass "

@@ -18,8 +18,12 @@ nn::GPTConfig from_hf_config(const io::HfGptConfig& c, float dropout);
 // model.safetensors): from config.json beside them when present, else from the tensor shapes,
 // with the head count from `heads` (which must divide the width). Throws ConfigError / IoError.
 io::HfGptConfig config_of_weights(const std::filesystem::path& weights, std::optional<int> heads);
-// `weights` itself when it is a file, else weights/model.safetensors.
+// `weights` itself when it is a file; in a directory its model.safetensors, or, when it has none,
+// its model.safetensors.index.json (Hugging Face's sharded layout).
 std::filesystem::path weights_file(const std::filesystem::path& weights);
+// The weights at `weights` (a file, an index of shards, or a directory holding either), opened.
+// ConfigError when there are none; IoError naming a missing shard or a damaged file.
+io::SafetensorsFile open_weights(const std::filesystem::path& weights);
 
 // Copies every parameter from the file into the model (names, shapes checked; "transformer."
 // prefix and the tied lm_head.weight accepted), and the MoE layers' selection biases the file

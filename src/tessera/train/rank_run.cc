@@ -283,17 +283,18 @@ void RankRun::validate(int64_t at_step) {
 }
 
 void RankRun::sample() {
-  if (!plan_.pd.tokenizer || cfg_.sample_tokens <= 0) return;
+  const std::shared_ptr<const data::Tokenizer> tokenizer = plan_.pd.text_tokenizer();
+  if (!tokenizer || cfg_.sample_tokens <= 0) return;
   // Every rank samples (ZeRO-3 gathers parameters, tensor parallelism the logits' vocabulary
   // slices, collectively); rank 0 prints.
-  std::vector<uint32_t> p = plan_.pd.tokenizer->encode(cfg_.prompt);
+  std::vector<uint32_t> p = tokenizer->encode_with_special_tokens(cfg_.prompt);
   std::vector<int32_t> prompt(p.begin(), p.end());
   if (prompt.empty())
-    prompt.push_back(static_cast<int32_t>(plan_.pd.tokenizer->end_of_text().value_or(10)));
+    prompt.push_back(static_cast<int32_t>(tokenizer->special_tokens().eos.value_or(10)));
   const SampleOptions so{cfg_.sample_tokens, cfg_.temperature, cfg_.top_k, cfg_.seed};
   const std::vector<int32_t> outs = generate(*forward_, prompt, so);
   const std::vector<uint32_t> ids(outs.begin(), outs.end());
-  result_.sample = plan_.pd.tokenizer->decode(ids);
+  result_.sample = tokenizer->decode(ids);
   say(log_, nullptr, "sample:\n" + cfg_.prompt + result_.sample);
 }
 

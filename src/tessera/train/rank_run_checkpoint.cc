@@ -2,8 +2,10 @@
 // (docs/FORMATS.md). A checkpoint is layout-free: every tensor whole under its global name.
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "tessera/core/error.h"
+#include "tessera/io/atomic_file.h"
 #include "tessera/io/hf_config.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/train/model_io.h"
@@ -13,12 +15,34 @@ namespace tessera::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+// The files of a Hugging Face or SentencePiece tokenizer (the file, or those of a folder, with the
+// tokenizer_config.json beside it), copied beside saved weights so eval, sample and --init-from
+// find them there.
+void copy_tokenizer_files(const fs::path& source, const fs::path& dir) {
+  const fs::path from = fs::is_directory(source) ? source : source.parent_path();
+  std::vector<fs::path> files;
+  if (fs::is_directory(source)) {
+    for (const char* f : {"tokenizer.json", "tokenizer.model"})
+      if (fs::exists(from / f)) files.push_back(from / f);
+  } else {
+    files.push_back(source);
+  }
+  if (fs::exists(from / "tokenizer_config.json")) files.push_back(from / "tokenizer_config.json");
+  for (const fs::path& f : files) {
+    const fs::path to = dir / f.filename();
+    if (fs::exists(to) && fs::equivalent(f, to)) continue;
+    io::write_file_atomic(to, io::read_file(f));
+  }
+}
+}  // namespace
+
 void RankRun::restore_or_initialize() {
   if (!plan_.ckpt) {
     if (cfg_.init_from.empty()) {
       engines_->initialize(cfg_.seed);
     } else {
-      const io::SafetensorsFile weights(weights_file(cfg_.init_from));
+      const io::SafetensorsFile weights = open_weights(cfg_.init_from);
       engines_->load_weights(weights);
       if (moe_bias_) moe_bias_->load(weights);
     }
@@ -90,6 +114,7 @@ void RankRun::save(int64_t at_step) {
     result_.checkpoint = dir.string();
     export_weights(c.model, plan_.mcfg, cfg_.save, cfg_.export_dtype);
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
+    if (plan_.pd.external) copy_tokenizer_files(plan_.pd.external_source, cfg_.save);
     say(log_, pl_, "saved checkpoint " + dir.string());
   }
   wait_for_rank0_file_work(

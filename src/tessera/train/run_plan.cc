@@ -15,10 +15,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The tokenizer saved with a checkpoint or beside weights, if any.
+// The tokenizer saved with a checkpoint or beside weights, if any: its tokenizer.json, or the
+// folder when a SentencePiece tokenizer.model is there (data::load_tokenizer picks the file).
 std::optional<fs::path> tokenizer_beside(const fs::path& p) {
   for (fs::path dir : {p, p.parent_path(), p.parent_path().parent_path()}) {
     if (dir.empty()) continue;
+    if (fs::exists(dir / "tokenizer.model")) return dir;
     if (fs::exists(dir / "tokenizer.json")) return dir / "tokenizer.json";
   }
   return std::nullopt;
