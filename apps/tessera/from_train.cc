@@ -27,6 +27,9 @@ ModelSpec model_of(const train::TrainConfig& c) {
     m.ffn_dim = c.ffn_dim;
     m.tie_embeddings = c.tie_embeddings;
     m.qkv_bias = c.qkv_bias;
+    m.moe.ffn_dim = c.moe_ffn_dim;
+    m.moe.shared_ffn_dim = c.moe_shared_ffn_dim;
+    m.moe.shared_gate = c.moe_shared_gate;
   }
   if (!c.model.empty()) {  // --model config.json: the architecture is the file's, seq the flag's
     nlohmann::json j = io::parse_json(io::read_file(c.model));

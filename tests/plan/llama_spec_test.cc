@@ -3,7 +3,9 @@
 // built model holds, element for element; and its bad configurations refused before planning.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
@@ -28,7 +30,8 @@ int64_t built_params(const ModelSpec& m) {
   Allocator alloc("count", 0, Backing::AddressSpaceOnly);
   nn::GPT model(to_gpt_config(m), 1, alloc);
   int64_t n = 0;
-  for (const nn::ParamInfo& p : model.params().infos()) n += p.global_numel();
+  for (nn::ParamGroup g : {nn::ParamGroup::Model, nn::ParamGroup::Experts})
+    for (const nn::ParamInfo& p : model.params(g).infos()) n += p.global_numel();
   return n;
 }
 
@@ -53,6 +56,23 @@ TEST(LlamaModelSpec, HuggingFaceConfigGivesTheBuiltModelsParameters) {
   EXPECT_EQ(m.total_params(), built_params(m));
   // The planner's own JSON round-trips.
   EXPECT_EQ(model_from_json(to_json(m), "plan.json"), m);
+}
+
+// Mixtral and Qwen2-MoE config.json (the fixtures of tests/fixtures/hf): fine-grained experts of
+// their own width, Qwen2-MoE's shared expert and its gate, counted as the built model holds them.
+TEST(LlamaModelSpec, MixturesOfExpertsFromHuggingFaceConfigs) {
+  for (const char* family : {"mixtral", "qwen2_moe"}) {
+    std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/hf/" + family +
+                     "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["seq"] = 16;
+    const ModelSpec m = model_from_json(j, family);
+    EXPECT_GT(m.moe.experts, 0) << family;
+    EXPECT_GT(m.moe.ffn_dim, 0) << family;
+    EXPECT_EQ(m.moe.shared_ffn_dim > 0, std::string(family) == "qwen2_moe") << family;
+    EXPECT_EQ(m.total_params(), built_params(m)) << family;
+    EXPECT_EQ(model_from_json(to_json(m), "plan.json"), m) << family;
+  }
 }
 
 TEST(LlamaModelSpec, BadConfigurationsAreConfigErrors) {

@@ -68,6 +68,11 @@ nn::GPTConfig to_gpt_config(const ModelSpec& m) {
   c.moe.top_k = m.moe.top_k;
   c.moe.every = m.moe.every;
   c.moe.capacity_factor = static_cast<float>(m.moe.capacity_factor);
+  if (m.arch == nn::Arch::Llama) {
+    c.moe.ffn_dim = m.moe.ffn_dim;
+    c.moe.shared_ffn_dim = m.moe.shared_ffn_dim;
+    c.moe.shared_gate = m.moe.shared_gate;
+  }
   return c;
 }
 
@@ -87,6 +92,11 @@ nlohmann::json to_json(const ModelSpec& m) {
                 {"top_k", m.moe.top_k},
                 {"every", m.moe.every},
                 {"capacity_factor", m.moe.capacity_factor}};
+  if (m.moe.enabled() && m.arch == nn::Arch::Llama) {
+    j["moe"]["ffn_dim"] = m.moe.ffn_dim;
+    j["moe"]["shared_ffn_dim"] = m.moe.shared_ffn_dim;
+    j["moe"]["shared_gate"] = m.moe.shared_gate;
+  }
   return j;
 }
 
@@ -154,6 +164,14 @@ ModelSpec llama_family_from_json(const nlohmann::json& j, const std::string& sou
   m.qkv_bias = h.attention_bias;
   m.dropout = h.attention_dropout;
   m.seq = j.contains("seq") ? int_field(j, "seq", source) : h.n_positions;
+  if (h.num_local_experts > 0) {  // Mixtral, Qwen2-MoE (mlp_only_layers not modelled: MoE)
+    m.moe.experts = h.num_local_experts;
+    m.moe.top_k = h.num_experts_per_tok;
+    m.moe.every = h.moe_every;
+    m.moe.ffn_dim = h.moe_intermediate_size;
+    m.moe.shared_ffn_dim = h.shared_expert_intermediate_size;
+    m.moe.shared_gate = h.shared_expert_gate;
+  }
   validate(m);
   return m;
 }
@@ -222,7 +240,15 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
           m.moe.every = int_field(v, "every", source);
         else if (mk == "capacity_factor")
           m.moe.capacity_factor = number_field(v, "capacity_factor", source);
-        else
+        else if (mk == "ffn_dim")
+          m.moe.ffn_dim = int_field(v, "ffn_dim", source);
+        else if (mk == "shared_ffn_dim")
+          m.moe.shared_ffn_dim = int_field(v, "shared_ffn_dim", source);
+        else if (mk == "shared_gate") {
+          TESSERA_CHECK_AS(ConfigError, mv.is_boolean(), source,
+                           ": 'moe.shared_gate' must be true or false");
+          m.moe.shared_gate = mv.get<bool>();
+        } else
           TESSERA_CHECK_AS(ConfigError, false, source, ": unknown key 'moe.", mk, "'");
       }
     } else {

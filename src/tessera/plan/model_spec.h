@@ -21,6 +21,11 @@ struct MoeSpec {
   // Tokens an expert takes per micro-batch: capacity_factor * top_k * tokens / experts; 0 means
   // dropless, which the planner models as perfectly balanced routing (the same average).
   double capacity_factor = 0;
+  // The Llama family's fine-grained experts: a SwiGLU expert's width (0: the model's ffn_dim), a
+  // shared expert's (0: none) and whether a sigmoid gate scales it (Qwen2-MoE).
+  int ffn_dim = 0;
+  int shared_ffn_dim = 0;
+  bool shared_gate = false;
   bool enabled() const { return experts > 0; }
   bool is_moe_layer(int layer) const { return experts > 0 && layer % every == every - 1; }
   friend bool operator==(const MoeSpec&, const MoeSpec&) = default;

@@ -101,7 +101,7 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   const double experts = moe && l.ep > 1 ? r.moe_skew : 1.0;
   // The MLP's matmuls into its hidden width (GELU's c_fc; SwiGLU's gate and up: 2/3 of the
   // FLOPs) and out of it.
-  const double F = static_cast<double>(m.ffn());
+  const double F = static_cast<double>(moe ? to_gpt_config(m).moe_hidden() : m.ffn());
   const double into = m.arch == nn::Arch::Llama ? 2.0 / 3.0 : 0.5;
   const Cost fc = linear_cost(eff, experts * f.mlp_linear * into, rows, C, F / mlp_t);
   const Cost proj = linear_cost(eff, experts * f.mlp_linear * (1 - into), rows, F / mlp_t, C);
@@ -148,7 +148,8 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const double attn_proj = BT * flops.attention_out / t;
   const double attn_linear = attn ? BT * flops.qkv / t + attn_proj : 0;
   const double mlp_t = moe && !r.experts_split_over_tp ? 1.0 : t;  // the MLP's tp split
-  const double mlp_linear = mlp ? k * BT * flops.mlp / mlp_t : 0;
+  // Routed passes at the expert tp split, plus a shared expert split like a dense MLP.
+  const double mlp_linear = mlp ? k * BT * flops.mlp / mlp_t + BT * flops.shared_expert / t : 0;
   const double router = mlp ? BT * flops.router : 0;
   const double core = attn ? BT * flops.attention_core * causal / t : 0;  // Q K^T and P V
   const double linear = attn_linear + mlp_linear + router;
