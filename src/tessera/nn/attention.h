@@ -43,16 +43,6 @@ class Attention final : public AttentionBranch {
   // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
   void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const override;
 
-  // ASSIGNS y[rows, C] = x + dropout(attention(ln_1(x)) W_proj + b); x unchanged until backward.
-  void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-               BlockWorkspace& ws) const override;
-  // Full recomputation: the forward again, into the workspace's record (y null: without the
-  // output projection and residual, only the dropout mask the backward needs).
-  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const override;
-  // Given dres[rows, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the gradients. defer
-  // (zero-bubble BI): only ln_1's now; the matmuls' wait in r.deferred for backward_weight.
-  void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
-                BlockWorkspace& ws, bool defer) const override;
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
   // current allocator).
@@ -73,18 +63,18 @@ class Attention final : public AttentionBranch {
                 std::vector<NamedActivation>* list, bool keep_probabilities, bool keep_rest,
                 DType gemm_inputs) const;
   void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-                   BlockWorkspace& ws) const;
+                   BlockWorkspace& ws) const override;
   void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r, float* dres,
-                    BlockWorkspace& ws, AttentionRecord::Deferred* defer) const;
+                    BlockWorkspace& ws, AttentionRecord::Deferred* defer) const override;
   // The attention core: atty, att and att_drop from qkv.
-  void core(const BlockPass& mb, float* atty, float* att, float* att_drop, const float* qkv) const;
-  AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
+  void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
+            const float* qkv) const override;
+  int64_t atty_width() const override { return c_local_; }
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
   int layer_;
   TensorSplit split_;
-  Recompute recompute_;
   bool bf16_gemm_inputs_;
   int heads_local_;
   int64_t c_local_;

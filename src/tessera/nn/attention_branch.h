@@ -19,6 +19,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/block_workspace.h"
+#include "tessera/nn/gpt_config.h"
 
 namespace tessera::nn {
 
@@ -50,17 +51,18 @@ class AttentionBranch {
                                       std::vector<NamedActivation>* list = nullptr) const = 0;
   // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
   virtual void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const = 0;
-  // ASSIGNS y[rows, C] = x + attention branch(x); x unchanged until backward.
-  virtual void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-                       BlockWorkspace& ws) const = 0;
+  // ASSIGNS y[rows, C] = x + attention branch(x); x unchanged until backward. The recompute mode
+  // decides where the activations go (the record, or the workspace's: attention_branch.cc), the
+  // kind computes them (run_forward).
+  void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+               BlockWorkspace& ws) const;
   // Full recomputation: the forward again, into the workspace's record (y null: without the
   // output projection and residual, only what the backward needs).
-  virtual void recompute(const BlockPass& mb, const float* x, float* y,
-                         BlockWorkspace& ws) const = 0;
+  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const;
   // Given dres[rows, C] = dL/dy, overwrites it with dL/dx and ACCUMULATES the gradients. defer
   // (zero-bubble BI): only the norm's now; the matmuls' wait in r.deferred for backward_weight.
-  virtual void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
-                        BlockWorkspace& ws, bool defer) const = 0;
+  void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
+                BlockWorkspace& ws, bool defer) const;
   virtual void backward_weight(const BlockPass& mb, AttentionRecord& r) const = 0;
   // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
   // current allocator).
@@ -73,6 +75,25 @@ class AttentionBranch {
   virtual void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv,
                       DecodeScratch& s, BlockWorkspace& ws) const = 0;
   virtual int heads_local() const = 0;
+
+ protected:
+  explicit AttentionBranch(Recompute recompute) : recompute_(recompute) {}
+  // The kind's forward into r (y null: a recomputation without the output projection).
+  virtual void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
+                           BlockWorkspace& ws) const = 0;
+  // The kind's backward from the activations in r; defer: the matmuls' inputs kept for W.
+  virtual void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,
+                            float* dres, BlockWorkspace& ws,
+                            AttentionRecord::Deferred* defer) const = 0;
+  // The attention core: atty, att and att_drop from qkv (a selective recomputation reruns it).
+  virtual void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
+                    const float* qkv) const = 0;
+  // The width of this rank's atty (heads x head size).
+  virtual int64_t atty_width() const = 0;
+  // The record's zero-bubble copies for a micro-batch of mb's size (made on first use).
+  AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
+
+  Recompute recompute_;
 };
 
 }  // namespace tessera::nn

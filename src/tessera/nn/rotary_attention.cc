@@ -41,11 +41,11 @@ std::shared_ptr<const RotaryTable> rotary_table(const GPTConfig& cfg) {
 RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer,
                                  const TensorSplit& split, Recompute recompute,
                                  bool bf16_gemm_inputs)
-    : ps_(ps),
+    : AttentionBranch(recompute),
+      ps_(ps),
       cfg_(cfg),
       layer_(layer),
       split_(split),
-      recompute_(recompute),
       bf16_gemm_inputs_(bf16_gemm_inputs) {
   const int t = split.size(), r = split.rank();
   const int Hq = cfg.n_head, Hkv = cfg.kv_heads(), D = cfg.head_dim();
@@ -169,32 +169,6 @@ void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y,
   row_linear(tp, ps_, o_, y, kept(r.atty), x, BranchDropout{});
 }
 
-void RotaryAttention::forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-                              BlockWorkspace& ws) const {
-  switch (recompute_) {
-    case Recompute::None:
-      run_forward(mb, x, y, r, ws);
-      return;
-    case Recompute::Selective: {
-      AttentionRecord& scratch = *ws.attention;
-      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
-      run_forward(mb, x, y, r, ws);
-      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
-      return;
-    }
-    case Recompute::Full:
-      run_forward(mb, x, y, *ws.attention, ws);
-      return;
-  }
-}
-
-void RotaryAttention::recompute(const BlockPass& mb, const float* x, float* y,
-                                BlockWorkspace& ws) const {
-  TESSERA_ASSERT(recompute_ == Recompute::Full && ws.attention, "recompute() of layer ", layer_,
-                 "'s attention without full recomputation");
-  run_forward(mb, x, y, *ws.attention, ws);
-}
-
 std::shared_ptr<AttentionRecord::Deferred> RotaryAttention::make_deferred(int64_t tokens,
                                                                           Allocator* alloc) const {
   const int64_t C = cfg_.n_embd;
@@ -209,40 +183,6 @@ std::shared_ptr<AttentionRecord::Deferred> RotaryAttention::make_deferred(int64_
     d->ln1 = make(C, "block.deferred.ln_1");
   if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
   return d;
-}
-
-AttentionRecord::Deferred& RotaryAttention::deferred_for(const BlockPass& mb,
-                                                         AttentionRecord& r) const {
-  if (!r.deferred || r.deferred->tokens != mb.tokens())
-    r.deferred = make_deferred(mb.tokens(), nullptr);
-  return *r.deferred;
-}
-
-void RotaryAttention::backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
-                               BlockWorkspace& ws, bool defer) const {
-  AttentionRecord::Deferred* d = defer ? &deferred_for(mb, r) : nullptr;
-  switch (recompute_) {
-    case Recompute::None:
-      run_backward(mb, x, r, dres, ws, d);
-      return;
-    case Recompute::Selective: {  // the probabilities again, from the kept (rotated) qkv
-      AttentionRecord& scratch = *ws.attention;
-      core(mb, ws.atty.f32(), scratch.att.f32(),
-           scratch.att_drop.defined() ? scratch.att_drop.f32() : nullptr, r.qkv.f32());
-      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
-      run_backward(mb, x, r, dres, ws, d);
-      std::swap(r.att, scratch.att), std::swap(r.att_drop, scratch.att_drop);
-      return;
-    }
-    case Recompute::Full: {
-      const AttentionRecord& full = *ws.attention;
-      run_backward(mb, x, full, dres, ws, d);
-      if (d)
-        std::memcpy(d->atty.f32(), full.atty.f32(),
-                    sizeof(float) * static_cast<size_t>(mb.tokens() * c_local_));
-      return;
-    }
-  }
 }
 
 void RotaryAttention::run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,

@@ -47,11 +47,6 @@ class RotaryAttention final : public AttentionBranch {
   AttentionRecord make_record(int max_batch, Allocator& alloc,
                               std::vector<NamedActivation>* list = nullptr) const override;
   void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const override;
-  void forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-               BlockWorkspace& ws) const override;
-  void recompute(const BlockPass& mb, const float* x, float* y, BlockWorkspace& ws) const override;
-  void backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,
-                BlockWorkspace& ws, bool defer) const override;
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
                                                            Allocator* alloc) const override;
@@ -71,19 +66,19 @@ class RotaryAttention final : public AttentionBranch {
                 std::vector<NamedActivation>* list, bool keep_probabilities, bool keep_rest,
                 DType gemm_inputs) const;
   void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
-                   BlockWorkspace& ws) const;
+                   BlockWorkspace& ws) const override;
   void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r, float* dres,
-                    BlockWorkspace& ws, AttentionRecord::Deferred* defer) const;
-  void core(const BlockPass& mb, float* atty, float* att, float* att_drop, const float* qkv) const;
+                    BlockWorkspace& ws, AttentionRecord::Deferred* defer) const override;
+  void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
+            const float* qkv) const override;
+  int64_t atty_width() const override { return c_local_; }
   // Rotates the queries and keys of qkv (inverse: the backward's rotation of their gradients).
   void rotate(float* qkv, const BlockPass& mb, bool inverse) const;
-  AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
   int layer_;
   TensorSplit split_;
-  Recompute recompute_;
   bool bf16_gemm_inputs_;
   Heads heads_;  // this rank's
   int64_t c_local_;
