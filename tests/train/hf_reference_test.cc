@@ -18,6 +18,8 @@
 #include "tessera/io/safetensors.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/train/model_io.h"
+#include "tessera/train/trainer.h"
+#include "train_fixture.h"
 
 namespace tessera::train {
 namespace {
@@ -169,6 +171,33 @@ TEST(HfReferenceSharded, Bf16ShardsLoadThroughTheIndex) {
         << e.what();
   }
   fs::remove_all(broken);
+}
+
+// --export-shard-mb: the saved weights in Hugging Face's shards, the same tensors as the
+// checkpoint's single file, and --init-from reads them back.
+TEST(HfExport, ShardedExportHoldsTheCheckpointsWeights) {
+  const fs::path dir = testing::temp_dir("sharded_export");
+  TrainConfig c = testing::tiny_config(dir);
+  c.arch = nn::Arch::Llama;
+  c.tie_embeddings = false;
+  c.steps = 2;
+  c.val_fraction = 0;
+  c.export_shard_mb = 0.01;  // ~10 KB shards: several
+  c.save = (dir / "run").string();
+  run_training(c, nullptr);
+  ASSERT_TRUE(fs::exists(dir / "run" / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "model.safetensors"));
+  const io::SafetensorsFile exported = open_weights(dir / "run");
+  EXPECT_GT(exported.shard_paths().size(), 2u);
+  const io::SafetensorsFile ckpt(dir / "run" / "step-00000002" / "model.safetensors");
+  ASSERT_EQ(exported.names(), ckpt.names());
+  for (const std::string& n : ckpt.names()) EXPECT_EQ(floats(exported, n), floats(ckpt, n)) << n;
+  TrainConfig again = testing::tiny_config(dir);
+  again.init_from = (dir / "run").string();
+  again.steps = 1;
+  again.val_fraction = 0;
+  EXPECT_EQ(run_training(again, nullptr).losses.size(), 1u);
+  fs::remove_all(dir);
 }
 
 }  // namespace

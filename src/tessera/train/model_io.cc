@@ -167,12 +167,18 @@ void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
 }
 
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
-                    const std::filesystem::path& dir, DType dtype) {
+                    const std::filesystem::path& dir, DType dtype, uint64_t max_shard_bytes) {
   TESSERA_CHECK_AS(ConfigError, dtype == DType::F32 || dtype == DType::BF16,
                    "weights export as F32 or BF16, not ", dtype_name(dtype));
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "tessera"}};
+  auto save = [&](const io::NamedTensors& tensors) {
+    if (max_shard_bytes > 0)
+      io::save_safetensors_sharded(dir, tensors, max_shard_bytes, meta);
+    else
+      io::save_safetensors(dir / "model.safetensors", tensors, meta);
+  };
   if (dtype == DType::F32) {
-    io::save_safetensors(dir / "model.safetensors", weights, meta);
+    save(weights);
   } else {
     io::NamedTensors rounded;
     for (const auto& [name, t] : weights) {
@@ -180,7 +186,7 @@ void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config
       kernels::f32_to_bf16(b.data<uint16_t>(), t.f32(), t.numel());
       rounded.emplace_back(name, std::move(b));
     }
-    io::save_safetensors(dir / "model.safetensors", rounded, meta);
+    save(rounded);
   }
   io::write_hf_config(dir / "config.json", to_hf_config(config));
 }

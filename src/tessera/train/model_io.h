@@ -32,8 +32,11 @@ void load_weights(nn::GPT& model, const io::SafetensorsFile& file);
 // The model's parameters under their Hugging Face names (views, no copy).
 io::NamedTensors named_weights(nn::GPT& model);
 // Writes DIR/model.safetensors (the full `weights`, fp32, or rounded to bf16 with dtype BF16:
-// round to nearest even) and DIR/config.json, each atomically.
+// round to nearest even) and DIR/config.json, each atomically; with max_shard_bytes > 0, Hugging
+// Face's shards of at most that many bytes and model.safetensors.index.json instead (one
+// model.safetensors when everything fits: io::save_safetensors_sharded).
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
-                    const std::filesystem::path& dir, DType dtype = DType::F32);
+                    const std::filesystem::path& dir, DType dtype = DType::F32,
+                    uint64_t max_shard_bytes = 0);
 
 }  // namespace tessera::train

@@ -112,7 +112,8 @@ void RankRun::save(int64_t at_step) {
       c.state["bf16_gemm_path"] = kernels::to_string(plan_.bf16_gemm);
     const fs::path dir = io::save_checkpoint(cfg_.save, c);
     result_.checkpoint = dir.string();
-    export_weights(c.model, plan_.mcfg, cfg_.save, cfg_.export_dtype);
+    export_weights(c.model, plan_.mcfg, cfg_.save, cfg_.export_dtype,
+                   static_cast<uint64_t>(cfg_.export_shard_mb * 1024 * 1024));
     if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
     if (plan_.pd.external) copy_tokenizer_files(plan_.pd.external_source, cfg_.save);
     say(log_, pl_, "saved checkpoint " + dir.string());

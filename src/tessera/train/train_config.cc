@@ -416,6 +416,11 @@ void precision_fields(std::vector<ConfigField>& f) {
                      "model.safetensors in fp32 or bf16 (checkpoints always hold the fp32 "
                      "masters)",
                      float_dtypes()));
+  f.push_back(value(prec, "export_shard_mb", &T::export_shard_mb,
+                    "Exported weights in Hugging Face's shards of at most this many MiB "
+                    "(model-0000K-of-0000N.safetensors and model.safetensors.index.json); 0: one "
+                    "model.safetensors",
+                    at_least(0.0, " (0: one file)")));
   f.push_back(value(prec, "peak_gflops", &T::peak_gflops,
                     "One rank's GEMM peak in GFLOP/s for the precision in use, for the progress "
                     "line's MFU; 0 = measured at start: one core's best 1024^3 GEMM in CPU time x "

@@ -108,6 +108,8 @@ struct TrainConfig {
   // (F32 or BF16; checkpoints always hold the fp32 masters).
   DType grad_reduce_dtype = DType::F32;
   DType export_dtype = DType::F32;
+  double export_shard_mb =
+      0;  // exported weights in Hugging Face's shards of at most this; 0: one file
   // ZeRO-3 parameter gathers, and tensor- and pipeline-parallel activations and their gradients.
   WireDtype param_gather_dtype = WireDtype::Auto;
   WireDtype activation_comm_dtype = WireDtype::Auto;
