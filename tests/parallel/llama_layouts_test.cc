@@ -95,7 +95,10 @@ TEST_P(LlamaLayouts, SameLossesAndWeightsAsOneRank) {
     c.micro_batch = 2;
     c.virtual_stages = l.schedule == "interleaved" ? 2 : 1;
   }
-  const bool split = l.tp > 1 || l.dp > 1;
+  // Split GEMMs, shards and micro-batches (the pipelines run micro-batches of 2 against the one
+  // rank's whole batch of 8) change the order of the gradient sums: 5e-5 there (run_compare.h;
+  // the ASan build's code generation put zb-h1's down_proj at 1.07e-5).
+  const bool split = l.tp > 1 || l.dp > 1 || l.pp > 1;
   expect_same_run(ref, run_reference("run", c, dir),
                   split ? testing::kTensorParallelWeightRel : 1e-5);
 }
