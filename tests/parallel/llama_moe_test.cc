@@ -224,9 +224,10 @@ TEST(LlamaMoeBf16, LayoutsTrainLikeOneBf16Rank) {
     EXPECT_NEAR(got[i], one[i], 1e-3 * one[i]) << "step " << i + 1;
     worst = std::max(worst, std::abs(got[i] - one[i]) / one[i]);
   }
-  std::printf("[ bf16 llama moe ] bf16 against fp32 %.2e, tp2 sp x dp2 ep2 x pp2 against one bf16 "
-              "rank %.2e\n",
-              from_fp32, worst);
+  std::printf(
+      "[ bf16 llama moe ] bf16 against fp32 %.2e, tp2 sp x dp2 ep2 x pp2 against one bf16 "
+      "rank %.2e\n",
+      from_fp32, worst);
 }
 
 // The metrics' per-expert loads (the step's share of the router's choices) of layer h.0.

@@ -1,7 +1,8 @@
 // The input layer as a module. GPT-2's: token embedding (wte) + learned positions (wpe), then the
 // "drop" dropout. The Llama family's: the token embedding alone ("model.embed_tokens.weight"; the
-// positions are rotary, in the attention; no dropout: cfg.dropout acts on attention probabilities). forward/backward run over an activation record that the caller owns, so any
-// number of micro-batches can be in flight. Parameter gradients ACCUMULATE.
+// positions are rotary, in the attention; no dropout: cfg.dropout acts on attention probabilities).
+// forward/backward run over an activation record that the caller owns, so any number of
+// micro-batches can be in flight. Parameter gradients ACCUMULATE.
 //
 // Vocabulary parallelism (built with a TensorSplit of t > 1 ranks): wte is split by rows
 // (vocab_range in tensor_parallel.h: unequal shards when t does not divide V, no padding rows).
