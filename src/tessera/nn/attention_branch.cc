@@ -35,9 +35,7 @@ void AttentionBranch::recompute(const BlockPass& mb, const float* x, float* y,
 
 AttentionRecord::Deferred& AttentionBranch::deferred_for(const BlockPass& mb,
                                                          AttentionRecord& r) const {
-  if (!r.deferred || r.deferred->tokens != mb.tokens())
-    r.deferred = make_deferred(mb.tokens(), nullptr);
-  return *r.deferred;
+  return nn::deferred_for(r, mb.tokens(), [&](int64_t n) { return make_deferred(n, nullptr); });
 }
 
 void AttentionBranch::backward(const BlockPass& mb, const float* x, AttentionRecord& r, float* dres,

@@ -129,11 +129,8 @@ void Block::backward(Record& r, float* dres, Workspace& ws, bool defer_weights) 
 
 size_t Block::deferred_bytes(int64_t tokens) const {
   size_t bytes = mlp_ ? mlp_->deferred_bytes(tokens) : 0;
-  if (attention_) {
-    Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
-    const auto d = attention_->make_deferred(tokens, &counting);
-    bytes += counting.in_use();
-  }
+  if (attention_)
+    bytes += allocated_bytes([&](Allocator* a) { return attention_->make_deferred(tokens, a); });
   return bytes;
 }
 

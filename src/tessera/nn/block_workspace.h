@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
 #include "tessera/nn/gpt_config.h"
@@ -88,6 +89,23 @@ struct DecodeScratch {
   std::map<std::string, std::unique_ptr<MlpRecord>> mlp;
   Allocator* alloc = nullptr;
 };
+
+// A record's zero-bubble copies (its `deferred`, with the `tokens` it was made for) for a
+// micro-batch of `tokens` tokens: made by make(tokens) when absent or made for another size.
+template <class Record, class Make>
+auto& deferred_for(Record& r, int64_t tokens, const Make& make) {
+  if (!r.deferred || r.deferred->tokens != tokens) r.deferred = make(tokens);
+  return *r.deferred;
+}
+
+// The bytes make(&alloc) allocates, counted against an allocator of address space only (what a
+// zero-bubble BI keeps, measured rather than mirrored).
+template <class Make>
+size_t allocated_bytes(const Make& make) {
+  Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
+  const auto kept = make(&counting);  // alive until counted
+  return counting.in_use();
+}
 
 // The recomputation record an MLP of `kind` reserved in `ws` (Mlp::reserve), as its own type R.
 template <class R>

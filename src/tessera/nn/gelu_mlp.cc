@@ -121,9 +121,7 @@ void GeluMlp::recompute(const BlockPass& mb, const float* x, BlockWorkspace& ws)
 }
 
 size_t GeluMlp::deferred_bytes(int64_t tokens) const {
-  Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
-  const auto d = make_deferred(tokens, &counting);
-  return counting.in_use();
+  return allocated_bytes([&](Allocator* a) { return make_deferred(tokens, a); });
 }
 
 std::shared_ptr<GeluMlpRecord::Deferred> GeluMlp::make_deferred(int64_t tokens,
@@ -144,9 +142,7 @@ std::shared_ptr<GeluMlpRecord::Deferred> GeluMlp::make_deferred(int64_t tokens,
 }
 
 GeluMlpRecord::Deferred& GeluMlp::deferred_for(const BlockPass& mb, GeluMlpRecord& r) const {
-  if (!r.deferred || r.deferred->tokens != mb.tokens())
-    r.deferred = make_deferred(mb.tokens(), nullptr);
-  return *r.deferred;
+  return nn::deferred_for(r, mb.tokens(), [&](int64_t n) { return make_deferred(n, nullptr); });
 }
 
 void GeluMlp::backward(const BlockPass& mb, const float* x, MlpRecord& record, float* dres,

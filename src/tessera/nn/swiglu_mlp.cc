@@ -108,9 +108,7 @@ void SwigluMlp::recompute(const BlockPass& mb, const float* x, BlockWorkspace& w
 }
 
 size_t SwigluMlp::deferred_bytes(int64_t tokens) const {
-  Allocator counting("deferred", 0, Backing::AddressSpaceOnly);
-  const auto d = make_deferred(tokens, &counting);
-  return counting.in_use();
+  return allocated_bytes([&](Allocator* a) { return make_deferred(tokens, a); });
 }
 
 std::shared_ptr<SwigluMlpRecord::Deferred> SwigluMlp::make_deferred(int64_t tokens,
@@ -130,9 +128,7 @@ std::shared_ptr<SwigluMlpRecord::Deferred> SwigluMlp::make_deferred(int64_t toke
 }
 
 SwigluMlpRecord::Deferred& SwigluMlp::deferred_for(const BlockPass& mb, SwigluMlpRecord& r) const {
-  if (!r.deferred || r.deferred->tokens != mb.tokens())
-    r.deferred = make_deferred(mb.tokens(), nullptr);
-  return *r.deferred;
+  return nn::deferred_for(r, mb.tokens(), [&](int64_t n) { return make_deferred(n, nullptr); });
 }
 
 void SwigluMlp::backward(const BlockPass& mb, const float* x, MlpRecord& record, float* dres,
