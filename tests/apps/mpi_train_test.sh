@@ -5,7 +5,8 @@
 # pp=2 x dp=2 x tp=2 with ZeRO 1 and 3 (8 processes); each model-parallel run's final loss also
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
 # at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); a mixture
-# of experts with expert parallelism (ep=2, also with tp=2); bf16 at dp=2 x tp=2 (rank 0's GEMM
+# of experts with expert parallelism (ep=2, also with tp=2); the Llama family in 3D with --sp;
+# bf16 at dp=2 x tp=2 (rank 0's GEMM
 # path in every process); and the error for too few processes.
 set -u
 bin=$1
@@ -85,6 +86,31 @@ for name in a:
 PY
   then echo "ok   mpirun $name: final parameters match one rank"; else failures=$((failures + 1)); fi
 done
+# The Llama family (rotary, 2 query over 2 key/value heads, SwiGLU, an
+# untied head, q/k/v biases, attention dropout) in the 3D layout pp=2 x dp=2 (ZeRO-1) x tp=2 with
+# sequence parallelism: 8 processes train what the same layout trains as threads (the final loss)
+# and what one rank trains (every step's loss within 1e-5).
+llama=(--arch llama --kv-heads 2 --ffn-dim 48 --tie-embeddings false --qkv-bias true)
+checks=$((checks + 2))
+"$bin" train "${args[@]}" "${llama[@]}" --metrics "$dir/llama1.jsonl" >"$dir/llama1.log" 2>&1 || { cat "$dir/llama1.log"; exit 1; }
+"$bin" train "${args[@]}" "${llama[@]}" --pp 2 --dp 2 --tp 2 --sp --zero 1 --backend inproc \
+  --metrics "$dir/llamathr.jsonl" >"$dir/llamathr.log" 2>&1 || { cat "$dir/llamathr.log"; exit 1; }
+if timeout 180 "$mpiexec" --oversubscribe -n 8 "$bin" train "${args[@]}" "${llama[@]}" --pp 2 --dp 2 \
+    --tp 2 --sp --zero 1 --metrics "$dir/llamampi.jsonl" >"$dir/llamampi.log" 2>&1 &&
+  python3 - "$(losses "$dir/llama1.jsonl")" "$(losses "$dir/llamathr.jsonl")" "$(losses "$dir/llamampi.jsonl")" <<'PY'
+import sys
+one, thr, mpi = ([float(x) for x in a.split()] for a in sys.argv[1:])
+assert len(one) == len(thr) == len(mpi) == 8, (one, thr, mpi)
+assert abs(mpi[-1] - thr[-1]) <= 1e-6 * abs(thr[-1]), f"final loss: threads {thr[-1]}, mpi {mpi[-1]}"
+for i, (x, y) in enumerate(zip(one, mpi)):
+    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: one rank {x}, mpi {y}"
+PY
+then
+  echo "ok   mpirun llama pp=2 dp=2 zero=1 tp=2 sp: the thread run's final loss, one rank's losses"
+else
+  echo "FAIL mpirun llama pp=2 dp=2 zero=1 tp=2 sp"; tail -20 "$dir/llamampi.log"; failures=$((failures + 2))
+fi
+
 # Mixture of experts with expert parallelism under mpirun: E = 4, top-2, capacity 0.75, against
 # one rank holding every expert (losses within 1e-5, parameters within 1e-4), and the same layout
 # as threads (the same final loss): ep=2 x dp=2 ZeRO-1 (2 processes), ep=2 x dp=2 x tp=2 ZeRO-3
