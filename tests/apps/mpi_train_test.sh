@@ -6,8 +6,8 @@
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
 # at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); a mixture
 # of experts with expert parallelism (ep=2, also with tp=2); the Llama family in 3D with --sp;
-# bf16 at dp=2 x tp=2 (rank 0's GEMM
-# path in every process); and the error for too few processes.
+# bf16 at dp=2 x tp=2 (rank 0's GEMM path in every process); and the error for too few
+# processes.
 set -u
 bin=$1
 mpiexec=$2
