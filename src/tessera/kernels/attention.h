@@ -21,6 +21,7 @@ struct AttentionDropout {
   int64_t first_sample = 0;
   int head_offset = 0;
   int n_head_global = 0;  // 0: the NH of the call
+  int64_t seq_len = 0;    // flash_attention's mask length L (0: its Tq); the kernels here use T
 };
 
 // The heads of an attention: `q` query heads and `kv` key/value heads (grouped-query attention
