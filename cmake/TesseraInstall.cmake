@@ -16,12 +16,13 @@ set(TESSERA_PUBLIC_HEADERS_core allocator.h cpu_time.h dtype.h error.h mapped_fi
     trace.h)
 set(TESSERA_PUBLIC_HEADERS_kernels
     attention.h bf16.h blas_setup.h cpu_features.h dropout.h embedding.h gelu.h gemm.h layernorm.h
-    precision.h residual.h rmsnorm.h rope.h softmax_xent.h swiglu.h)
+    precision.h residual.h rmsnorm.h rope.h row_map.h softmax_xent.h swiglu.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
-    activations.h attention.h attention_branch.h block.h block_workspace.h embedding.h gelu_mlp.h
+    activations.h attention.h attention_branch.h block.h block_workspace.h context_parallel.h
+    embedding.h gelu_mlp.h
     gpt.h gpt_config.h gpt_costs.h head.h linear.h mlp.h moe.h moe_exchange.h moe_experts.h
     moe_mlp.h moe_router.h parameters.h rotary_attention.h stage_model.h swiglu_mlp.h
     swiglu_moe_mlp.h tensor_parallel.h

@@ -16,5 +16,6 @@
 #include "tessera/kernels/residual.h"
 #include "tessera/kernels/rmsnorm.h"
 #include "tessera/kernels/rope.h"
+#include "tessera/kernels/row_map.h"
 #include "tessera/kernels/softmax_xent.h"
 #include "tessera/kernels/swiglu.h"

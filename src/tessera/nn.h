@@ -8,6 +8,7 @@
 #include "tessera/nn/attention_branch.h"
 #include "tessera/nn/block.h"
 #include "tessera/nn/block_workspace.h"
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/embedding.h"
 #include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/gpt.h"

@@ -82,6 +82,48 @@ TEST(Mesh, GroupsAreNamedAfterTheirWorldRanks) {
   EXPECT_EQ(names[13][3], "embedding[1,3..15]");
 }
 
+// Context parallelism sits between tp and dp (Megatron's order tp, cp, dp, pp): world rank =
+// ((pp * dp + d) * cp + c) * tp + t. The cp ranks of a replica hold the same parameters, so the
+// gradient groups span dp x cp, the experts' edp x cp; the embedding and stage groups gain them.
+TEST(Mesh, ContextParallelRanksSitBetweenTensorAndDataParallel) {
+  const MeshShape shape{2, 2, 2, 1, 2};  // dp, pp, tp, ep, cp: 16 ranks
+  std::mutex mu;
+  std::vector<std::array<std::string, 8>> names(16);
+  std::vector<std::array<int, 4>> coords(16);
+  comm::run_inproc(16, [&](comm::Communicator& world) {
+    Mesh m(world, shape);
+    const int r = world.rank();
+    EXPECT_EQ(Mesh::world_rank(shape, m.dp_rank(), m.pp_rank(), m.tp_rank(), m.cp_rank()), r);
+    std::lock_guard<std::mutex> lock(mu);
+    coords[r] = {m.tp_rank(), m.cp_rank(), m.dp_rank(), m.pp_rank()};
+    names[r] = {m.tp().name(),
+                m.cp().name(),
+                m.dp().name(),
+                m.pp().name(),
+                m.gradient_group().name(),
+                m.expert_gradient_group().name(),
+                m.embedding().name(),
+                m.stage_group().name()};
+  });
+  EXPECT_EQ(coords[13], (std::array<int, 4>{1, 0, 1, 1}));  // 13 = ((1*2 + 1)*2 + 0)*2 + 1
+  EXPECT_EQ(names[13][0], "tp[12,13]");
+  EXPECT_EQ(names[13][1], "cp[13,15]");
+  EXPECT_EQ(names[13][2], "dp[9,13]");
+  EXPECT_EQ(names[13][3], "pp[5,13]");
+  EXPECT_EQ(names[13][4], "dp_cp[9,11..15]");
+  EXPECT_EQ(names[13][5], "edp_cp[9,11..15]");
+  EXPECT_EQ(names[13][6], "embedding[1,3..15]");  // first and last stage, tp rank 1: dp x cp x 2
+  EXPECT_EQ(names[13][7], "stage[8,9..15]");
+  // Without cp the gradient groups are the dp groups themselves, and the mesh is what it was.
+  comm::run_inproc(4, [&](comm::Communicator& world) {
+    Mesh m(world, MeshShape{2, 1, 2});
+    EXPECT_EQ(&m.gradient_group(), &m.dp());
+    EXPECT_EQ(&m.expert_gradient_group(), &m.edp());
+    EXPECT_EQ(m.cp().size(), 1);
+    EXPECT_EQ(m.groups().size(), 7u);
+  });
+}
+
 TEST(Mesh, InvalidLayoutsAreErrors) {
   EXPECT_THROW(validate_mesh(MeshShape{2, 2, 2}, 4), ConfigError);
   EXPECT_THROW(validate_mesh(MeshShape{0, 1, 1}, 0), ConfigError);

@@ -61,6 +61,43 @@ void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t see
     mask[i] = philox_uniform(seed, stream, base + static_cast<uint64_t>(i)) > p ? 1 : 0;
 }
 
+namespace {
+// The global RNG index of element i of rows [first, ...) of a mapped [B, T, C] activation.
+struct MappedRowIndex {
+  const RowMap& map;
+  int64_t first;
+  int C;
+  uint64_t operator()(int64_t i) const {
+    const int64_t row = i / C;
+    return static_cast<uint64_t>(map.global_row(first + row) * C + (i - row * C));
+  }
+};
+}  // namespace
+
+void dropout_forward_rows(float* out, uint8_t* mask, const float* in, int64_t rows, int C, float p,
+                          uint64_t seed, uint64_t stream, const RowMap& map, int64_t first) {
+  if (map.positions == nullptr && map.length() == map.T) {  // contiguous global rows
+    dropout_forward_rows(out, mask, in, rows, C, p, seed, stream, map.first_sample * map.T + first);
+    return;
+  }
+  dropout_forward(out, mask, in, rows * C, p, seed, stream, MappedRowIndex{map, first, C});
+}
+
+void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t seed, uint64_t stream,
+                       const RowMap& map, int64_t first) {
+  if (map.positions == nullptr && map.length() == map.T) {
+    dropout_mask_rows(mask, rows, C, p, seed, stream, map.first_sample * map.T + first);
+    return;
+  }
+  const int64_t n = rows * C;
+  if (p == 0.0f) {
+    if (n > 0) std::memset(mask, 1, static_cast<size_t>(n));
+    return;
+  }
+  const MappedRowIndex index{map, first, C};
+  for (int64_t i = 0; i < n; ++i) mask[i] = philox_uniform(seed, stream, index(i)) > p ? 1 : 0;
+}
+
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p) {
   if (p == 0.0f) {
     if (din != dout && n > 0) std::memcpy(din, dout, sizeof(float) * static_cast<size_t>(n));

@@ -12,6 +12,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/kernels/row_map.h"
 
 namespace tessera::kernels {
 
@@ -57,6 +58,14 @@ void dropout_forward_rows(float* out, uint8_t* mask, const float* in, int64_t ro
                           uint64_t seed, uint64_t stream, int64_t first_row);
 void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t seed, uint64_t stream,
                        int64_t first_row);
+// The same for rows [first, first + rows) of a micro-batch whose rows `map` places in the global
+// batch (kernels/row_map.h): index = map.global_row(first + row) * C + c. A context-parallel rank
+// (its load-balanced positions), and a sequence-parallel slice of its rows, draws the
+// single-device mask of its tokens; the whole-sequence map draws what the first_row forms draw.
+void dropout_forward_rows(float* out, uint8_t* mask, const float* in, int64_t rows, int C, float p,
+                          uint64_t seed, uint64_t stream, const RowMap& map, int64_t first);
+void dropout_mask_rows(uint8_t* mask, int64_t rows, int C, float p, uint64_t seed, uint64_t stream,
+                       const RowMap& map, int64_t first);
 
 // ASSIGNS din[n] = dout[n] * mask[n] / (1 - p). din may alias dout. p == 0: copy.
 void dropout_backward(float* din, const float* dout, const uint8_t* mask, int64_t n, float p);

@@ -6,6 +6,7 @@
 #include "tessera/core/philox.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/embedding.h"
+#include "tessera/nn/context_parallel.h"
 
 namespace tessera::nn {
 
@@ -47,42 +48,49 @@ void Embedding::forward(const StepContext& ctx, const Batch& b, float* out, Reco
   const int B = b.B, T = b.T, C = cfg_.n_embd;
   const int64_t n = static_cast<int64_t>(B) * T;
   const TokenRange rows = token_range(split_, n);
+  const kernels::RowMap map = row_map(b);
   r.B = B;
   r.T = T;
   r.p = ctx.training && !cfg_.llama() ? cfg_.dropout : 0.0f;
+  if (b.positions)
+    r.positions.assign(b.positions, b.positions + T);
+  else
+    r.positions.clear();
+  const int64_t* pos = b.positions;
   std::memcpy(r.tokens.data<int32_t>(), b.tokens, sizeof(int32_t) * B * T);
   const float* wte = ps_.param_data(wte_);
   const float* wpe = wpe_ >= 0 ? ps_.param_data(wpe_) : nullptr;
   if (split_.size() == 1) {
     if (wpe)
-      k::embedding_forward(out, b.tokens, wte, wpe, B, T, C);
+      k::embedding_forward(out, b.tokens, wte, wpe, B, T, C, pos);
     else
       k::embedding_lookup_rows(out, b.tokens, wte, 0, rows_.size(), n, C);
   } else if (!split_.sequence_parallel()) {
     k::embedding_lookup_rows(out, b.tokens, wte, rows_.begin, rows_.size(), n, C);
     // Each element is one rank's row value plus zeros: exact in fp32; a bf16 wire rounds the value.
     reduce_from_tp(split_, out, n * C);
-    if (wpe) k::add_positions(out, wpe, B, T, C);
+    if (wpe) k::add_positions(out, wpe, B, T, C, pos);
   } else {
     TESSERA_ASSERT(scratch != nullptr, "the sequence-parallel embedding needs its scratch");
     k::embedding_lookup_rows(scratch, b.tokens, wte, rows_.begin, rows_.size(), n, C);
     reduce_scatter_from_tp(split_, scratch, out, rows, C);  // as above; this rank's rows
-    if (wpe) k::add_positions_rows(out, wpe, rows.begin, rows.size(), T, C);
+    if (wpe) k::add_positions_rows(out, wpe, map, rows.begin, rows.size(), C);
   }
   if (r.p > 0.0f)
     k::dropout_forward_rows(out, r.mask.data<uint8_t>(), out, rows.size(), C, r.p, ctx.seed,
-                            mix_stream(ctx.step, site_), b.first_sample * T + rows.begin);
+                            mix_stream(ctx.step, site_), map, rows.begin);
 }
 
 void Embedding::backward(Record& r, float* dout, float* scratch) const {
   const int64_t n = static_cast<int64_t>(r.B) * r.T;
   const TokenRange rows = token_range(split_, n);
+  const int64_t* pos = r.positions.empty() ? nullptr : r.positions.data();
   if (r.p > 0.0f)
     k::dropout_backward(dout, dout, r.mask.data<uint8_t>(), rows.size() * cfg_.n_embd, r.p);
   float* dwpe = wpe_ >= 0 ? ps_.grad_data(wpe_) : nullptr;
   if (split_.size() == 1) {
     k::embedding_backward(ps_.grad_data(wte_), dwpe, dout, r.tokens.data<int32_t>(), r.B, r.T,
-                          cfg_.n_embd);
+                          cfg_.n_embd, pos);
     return;
   }
   // The gradient of every token on every rank of the group: each keeps its rows' share of wte.
@@ -92,7 +100,7 @@ void Embedding::backward(Record& r, float* dout, float* scratch) const {
     d = reduce_scatter_from_tp_backward(split_, dout, scratch, rows, cfg_.n_embd);
   }
   k::embedding_rows_backward(ps_.grad_data(wte_), dwpe, d, r.tokens.data<int32_t>(), rows_.begin,
-                             rows_.size(), r.B, r.T, cfg_.n_embd);
+                             rows_.size(), r.B, r.T, cfg_.n_embd, pos);
 }
 
 void Embedding::decode(const int32_t* tokens, int n, int64_t pos0, float* out) const {

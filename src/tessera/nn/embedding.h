@@ -14,10 +14,15 @@
 // partial lookups are reduce-scattered instead of all-reduced (reduce_scatter_from_tp), and the
 // positions and the dropout apply to the rank's rows; the backward all-gathers the gradient of the
 // rows, so the wte rows and wpe get their gradients from every token (complete on every rank).
+//
+// Context parallelism (Batch::positions): the rows are this rank's share of each sequence; wpe is
+// read (and its gradient written) at their global positions, and the dropout mask keyed by their
+// global tokens (kernels/row_map.h), so a cp rank computes what one rank computes for them.
 
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
@@ -34,6 +39,8 @@ class Embedding {
     Tensor mask;    // U8 [rows, C] dropout mask of this rank's rows (only with dropout)
     int B = 0, T = 0;
     float p = 0.0f;  // dropout probability in effect for this micro-batch
+    // The rows' global positions under context parallelism (empty: 0..T-1).
+    std::vector<int64_t> positions;
   };
 
   // Registers wte ([V, C], this rank's rows under `split`) and wpe ([block_size, C]).

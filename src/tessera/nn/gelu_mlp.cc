@@ -101,9 +101,7 @@ void GeluMlp::run_forward(const BlockPass& mb, const float* x, float* y, GeluMlp
   keep_rounded(r.fch, fch, BT * F);
   const BranchDropout drop = branch_dropout(mb, tp, site_drop_, r.mask);
   if (y == nullptr) {  // a recomputation needs only the mask of the last dropout
-    if (drop.p > 0.0f)
-      k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
-                           drop.first_row);
+    drop.draw_mask(R, static_cast<int>(C));
     return;
   }
   row_linear(tp, ps_, c_proj_, y, kept(r.fch), x, drop);

@@ -15,6 +15,26 @@ bool mixtral_expresses(const GPTConfig& c) {
 }
 }  // namespace
 
+CpComm parse_cp_comm(const std::string& s) {
+  if (s == "allgather") return CpComm::AllGather;
+  if (s == "ring") return CpComm::Ring;
+  if (s == "ulysses") return CpComm::Ulysses;
+  throw ConfigError("unknown context-parallel communication '" + s +
+                    "' (expected allgather, ring or ulysses)");
+}
+
+const char* to_string(CpComm c) {
+  switch (c) {
+    case CpComm::AllGather:
+      return "allgather";
+    case CpComm::Ring:
+      return "ring";
+    case CpComm::Ulysses:
+      return "ulysses";
+  }
+  return "?";
+}
+
 void validate(const GPTConfig& c) {
   TESSERA_CHECK_AS(ConfigError, c.n_layer > 0, "n_layer must be positive, got ", c.n_layer);
   TESSERA_CHECK_AS(ConfigError, c.n_head > 0, "n_head must be positive, got ", c.n_head);

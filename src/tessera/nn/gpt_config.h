@@ -119,6 +119,18 @@ enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "full", else ConfigError
 const char* to_string(Recompute r);
 
+// How a context-parallel attention (nn/context_parallel_attention.h, --cp-comm) brings every
+// rank's queries together with the keys and values of the whole sequence:
+//   AllGather  all-gather K and V over the cp ranks, local queries against every key; dK and dV
+//              reduce-scattered back (Llama 3's choice: simplest, any mask)
+//   Ring       K and V blocks passed around the ring while the rank computes with the block it
+//              holds, results merged by log-sum-exp; dK and dV travel back to their owner
+//   Ulysses    all-to-all from sequence-split to head-split (n divides the query heads), the whole
+//              sequence's attention on heads / n heads, all-to-all back (DeepSpeed-Ulysses)
+enum class CpComm { AllGather, Ring, Ulysses };
+CpComm parse_cp_comm(const std::string& s);  // "allgather" | "ring" | "ulysses", else ConfigError
+const char* to_string(CpComm c);
+
 // Whether a bf16 model keeps bf16 copies of its GEMM weights (GPTLayout::bf16_weight_copies).
 enum class WeightCopies { Auto, Always, Never };
 // "auto" | "on" | "off" (--bf16-weight-copies), else a ConfigError naming them.
@@ -139,12 +151,21 @@ void validate(const GPTConfig& cfg);
 // A micro-batch: rows are global samples [first_sample, first_sample + B) of this step's global
 // batch (dropout masks are drawn from global coordinates). tokens/targets are [B, T] row-major;
 // targets -1 are ignored; targets == nullptr means inference (no loss).
+//
+// Context parallelism (nn/context_parallel.h): the T rows of each sequence are this rank's share
+// of a sequence of seq_len tokens, at the global positions positions[0..T) (the same for every
+// sequence); the model's context-parallel group holds the rest. positions null (and seq_len 0 or
+// T): whole sequences, positions 0..T-1, nothing exchanged.
 struct Batch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   int B = 0;
   int T = 0;
   int64_t first_sample = 0;
+  int seq_len = 0;                     // the global sequence length (0: T)
+  const int64_t* positions = nullptr;  // [T] global positions of the rows (null: 0..T-1)
+  int length() const { return seq_len > 0 ? seq_len : T; }
+  bool split() const { return positions != nullptr; }  // over the model's cp group
 };
 
 struct StepContext {

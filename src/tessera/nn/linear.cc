@@ -20,9 +20,15 @@ BranchDropout branch_dropout(const BlockPass& mb, const TpRegion& region, uint64
   d.p = mb.p;
   d.seed = mb.seed;
   d.stream = mix_stream(mb.step, site);
+  d.map = kernels::RowMap::whole(mb.first_sample, mb.T);
+  d.first = region.rows.begin;
   d.first_row = mb.first_sample * mb.T + region.rows.begin;
   d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
   return d;
+}
+
+void BranchDropout::draw_mask(int64_t rows, int width) const {
+  if (p > 0.0f) kernels::dropout_mask_rows(mask, rows, width, p, seed, stream, map, first);
 }
 
 namespace k = tessera::kernels;
@@ -135,7 +141,7 @@ void residual_branch(const TpRegion& region, float* out, float* y, const float* 
     return;
   }
   k::dropout_forward_rows(y, drop.mask, y, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
-                          drop.first_row);
+                          drop.map, drop.first);
   k::residual_forward(out, residual, y, n);
 }
 

@@ -16,6 +16,7 @@
 
 #include "tessera/core/tensor.h"
 #include "tessera/kernels/gemm.h"
+#include "tessera/kernels/row_map.h"
 #include "tessera/nn/block_workspace.h"
 #include "tessera/nn/parameters.h"
 #include "tessera/nn/tensor_parallel.h"
@@ -64,13 +65,21 @@ struct TpRegion {
   int64_t row_elems() const { return rows.size() * width; }
 };
 
-// The dropout of a branch's output before the residual add, on this rank's rows; its mask is
-// keyed by the global token (first_row + i), so the rows draw the single-device mask.
+// The dropout of a branch's output before the residual add, on this rank's rows [first, ...) of
+// the micro-batch; its mask is keyed by the global token of each row (map.global_row(first + i):
+// kernels/row_map.h), so the rows draw the single-device mask, under sequence and context
+// parallelism alike.
 struct BranchDropout {
   float p = 0.0f;
   uint64_t seed = 0, stream = 0;
+  kernels::RowMap map;
+  int64_t first = 0;
+  // map.global_row(first) when the rows are whole sequences (the contiguous form of the kernels).
   int64_t first_row = 0;
   uint8_t* mask = nullptr;  // U8 [rows, width]; needed when p > 0
+  // ASSIGNS mask[rows, width] = the keep mask of these rows without applying it (a recomputation
+  // that needs only the mask).
+  void draw_mask(int64_t rows, int width) const;
 };
 
 // A block branch's region for micro-batch `mb`: its tokens, the residual stream's width, and the

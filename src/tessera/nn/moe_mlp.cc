@@ -93,9 +93,7 @@ void MoeMlp::run_forward(const BlockPass& mb, const float* x, float* y, MoeMlpRe
                y != nullptr && mb.training);
   const BranchDropout drop = branch_dropout(mb, tp, site_drop_, r.mask);
   if (y == nullptr) {  // a recomputation needs only the mask of the last dropout
-    if (drop.p > 0.0f)
-      k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
-                           drop.first_row);
+    drop.draw_mask(R, static_cast<int>(C));
     return;
   }
   // This rank's rows of the output (the experts' biases are inside it).

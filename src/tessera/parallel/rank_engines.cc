@@ -13,10 +13,13 @@ RankEngines::RankEngines(const std::vector<nn::StageModel*>& chunks, const Mesh&
     : mesh_(mesh), alloc_(alloc) {
   TESSERA_ASSERT(!chunks.empty(), "a rank's engines need at least one model chunk");
   for (nn::StageModel* model : chunks) {
-    engines_.push_back(Engine{std::make_unique<DataParallel>(*model, mesh.dp(), o, alloc), false});
+    // The cp ranks of a replica hold the same parameters and see other tokens: more replicas.
+    engines_.push_back(
+        Engine{std::make_unique<DataParallel>(*model, mesh.gradient_group(), o, alloc), false});
     if (model->has_experts())
-      engines_.push_back(Engine{
-          std::make_unique<DataParallel>(model->expert_units(), mesh.edp(), o, alloc), true});
+      engines_.push_back(Engine{std::make_unique<DataParallel>(
+                                    model->expert_units(), mesh.expert_gradient_group(), o, alloc),
+                                true});
   }
   for (Engine& e : engines_) e.engine->create_optimizer(make_optimizer);
 }
@@ -124,12 +127,13 @@ RankEngines::Gathered RankEngines::gather() {
 
 StepTraffic RankEngines::traffic() const {
   StepTraffic t;
-  for (comm::Communicator* g :
-       {&mesh_.dp(), &mesh_.edp(), &mesh_.stage_group(), &mesh_.embedding()})
+  for (comm::Communicator* g : {&mesh_.gradient_group(), &mesh_.expert_gradient_group(),
+                                &mesh_.stage_group(), &mesh_.embedding()})
     t.data_parallel += g->traffic().total();
   t.tensor_parallel = mesh_.tp().traffic().total();
   t.pipeline = mesh_.pp().traffic().point_to_point;
   t.expert_parallel = mesh_.ep().traffic().total();
+  t.context_parallel = mesh_.cp().traffic().total();
   return t;
 }
 

@@ -27,18 +27,20 @@ namespace tessera::parallel {
 // convention), by the parallelism that sent them. The world's own reductions (the loss, the norm,
 // the stop flag) are bookkeeping and not counted.
 struct StepTraffic {
-  double data_parallel = 0;    // gradient reductions and parameter gathers (dp, edp), the
-                               // sequence-parallel and embedding-group sums
-  double tensor_parallel = 0;  // the tensor-parallel group's collectives
-  double pipeline = 0;         // activations and gradients sent to other pipeline stages
-  double expert_parallel = 0;  // a mixture of experts' dispatch and combine
+  double data_parallel = 0;     // gradient reductions and parameter gathers (dp x cp, edp x cp),
+                                // the sequence-parallel and embedding-group sums
+  double tensor_parallel = 0;   // the tensor-parallel group's collectives
+  double pipeline = 0;          // activations and gradients sent to other pipeline stages
+  double expert_parallel = 0;   // a mixture of experts' dispatch and combine
+  double context_parallel = 0;  // the attention's keys and values and a mixture of experts'
+                                // routing between the ranks of a sequence
 };
 
 class RankEngines {
  public:
   // chunks[c]: this rank's model chunk c, built with gpt_layout_for(o, ...) (or flat_layout_for);
-  // each gets an engine over mesh.dp() and, when it has experts, one over mesh.edp(), each with
-  // its optimizer from make_optimizer.
+  // each gets an engine over mesh.gradient_group() (dp x cp) and, when it has experts, one over
+  // mesh.expert_gradient_group() (edp x cp), each with its optimizer from make_optimizer.
   RankEngines(const std::vector<nn::StageModel*>& chunks, const Mesh& mesh,
               const DataParallelOptions& o, Allocator& alloc,
               const OptimizerFactory& make_optimizer);
