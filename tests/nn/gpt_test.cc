@@ -13,6 +13,7 @@
 #include "gpt_reference.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
+#include "tessera/nn/block.h"
 #include "tessera/nn/gpt_costs.h"
 
 namespace tessera::nn {
@@ -687,5 +688,84 @@ TEST(DecodeCache, ModelsThatCannotDecodeSayWhy) {
 }
 
 }  // namespace decode
+
+namespace long_context {
+
+using decode::gpt2;
+using decode::llama;
+using decode::random_tokens;
+
+// The fused attention (kernels/flash_attention.h) holds no [B, heads, T, T] tensor: a training
+// step of a small model at T = 2048, dropout on, in every recompute mode, stays under a capacity
+// that one block's probabilities under the materialising kernel would exceed by themselves
+// (4 heads x 2048^2 floats = 64 MiB, twice that with their dropped copy, besides a 16 MiB
+// backward scratch). The record's attention core is atty and one log-sum-exp per query row.
+TEST(LongContext, ATrainingStepAtT2048StaysUnderWhatTheProbabilitiesAloneWouldTake) {
+  constexpr int T = 2048, kHeads = 4;
+  constexpr size_t kLimit = size_t{28} << 20;
+  ASSERT_GT(sizeof(float) * kHeads * T * T, kLimit);
+  for (Arch arch : {Arch::Gpt2, Arch::Llama}) {
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(to_string(arch)) + ", recompute " + to_string(r));
+      GPTConfig c;
+      c.arch = arch;
+      c.n_layer = 2;
+      c.n_head = kHeads;
+      if (arch == Arch::Llama) c.n_kv_head = 2, c.ffn_dim = 128;
+      c.n_embd = 64;
+      c.block_size = T;
+      c.vocab_size = 64;
+      c.dropout = 0.1f;
+      GPTLayout layout;
+      layout.recompute = r;
+      Allocator alloc("long context", kLimit);
+      GPT m(c, 1, alloc, layout);
+      m.initialize(3);
+      const std::vector<int32_t> tokens = random_tokens(c, T, 1), targets = random_tokens(c, T, 2);
+      const double loss =
+          m.forward(Batch{tokens.data(), targets.data(), 1, T}, StepContext{7, 1, true, 1.0f / T});
+      m.backward();
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_EQ(m.first_non_finite(), "");
+      EXPECT_LT(alloc.peak(), kLimit);
+      EXPECT_NEAR(loss / T, std::log(64.0), 0.1);  // a freshly initialised model: about log V
+    }
+  }
+}
+
+// The attention record per mode: atty [B T, C / t] and the log-sum-exp [B, heads / t, T], fp32
+// (bf16 GEMM inputs too: the fused backward's row term reads atty), kept (none) or in the
+// workspace (selective, full); the backward's scratch one value per query row and head.
+TEST(LongContext, TheAttentionRecordKeepsAttyAndTheLogSumExp) {
+  const int B = 3, T = 40, t = 2;
+  for (Arch arch : {Arch::Gpt2, Arch::Llama}) {
+    GPTConfig c = arch == Arch::Llama ? llama(2, true) : gpt2(T);
+    c.block_size = T;
+    const int64_t tokens = int64_t{B} * T, heads = c.n_head / t, width = c.n_embd / t;
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(to_string(arch)) + ", recompute " + to_string(r));
+      auto tp = comm::placeholder_group(t, 0);
+      auto ep = comm::placeholder_group(1, 0);
+      ParameterSet ps;
+      const Block blk(ps, c, 0, TensorSplit(*tp), ExpertSplit(*ep), r, nullptr, BlockPart::Whole,
+                      true);
+      Allocator alloc("records");
+      const Block::Record rec = blk.make_record(B, alloc);
+      const Block::Workspace ws = blk.make_workspace(B, alloc);
+      const AttentionRecord& core = r == Recompute::None ? *rec.attention : *ws.attention;
+      if (r != Recompute::None) {
+        EXPECT_FALSE(rec.attention->atty.defined());
+        EXPECT_FALSE(rec.attention->lse.defined());
+      }
+      EXPECT_EQ(core.atty.dtype(), DType::F32);
+      EXPECT_EQ(core.atty.numel(), tokens * width);
+      EXPECT_EQ(core.lse.dtype(), DType::F32);
+      EXPECT_EQ(core.lse.numel(), tokens * heads);
+      EXPECT_EQ(ws.delta.numel(), tokens * heads);
+    }
+  }
+}
+
+}  // namespace long_context
 }  // namespace
 }  // namespace tessera::nn

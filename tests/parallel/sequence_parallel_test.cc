@@ -339,7 +339,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, SequenceParallelLayers,
 // The point of sequence parallelism: the record's LayerNorm, dropout and residual tensors hold
 // ceil(B*T / t) rows, so a block's activations are those of tensor parallelism divided by t
 // (fp32 formula per block, b s tokens of h features, a heads: (b s / t) (12 h + 16) + 2 (b s / t) h
-// [masks] + (b s) 48 h / t + 8 a s^2 b / t [probabilities and their dropped copy]).
+// [masks] + (b s) 48 h / t + 4 a b s / t [the fused attention's log-sum-exp of this rank's heads]).
 TEST(SequenceParallelMemory, BlockRecordHoldsOnlyTheRanksRows) {
   const GPTConfig cfg = config(12, 24, 23, 0.1f);
   const int B = 3;
@@ -367,7 +367,7 @@ TEST(SequenceParallelMemory, BlockRecordHoldsOnlyTheRanksRows) {
   };
   for (int t : {2, 4}) {
     const double rows_part = bs / t * (4.0 * (3 * C + 4) + 2.0 * C);
-    const double tp_part = bs * 4.0 * 12 * C / t + 2 * 4.0 * a * s * s * B / t;
+    const double tp_part = bs * 4.0 * 12 * C / t + bs * 4.0 * a / t;
     EXPECT_EQ(record_bytes(t, true), rows_part + tp_part) << "t " << t;
     EXPECT_EQ(record_bytes(t, false), t * rows_part + tp_part) << "t " << t;
   }

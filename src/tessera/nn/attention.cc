@@ -16,12 +16,7 @@ namespace k = tessera::kernels;
 
 Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
                      Recompute recompute, bool bf16_gemm_inputs)
-    : AttentionBranch(recompute),
-      ps_(ps),
-      cfg_(cfg),
-      layer_(layer),
-      split_(split),
-      bf16_gemm_inputs_(bf16_gemm_inputs) {
+    : AttentionBranch(recompute), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
   TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
@@ -50,68 +45,34 @@ Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const Te
   mark_sequence_partial(ps, ln_b_, split);
   ps.mark_gemm_weight(c_attn_.weight);
   ps.mark_gemm_weight(c_proj_.weight);
-  site_attn_drop_ = stable_hash(h + "attn.attn_dropout");
   site_resid_drop_ = stable_hash(h + "attn.resid_dropout");
+  core_.heads = k::AttentionHeads::multi_head(static_cast<int>(c_local_), heads_local_);
+  core_.head_offset = r * heads_local_;
+  core_.n_head = cfg.n_head;
+  core_.drop_site = stable_hash(h + "attn.attn_dropout");
+  core_.block_size = cfg.block_size;
+  core_.bf16_gemm_inputs = bf16_gemm_inputs;
+  core_.prefix = h;
 }
 
-void Attention::allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
-                         std::vector<NamedActivation>* list, bool keep_probabilities,
-                         bool keep_rest, DType gemm_inputs) const {
-  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+void Attention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
+                              std::vector<NamedActivation>* list, DType gemm_inputs) const {
+  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
   // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
-  ActivationAllocator a(alloc, BT, BT * heads_local_ * T, list);
+  ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
   const std::string h = "h." + std::to_string(layer_) + ".";
   const int64_t C = cfg_.n_embd;
-  if (keep_rest) {
-    r.ln1 = rows(h + "ln_1", C, gemm_inputs);
-    r.ln1_mean = rows(h + "ln_1.mean", 1);
-    r.ln1_rstd = rows(h + "ln_1.rstd", 1);
-    r.qkv = a(h + "qkv", 3 * c_local_);
-    r.atty = a(h + "atty", c_local_, gemm_inputs);
-    if (cfg_.dropout > 0.0f) r.mask = rows(h + "attn.resid_dropout.mask", C, DType::U8);
-  }
-  if (keep_probabilities) {
-    r.att = a(h + "att", 0);
-    if (cfg_.dropout > 0.0f) r.att_drop = a(h + "att.dropped", 0);
-  }
-}
-
-AttentionRecord Attention::make_record(int max_batch, Allocator& alloc,
-                                       std::vector<NamedActivation>* list) const {
-  AttentionRecord r;
-  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
-           bf16_gemm_inputs_ ? DType::BF16 : DType::F32);
-  return r;
-}
-
-void Attention::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
-  if (recompute_ == Recompute::None || ws.attention) return;
-  const bool selective = recompute_ == Recompute::Selective;
-  ws.attention = std::make_unique<AttentionRecord>();
-  // Selective: the probabilities only; Full: every activation, in fp32.
-  allocate(*ws.attention, max_batch, alloc, nullptr, true, !selective, DType::F32);
-  if (selective)
-    ws.atty = ActivationAllocator(alloc, static_cast<int64_t>(max_batch) * cfg_.block_size, 0,
-                                  nullptr)("block.recomputed_atty", c_local_);
-}
-
-void Attention::core(const BlockPass& mb, float* atty, float* att, float* att_drop,
-                     const float* qkv) const {
-  const bool drop = mb.p > 0.0f;
-  k::AttentionDropout ad{mb.p,
-                         mb.seed,
-                         mix_stream(mb.step, site_attn_drop_),
-                         mb.first_sample,
-                         split_.rank() * heads_local_,
-                         cfg_.n_head};
-  k::attention_forward(atty, att, drop ? att_drop : nullptr, qkv, mb.B, mb.T,
-                       static_cast<int>(c_local_), heads_local_, drop ? &ad : nullptr);
+  r.ln1 = rows(h + "ln_1", C, gemm_inputs);
+  r.ln1_mean = rows(h + "ln_1.mean", 1);
+  r.ln1_rstd = rows(h + "ln_1.rstd", 1);
+  r.qkv = a(h + "qkv", 3 * c_local_);
+  if (cfg_.dropout > 0.0f) r.mask = rows(h + "attn.resid_dropout.mask", C, DType::U8);
 }
 
 void Attention::run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
                             BlockWorkspace& ws) const {
-  const int64_t BT = mb.tokens(), C = cfg_.n_embd;
+  const int64_t C = cfg_.n_embd;
   const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
   ps_.refresh_bf16_copy(c_attn_.weight);  // bf16 copies (refreshed here) or nothing
@@ -122,9 +83,7 @@ void Attention::run_forward(const BlockPass& mb, const float* x, float* y, Atten
                        ps_.param_data(ln_b_), R, static_cast<int>(C), cfg_.ln_eps);
   keep_rounded(r.ln1, ln1, R * C);
   column_linear(tp, ps_, c_attn_, r.qkv.f32(), ln1, kept(r.ln1));
-  float* atty = staging(r.atty, ws.datty);
-  core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, r.qkv.f32());
-  keep_rounded(r.atty, atty, BT * c_local_);
+  core_forward(mb, r.qkv.f32(), r.atty.f32(), r.lse.f32());
   const BranchDropout drop = branch_dropout(mb, tp, site_resid_drop_, r.mask);
   if (y == nullptr) {  // recomputing an attention half: the mask is what the backward needs
     if (drop.p > 0.0f)
@@ -148,14 +107,15 @@ std::shared_ptr<AttentionRecord::Deferred> Attention::make_deferred(int64_t toke
   // The record has no whole ln_1 under full recomputation or sequence parallelism.
   if (recompute_ == Recompute::Full || split_.sequence_parallel())
     d->ln1 = make(C, "block.deferred.ln_1");
-  if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
+  // Nor atty when recomputing (it lives in the workspace's scratch).
+  if (recompute_ != Recompute::None) d->atty = make(c_local_, "block.deferred.atty");
   return d;
 }
 
 void Attention::run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,
                              float* dres, BlockWorkspace& ws,
                              AttentionRecord::Deferred* defer) const {
-  const int B = mb.B, T = mb.T, BT = B * T, C = cfg_.n_embd;
+  const int BT = static_cast<int>(mb.tokens()), C = cfg_.n_embd;
   const int Cl = static_cast<int>(c_local_);
   const TpRegion tp = branch_region(split_, mb, ws, cfg_.n_embd);
   const int R = static_cast<int>(tp.rows.size());
@@ -170,9 +130,7 @@ void Attention::run_backward(const BlockPass& mb, const float* x, const Attentio
   if (defer) keep(defer->d_proj, dy, C);
   k::matmul_backward(ws.datty.f32(), g(c_proj_.weight), g(c_proj_.bias), dy, kept(r.atty),
                      ps_.gemm_weight(c_proj_.weight), BT, Cl, C);
-  k::attention_backward(ws.dqkv.f32(), ws.dscratch.f32(), ws.datty.f32(), r.att.f32(),
-                        mb.p > 0.0f ? r.att_drop.f32() : nullptr, r.qkv.f32(), B, T, Cl,
-                        heads_local_, mb.p);
+  core_backward(mb, r, ws.datty.f32(), ws.dqkv.f32(), ws);
   if (defer) keep(defer->d_attn, ws.dqkv.f32(), 3 * Cl);
   const k::GemmInput ln1 = column_linear_input(tp, r.ln1);
   if (defer && defer->ln1.defined()) {

@@ -9,14 +9,16 @@
 // parallelism ln_1, the dropout and the residual add run on this rank's rows; the record keeps only
 // those rows of ln_1's output and the backward all-gathers them again for c_attn's weight gradient.
 //
-// Recomputation: the record keeps everything (None), everything but the probabilities (Selective:
-// they go to the workspace and are recomputed from the kept qkv in the backward), or nothing
-// (Full: the block reruns the forward into the workspace before the backward, see Block).
+// The attention core is the fused kernel (AttentionBranch::core_forward: no [B, heads, T, T]
+// tensor; the record keeps each query row's log-sum-exp). Recomputation: the record keeps
+// everything (None), everything but the core's output atty and its log-sum-exp (Selective: they go
+// to the workspace and the core reruns from the kept qkv in the backward), or nothing (Full: the
+// block reruns the forward into the workspace before the backward, see Block).
 //
-// bf16 GEMM inputs (decision 33): ln_1's output and the attention output `atty`, read again only by
-// bf16 GEMMs, are kept in bf16 (computed in fp32 scratch first, so the numbers are those of fp32
-// records). The zero-bubble split keeps the two matmuls' output gradients (and the inputs the
-// record lacks) for backward_weight.
+// bf16 GEMM inputs (decision 33): ln_1's output, read again only by a bf16 GEMM, is kept in bf16
+// (computed in fp32 scratch first, so the numbers are those of fp32 records); atty stays fp32, as
+// the fused backward's row term reads it. The zero-bubble split keeps the two matmuls' output
+// gradients (and the inputs the record lacks) for backward_weight.
 #pragma once
 
 #include <memory>
@@ -36,13 +38,6 @@ class Attention final : public AttentionBranch {
   Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
             Recompute recompute, bool bf16_gemm_inputs);
 
-  // The activations this module's recompute mode keeps for a micro-batch of up to max_batch
-  // sequences; `list` (optional) collects the F32 ones by name.
-  AttentionRecord make_record(int max_batch, Allocator& alloc,
-                              std::vector<NamedActivation>* list = nullptr) const override;
-  // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
-  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const override;
-
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the
   // current allocator).
@@ -55,32 +50,25 @@ class Attention final : public AttentionBranch {
   void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv, DecodeScratch& s,
               BlockWorkspace& ws) const override;
 
-  int heads_local() const override { return heads_local_; }
   int64_t c_local() const { return c_local_; }
 
  private:
-  void allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
-                std::vector<NamedActivation>* list, bool keep_probabilities, bool keep_rest,
-                DType gemm_inputs) const;
+  void allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
+                     std::vector<NamedActivation>* list, DType gemm_inputs) const override;
   void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
                    BlockWorkspace& ws) const override;
   void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r, float* dres,
                     BlockWorkspace& ws, AttentionRecord::Deferred* defer) const override;
-  // The attention core: atty, att and att_drop from qkv.
-  void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
-            const float* qkv) const override;
-  int64_t atty_width() const override { return c_local_; }
 
   const ParameterSet& ps_;
   GPTConfig cfg_;
   int layer_;
   TensorSplit split_;
-  bool bf16_gemm_inputs_;
   int heads_local_;
   int64_t c_local_;
   int ln_w_ = -1, ln_b_ = -1;
   Linear c_attn_, c_proj_;
-  uint64_t site_attn_drop_, site_resid_drop_;
+  uint64_t site_resid_drop_;
 };
 
 }  // namespace tessera::nn

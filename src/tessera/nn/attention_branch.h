@@ -6,17 +6,24 @@
 //
 // The contract (the one nn/mlp.h keeps too): forward/backward run over an AttentionRecord the
 // caller owns, one per micro-batch in flight (make_record); parameter gradients ACCUMULATE; under
-// selective recomputation the probabilities live in the workspace and are recomputed from the
-// kept qkv; under full recomputation the record keeps nothing and the block reruns the forward into
-// the workspace's record (recompute) just before the backward; the zero-bubble split (defer) leaves
-// the matmuls' weight gradients in the record's Deferred for backward_weight.
+// selective recomputation the attention core's output (atty and its log-sum-exp) lives in the
+// workspace and the core reruns from the kept qkv in the backward; under full recomputation the
+// record keeps nothing and the block reruns the forward into the workspace's record (recompute)
+// just before the backward; the zero-bubble split (defer) leaves the matmuls' weight gradients in
+// the record's Deferred for backward_weight.
+//
+// The attention core is the fused kernel (kernels/flash_attention.h) for both kinds, run here
+// (core_forward, core_backward): no [B, heads, T, T] tensor is held, only each query row's
+// log-sum-exp, from which the backward recomputes the probabilities tile by tile.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/attention.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/block_workspace.h"
 #include "tessera/nn/gpt_config.h"
@@ -27,10 +34,11 @@ struct AttentionRecord {
   // "rows": this rank's rows of the B*T tokens; "every token": B*T rows of this rank's columns.
   // (B): BF16 under bf16 GEMM inputs, else F32. Empty where the recompute mode drops them.
   Tensor ln1, ln1_mean, ln1_rstd;  // rows x C (B), rows, rows: the norm's output and statistics
-  Tensor qkv;  // every token x qkv width: this rank's q, k and v columns (rotated, where rotary)
-  Tensor att, att_drop;  // [B, heads_local, T, T] probabilities and their dropped copy
-  Tensor atty;           // every token x C_local (heads concatenated) (B)
-  Tensor mask;           // U8 rows x C: the branch output's dropout mask (GPT-2)
+  Tensor qkv;   // every token x qkv width: this rank's q, k and v columns (rotated, where rotary)
+  Tensor atty;  // every token x C_local (heads concatenated), F32: the fused backward's row term
+                // (flash_attention_delta) reads it besides c_proj's weight gradient
+  Tensor lse;   // F32 [B, heads_local, T]: each query row's log-sum-exp (the fused forward's)
+  Tensor mask;  // U8 rows x C: the branch output's dropout mask (GPT-2)
   // Zero-bubble split (BI now, W later): the two matmuls' output gradients, and their inputs where
   // the record does not keep them whole (the norm's output under full recomputation or sequence
   // parallelism, atty under full recomputation).
@@ -46,11 +54,13 @@ class AttentionBranch {
   virtual ~AttentionBranch() = default;
 
   // The activations this module's recompute mode keeps for a micro-batch of up to max_batch
-  // sequences; `list` (optional) collects the F32 ones by name.
-  virtual AttentionRecord make_record(int max_batch, Allocator& alloc,
-                                      std::vector<NamedActivation>* list = nullptr) const = 0;
-  // Adds to the stage's workspace the recomputation scratch this module needs, if absent.
-  virtual void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const = 0;
+  // sequences (None: all; Selective: all but the core's output, atty and lse; Full: none); `list`
+  // (optional) collects the F32 ones by name.
+  AttentionRecord make_record(int max_batch, Allocator& alloc,
+                              std::vector<NamedActivation>* list = nullptr) const;
+  // Adds to the stage's workspace what this module needs, if absent: the core backward's scratch
+  // and the recomputation record (Selective: the core's output; Full: every activation, in fp32).
+  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const;
   // ASSIGNS y[rows, C] = x + attention branch(x); x unchanged until backward. The recompute mode
   // decides where the activations go (the record, or the workspace's: attention_branch.cc), the
   // kind computes them (run_forward).
@@ -74,10 +84,14 @@ class AttentionBranch {
   // [pos0, pos0 + n) of kv first. No dropout, no record: only the scratch in s and ws.
   virtual void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv,
                       DecodeScratch& s, BlockWorkspace& ws) const = 0;
-  virtual int heads_local() const = 0;
+  int heads_local() const { return core_.heads.q; }
 
  protected:
   explicit AttentionBranch(Recompute recompute) : recompute_(recompute) {}
+  // The record's tensors other than the core's output (the norm's output and statistics, qkv, a
+  // mask): `gemm_inputs` the dtype of those only GEMMs read again.
+  virtual void allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
+                             std::vector<NamedActivation>* list, DType gemm_inputs) const = 0;
   // The kind's forward into r (y null: a recomputation without the output projection).
   virtual void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
                            BlockWorkspace& ws) const = 0;
@@ -85,15 +99,39 @@ class AttentionBranch {
   virtual void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r,
                             float* dres, BlockWorkspace& ws,
                             AttentionRecord::Deferred* defer) const = 0;
-  // The attention core: atty, att and att_drop from qkv (a selective recomputation reruns it).
-  virtual void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
-                    const float* qkv) const = 0;
+
+  // What the attention core needs to know of the kind, set by its constructor: this rank's heads
+  // (qkv rows are [q heads | kv heads | kv heads], kernels::AttentionHeads), the global index of
+  // its first query head and the global head count (the dropout mask's coordinates), the dropout
+  // site, the longest sequence (block_size), whether bf16 GEMM inputs are kept in bf16 and the
+  // layer's activation names' prefix.
+  struct Core {
+    kernels::AttentionHeads heads;
+    int head_offset = 0, n_head = 0;
+    uint64_t drop_site = 0;
+    int block_size = 0;
+    bool bf16_gemm_inputs = false;
+    std::string prefix;
+  };
+  // The attention core on qkv[tokens, heads.row_width()]: ASSIGNS atty[tokens, q * size] and
+  // lse[B, q, T] (causal, dropout p = mb.p on the probabilities at their global coordinates).
+  void core_forward(const BlockPass& mb, const float* qkv, float* atty, float* lse) const;
+  // Its backward from r's qkv, atty and lse: ASSIGNS dqkv[tokens, heads.row_width()] given
+  // datty[tokens, q * size]; ws.delta is its scratch.
+  void core_backward(const BlockPass& mb, const AttentionRecord& r, const float* datty, float* dqkv,
+                     BlockWorkspace& ws) const;
   // The width of this rank's atty (heads x head size).
-  virtual int64_t atty_width() const = 0;
+  int64_t atty_width() const { return int64_t{core_.heads.q} * core_.heads.size; }
   // The record's zero-bubble copies for a micro-batch of mb's size (made on first use).
   AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
 
   Recompute recompute_;
+  Core core_;
+
+ private:
+  // The core's output of a record for up to max_batch sequences: atty and lse, fp32.
+  void allocate_core(AttentionRecord& r, int max_batch, Allocator& alloc,
+                     std::vector<NamedActivation>* list) const;
 };
 
 }  // namespace tessera::nn

@@ -71,7 +71,7 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
 Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
   const int64_t C = cfg_.n_embd, t = split_.size();
-  ActivationAllocator a(alloc, BT, T * T, nullptr);
+  ActivationAllocator a(alloc, BT, 0, nullptr);
   ActivationAllocator padded(alloc, token_range(split_, BT).padded(), 0, nullptr);
   Workspace ws;
   ws.proj = padded("block.proj", C);
@@ -80,7 +80,6 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   ws.datty = a("block.d_atty", C / t);
   ws.dqkv = a("block.d_qkv", 3 * C / t);
   ws.dfch = a("block.d_fc", cfg_.mlp_hidden() / t);
-  ws.dscratch = a("block.d_att", 0);  // [T, T]
   complete_workspace(ws, max_batch, alloc);
   return ws;
 }

@@ -48,10 +48,10 @@ struct BlockWorkspace {
   Tensor datty;     // C_local
   Tensor dqkv;      // 3 C_local
   Tensor dfch;      // F_local
-  Tensor dscratch;  // [T, T] attention-backward scratch
-  Tensor atty;      // Selective: the recomputed attention output (discarded)
-  // Recomputed activations: the attention's (Selective: the probabilities; Full: all of them),
-  // the residual stream between a block's branches (Full), and each kind of MLP's (Full).
+  Tensor delta;     // [B, heads_local, T]: the fused attention backward's row term
+  // Recomputed activations: the attention's (Selective: the core's output atty and its
+  // log-sum-exp; Full: all of them), the residual stream between a block's branches (Full), and
+  // each kind of MLP's (Full).
   std::unique_ptr<AttentionRecord> attention;
   Tensor x_attn;
   std::map<std::string, std::unique_ptr<MlpRecord>> mlp;

@@ -461,13 +461,6 @@ std::string GPT::first_non_finite(const Record* rec) const {
   const int64_t my_rows = token_range(tp_, BT).size();
   const bool logits_valid = rec->head && rec->head->have_targets;
   for (const NamedActivation& a : rec->named) {
-    // Attention probabilities are meaningful on the causal triangle only: check row by row.
-    if (a.width == 0) {
-      const int64_t rows = BT * (cfg_.n_head / tp_.size());  // (b, head, t)
-      for (int64_t r = 0; r < rows; ++r)
-        if (bad(a.t.f32() + r * T, r % T + 1)) return a.name + " (activation)";
-      continue;
-    }
     if (a.name == "logits" && !logits_valid) continue;
     if (bad(a.t.f32(), (a.sequence_slice ? my_rows : BT) * a.width))
       return a.name + " (activation)";

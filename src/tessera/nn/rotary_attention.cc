@@ -41,12 +41,7 @@ std::shared_ptr<const RotaryTable> rotary_table(const GPTConfig& cfg) {
 RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer,
                                  const TensorSplit& split, Recompute recompute,
                                  bool bf16_gemm_inputs)
-    : AttentionBranch(recompute),
-      ps_(ps),
-      cfg_(cfg),
-      layer_(layer),
-      split_(split),
-      bf16_gemm_inputs_(bf16_gemm_inputs) {
+    : AttentionBranch(recompute), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
   const int t = split.size(), r = split.rank();
   const int Hq = cfg.n_head, Hkv = cfg.kv_heads(), D = cfg.head_dim();
   const int64_t C = cfg.n_embd;
@@ -79,44 +74,24 @@ RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int lay
   ps.mark_gemm_weight(o_.weight);
   mark_sequence_partial(ps, norm_, split);  // the norm sees this rank's rows only
   rope_ = rotary_table(cfg);
-  site_attn_drop_ = stable_hash(h + "self_attn.attention_dropout");
+  core_.heads = {heads_.q, heads_.kv, heads_.size};
+  core_.head_offset = r * heads_.q;
+  core_.n_head = Hq;
+  core_.drop_site = stable_hash(h + "self_attn.attention_dropout");
+  core_.block_size = static_cast<int>(cfg.block_size);
+  core_.bf16_gemm_inputs = bf16_gemm_inputs;
+  core_.prefix = h;
 }
 
-void RotaryAttention::allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
-                               std::vector<NamedActivation>* list, bool keep_probabilities,
-                               bool keep_rest, DType gemm_inputs) const {
-  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
-  ActivationAllocator a(alloc, BT, BT * heads_.q * T, list);
+void RotaryAttention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
+                                    std::vector<NamedActivation>* list, DType gemm_inputs) const {
+  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
   const std::string h = "model.layers." + std::to_string(layer_) + ".";
-  if (keep_rest) {
-    r.ln1 = rows(h + "input_layernorm", cfg_.n_embd, gemm_inputs);
-    r.ln1_rstd = rows(h + "input_layernorm.rstd", 1);
-    r.qkv = a(h + "qkv", heads_.width());
-    r.atty = a(h + "atty", c_local_, gemm_inputs);
-  }
-  if (keep_probabilities) {
-    r.att = a(h + "att", 0);
-    if (cfg_.dropout > 0.0f) r.att_drop = a(h + "att.dropped", 0);
-  }
-}
-
-AttentionRecord RotaryAttention::make_record(int max_batch, Allocator& alloc,
-                                             std::vector<NamedActivation>* list) const {
-  AttentionRecord r;
-  allocate(r, max_batch, alloc, list, recompute_ == Recompute::None, recompute_ != Recompute::Full,
-           bf16_gemm_inputs_ ? DType::BF16 : DType::F32);
-  return r;
-}
-
-void RotaryAttention::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
-  if (recompute_ == Recompute::None || ws.attention) return;
-  const bool selective = recompute_ == Recompute::Selective;
-  ws.attention = std::make_unique<AttentionRecord>();
-  allocate(*ws.attention, max_batch, alloc, nullptr, true, !selective, DType::F32);
-  if (selective)
-    ws.atty = ActivationAllocator(alloc, static_cast<int64_t>(max_batch) * cfg_.block_size, 0,
-                                  nullptr)("block.recomputed_atty", c_local_);
+  r.ln1 = rows(h + "input_layernorm", cfg_.n_embd, gemm_inputs);
+  r.ln1_rstd = rows(h + "input_layernorm.rstd", 1);
+  r.qkv = a(h + "qkv", heads_.width());
 }
 
 void RotaryAttention::rotate(float* qkv, const BlockPass& mb, bool inverse) const {
@@ -128,19 +103,6 @@ void RotaryAttention::rotate(float* qkv, const BlockPass& mb, bool inverse) cons
   k::rope_apply(qkv, BT, heads_.q, D, W, pos.data(), rope_->cos.data(), rope_->sin.data(), inverse);
   k::rope_apply(qkv + q_.out, BT, heads_.kv, D, W, pos.data(), rope_->cos.data(), rope_->sin.data(),
                 inverse);
-}
-
-void RotaryAttention::core(const BlockPass& mb, float* atty, float* att, float* att_drop,
-                           const float* qkv) const {
-  const bool drop = mb.p > 0.0f;
-  k::AttentionDropout ad{mb.p,
-                         mb.seed,
-                         mix_stream(mb.step, site_attn_drop_),
-                         mb.first_sample,
-                         split_.rank() * heads_.q,
-                         cfg_.n_head};
-  k::attention_forward(atty, att, drop ? att_drop : nullptr, qkv, mb.B, mb.T,
-                       k::AttentionHeads{heads_.q, heads_.kv, heads_.size}, drop ? &ad : nullptr);
 }
 
 void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
@@ -162,9 +124,7 @@ void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y,
     linear_forward(ps_, v_, qkv + q_.out + k_.out, W, in, BT);
   }
   rotate(qkv, mb, false);
-  float* atty = staging(r.atty, ws.datty);
-  core(mb, atty, r.att.f32(), r.att_drop.defined() ? r.att_drop.f32() : nullptr, qkv);
-  keep_rounded(r.atty, atty, BT * c_local_);
+  core_forward(mb, qkv, r.atty.f32(), r.lse.f32());
   if (y == nullptr) return;  // recomputing an attention half: nothing more for the backward
   row_linear(tp, ps_, o_, y, kept(r.atty), x, BranchDropout{});
 }
@@ -181,7 +141,7 @@ std::shared_ptr<AttentionRecord::Deferred> RotaryAttention::make_deferred(int64_
   d->d_attn = make(heads_.width(), "block.deferred.d_qkv");
   if (recompute_ == Recompute::Full || split_.sequence_parallel())
     d->ln1 = make(C, "block.deferred.ln_1");
-  if (recompute_ == Recompute::Full) d->atty = make(c_local_, "block.deferred.atty");
+  if (recompute_ != Recompute::None) d->atty = make(c_local_, "block.deferred.atty");
   return d;
 }
 
@@ -201,9 +161,7 @@ void RotaryAttention::run_backward(const BlockPass& mb, const float* x, const At
   float* datty = ws.datty.f32();
   linear_backward(ps_, o_, datty, false, g(o_.weight), g(o_.bias), dy, C, kept(r.atty), BT);
   float* dqkv = ws.dqkv.f32();
-  k::attention_backward(dqkv, ws.dscratch.f32(), datty, r.att.f32(),
-                        mb.p > 0.0f ? r.att_drop.f32() : nullptr, r.qkv.f32(), mb.B, mb.T,
-                        k::AttentionHeads{heads_.q, heads_.kv, heads_.size}, mb.p);
+  core_backward(mb, r, datty, dqkv, ws);
   rotate(dqkv, mb, true);  // the gradients of q and k before their rotation
   if (defer) keep(defer->d_attn, dqkv, W);
   const k::GemmInput in = column_linear_input(tp, r.ln1);

@@ -17,7 +17,8 @@
 // parallelism the norm runs on this rank's rows and its input is gathered once for q, k and v.
 //
 // Records, recomputation, bf16 GEMM inputs and the zero-bubble split as GPT-2's Attention: the
-// record keeps the norm output (rows), qkv after rotation, the probabilities and atty.
+// record keeps the norm output (rows), qkv after rotation, atty and the fused attention's
+// log-sum-exp.
 #pragma once
 
 #include <memory>
@@ -44,9 +45,6 @@ class RotaryAttention final : public AttentionBranch {
   RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
                   Recompute recompute, bool bf16_gemm_inputs);
 
-  AttentionRecord make_record(int max_batch, Allocator& alloc,
-                              std::vector<NamedActivation>* list = nullptr) const override;
-  void reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const override;
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,
                                                            Allocator* alloc) const override;
@@ -55,23 +53,18 @@ class RotaryAttention final : public AttentionBranch {
   // attention over the cache, o_proj and the residual.
   void decode(const DecodeStep& step, const float* x, float* y, KvLayer& kv, DecodeScratch& s,
               BlockWorkspace& ws) const override;
-  int heads_local() const override { return heads_.q; }
 
  private:
   struct Heads {
     int q = 0, kv = 0, size = 0;
     int64_t width() const { return int64_t{q + 2 * kv} * size; }  // of a qkv row
   };
-  void allocate(AttentionRecord& r, int max_batch, Allocator& alloc,
-                std::vector<NamedActivation>* list, bool keep_probabilities, bool keep_rest,
-                DType gemm_inputs) const;
+  void allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
+                     std::vector<NamedActivation>* list, DType gemm_inputs) const override;
   void run_forward(const BlockPass& mb, const float* x, float* y, AttentionRecord& r,
                    BlockWorkspace& ws) const override;
   void run_backward(const BlockPass& mb, const float* x, const AttentionRecord& r, float* dres,
                     BlockWorkspace& ws, AttentionRecord::Deferred* defer) const override;
-  void core(const BlockPass& mb, float* atty, float* att, float* att_drop,
-            const float* qkv) const override;
-  int64_t atty_width() const override { return c_local_; }
   // Rotates the queries and keys of qkv (inverse: the backward's rotation of their gradients).
   void rotate(float* qkv, const BlockPass& mb, bool inverse) const;
 
@@ -79,13 +72,11 @@ class RotaryAttention final : public AttentionBranch {
   GPTConfig cfg_;
   int layer_;
   TensorSplit split_;
-  bool bf16_gemm_inputs_;
   Heads heads_;  // this rank's
   int64_t c_local_;
   int norm_ = -1;
   Linear q_, k_, v_, o_;
   std::shared_ptr<const RotaryTable> rope_;
-  uint64_t site_attn_drop_;
 };
 
 }  // namespace tessera::nn
