@@ -126,7 +126,8 @@ TEST(GemmEfficiency, AFileWithoutTheTableLoadsAndPlansWithTheOneEfficiency) {
   EXPECT_TRUE(load_cluster("dgx-a100-80gb").gemm_efficiency.empty());
 }
 
-// Efficiency 1 everywhere except GEMMs whose K is the head size (32): Q K^T and dP = dO V^T.
+// Efficiency 1 everywhere except GEMMs whose K is the head size (32): Q K^T and dP = dO V^T (the
+// fused attention's tiles of 64 queries against 64 keys).
 TEST(GemmEfficiency, TheEngineCostsThePerHeadAttentionGemmsAtTheirShape) {
   const ModelSpec m = small_model(8);  // head size 32
   const GemmEfficiency g =
@@ -143,9 +144,11 @@ TEST(GemmEfficiency, TheEngineCostsThePerHeadAttentionGemmsAtTheirShape) {
   const double BT = 2.0 * m.seq;
   const double core = BT * f.attention_core * causal_block_fraction(m.seq);
   const double linear = s.fwd_flops - core;
-  // Forward: Q K^T (half the core) at 0.25, P V at 1; backward: dP at 0.25, dV, dQ, dK at 1.
+  // Forward: Q K^T (half the core) at 0.25, P V at 1; backward: Q K^T again and dP at 0.25, dV,
+  // dQ, dK at 1.
   EXPECT_NEAR(s.fwd_cost, linear + core / 2 / 0.25 + core / 2, 1e-9 * s.fwd_cost);
-  EXPECT_NEAR(s.bwd_cost, 2 * linear + core / 2 / 0.25 + 3 * core / 2, 1e-9 * s.bwd_cost);
+  EXPECT_NEAR(s.bwd_cost, 2 * linear + core / 0.25 + 3 * core / 2, 1e-9 * s.bwd_cost);
+  EXPECT_NEAR(s.bwd_flops, 2 * s.fwd_flops + core / 2, 1e-9 * s.bwd_flops);
   EXPECT_NEAR(s.wgrad_cost, s.wgrad_flops, 1e-9 * s.wgrad_flops);
 
   // At head size 64 the same table leaves attention at full rate.
@@ -174,7 +177,8 @@ TEST(GemmEfficiency, TheAttentionKernelTakesItsMeasuredRate) {
   const double linear = gemm.fwd_flops - core;
   // T = 128 and hs = 32 are halfway (in log2) between the grid points: forward 0.45.
   EXPECT_NEAR(kernel.fwd_cost, linear + core / 0.45, 1e-9 * kernel.fwd_cost);
-  EXPECT_NEAR(kernel.bwd_cost, 2 * linear + 2 * core / 0.5, 1e-9 * kernel.bwd_cost);
+  // Backward: twice the forward's FLOPs and the fused kernel's Q K^T again.
+  EXPECT_NEAR(kernel.bwd_cost, 2 * linear + 2.5 * core / 0.5, 1e-9 * kernel.bwd_cost);
   // The softmax pass (2 x 4 bytes per computed score, forward) is in the kernel's time.
   const double scores = 2.0 * m.heads * m.seq * m.seq * causal_block_fraction(m.seq);
   EXPECT_NEAR(gemm.fwd_bytes - kernel.fwd_bytes, 2 * 4 * scores, 1e-6);

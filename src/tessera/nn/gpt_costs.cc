@@ -82,6 +82,7 @@ BlockFlops block_flops(const GPTConfig& c, int layer, int T) {
   f.qkv = 2 * 3 * C * C;
   f.attention_out = 2 * C * C;
   f.attention_core = 4.0 * T * C;
+  f.attention_core_recompute = 2.0 * T * C;
   f.mlp = 2 * 8 * C * C;
   const bool moe = c.moe.is_moe_layer(layer);
   if (c.llama()) {  // grouped-query q/k/v; three F-wide matmuls (an expert's own F)

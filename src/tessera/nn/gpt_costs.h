@@ -5,7 +5,8 @@
 //
 // Counts are global (before any sharding). FLOPs are per token, forward only, for a multiply-add
 // counted as 2 and dense attention over a context of T (PaLM's convention, Chowdhery et al. 2022,
-// appendix B); a backward costs twice its forward, so forward + backward is 3x.
+// appendix B); a backward costs twice its forward, so forward + backward is 3x (model FLOPs: the
+// fused attention's backward runs BlockFlops::attention_core_recompute more).
 #pragma once
 
 #include <cstdint>
@@ -48,9 +49,14 @@ struct BlockFlops {
   double qkv = 0;             // c_attn: 2 x 3 C^2
   double attention_out = 0;   // attn c_proj: 2 x C^2
   double attention_core = 0;  // Q K^T and P V over T keys: 4 T C (dense)
-  double mlp = 0;             // c_fc and c_proj, per pass: 2 x 8 C^2 (SwiGLU: 2 x 3 C F)
-  double router = 0;          // 2 C E (MoE blocks)
-  double shared_expert = 0;   // an MoE block's shared expert, 2 x 3 C Fs, and its gate, 2 C
+  // What the fused attention's backward (kernels/flash_attention.h) runs again besides the 2x of
+  // its forward: Q K^T, 2 T C (it recomputes the probabilities from the saved log-sum-exp).
+  // Hardware FLOPs (the planner's time and HFU); model FLOPs and MFU leave it out, as PyTorch and
+  // Megatron count FLOPs without recomputation.
+  double attention_core_recompute = 0;
+  double mlp = 0;            // c_fc and c_proj, per pass: 2 x 8 C^2 (SwiGLU: 2 x 3 C F)
+  double router = 0;         // 2 C E (MoE blocks)
+  double shared_expert = 0;  // an MoE block's shared expert, 2 x 3 C Fs, and its gate, 2 C
   // The MLP half's forward FLOPs with `passes` expert passes (mlp_passes).
   double mlp_half(int passes) const { return passes * mlp + router + shared_expert; }
   double attention() const { return qkv + attention_out + attention_core; }

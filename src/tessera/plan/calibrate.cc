@@ -16,11 +16,13 @@
 #include "tessera/core/error.h"
 #include "tessera/kernels/attention.h"
 #include "tessera/kernels/blas_setup.h"
+#include "tessera/kernels/flash_attention.h"
 #include "tessera/kernels/gelu.h"
 #include "tessera/kernels/gemm.h"
 #include "tessera/kernels/layernorm.h"
 #include "tessera/kernels/residual.h"
 #include "tessera/kernels/softmax_xent.h"
+#include "tessera/nn/gpt_costs.h"
 #include "tessera/optim/adamw.h"
 
 namespace tessera::plan {
@@ -117,32 +119,45 @@ GemmEfficiency measure_gemm_grid(const std::vector<double>& dims, double peak, i
   return GemmEfficiency(dims, std::move(hot), std::move(cold), l2 > 0 ? double(l2) : 1048576.0);
 }
 
-// The attention kernel on one sequence of `heads` heads at context T and head size hs (no
-// dropout): the rate of its GEMMs' FLOPs (4 hs per computed score forward, twice that backward,
-// as plan/work.h counts them), softmax included, over `peak`.
+// The model's attention kernel (the fused one, kernels/flash_attention.h) on one causal sequence
+// of `heads` heads at context T and head size hs (no dropout): the rate of its FLOPs as plan/work.h
+// counts them (4 hs per computed score forward; backward twice that and the Q K^T it reruns,
+// nn::BlockFlops::attention_core_recompute), softmax included, over `peak`.
 std::pair<double, double> attention_rate(int T, int hs, int reps, double peak) {
   const int heads = 4, C = heads * hs;
   std::vector<float> qkv(static_cast<size_t>(T) * 3 * C, 0.1f), dqkv(qkv.size()),
-      out(static_cast<size_t>(T) * C), dout(out.size(), 0.01f),
-      att(static_cast<size_t>(heads) * T * T), scratch(static_cast<size_t>(T) * T);
+      out(static_cast<size_t>(T) * C), dout(out.size(), 0.01f), lse(static_cast<size_t>(heads) * T),
+      delta(lse.size());
   double scores = 0;
   for (int r0 = 0; r0 < T; r0 += kernels::kAttentionBlock) {
     const int r1 = std::min(T, r0 + kernels::kAttentionBlock);
     scores += static_cast<double>(r1 - r0) * r1;
   }
   const double flops = 4.0 * hs * heads * scores;
+  const nn::BlockFlops per_token = nn::block_flops(nn::GPTConfig{}, 0, T);
+  const double bwd_flops =
+      (2 + per_token.attention_core_recompute / per_token.attention_core) * flops;
   const int calls = static_cast<int>(std::max(1.0, std::ceil(5e7 / flops)));
+  kernels::FlashAttention a;
+  a.B = 1;
+  a.Tq = a.Tk = T;
+  a.heads = kernels::AttentionHeads::multi_head(C, heads);
+  a.q = qkv.data();
+  a.k = a.q + C;
+  a.v = a.q + 2 * C;
+  a.ldq = a.ldkv = 3 * C;
   const double fwd = time_call(reps, [&] {
-    for (int i = 0; i < calls; ++i)
-      kernels::attention_forward(out.data(), att.data(), nullptr, qkv.data(), 1, T, C, heads,
-                                 nullptr);
+    for (int i = 0; i < calls; ++i) kernels::flash_attention_forward(a, out.data(), C, lse.data());
   });
   const double bwd = time_call(reps, [&] {
-    for (int i = 0; i < calls; ++i)
-      kernels::attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr,
-                                  qkv.data(), 1, T, C, heads, 0.0f);
+    for (int i = 0; i < calls; ++i) {
+      std::fill(dqkv.begin(), dqkv.end(), 0.0f);
+      kernels::flash_attention_delta(delta.data(), out.data(), C, dout.data(), C, 1, T, a.heads);
+      kernels::flash_attention_backward(a, dout.data(), C, lse.data(), delta.data(), dqkv.data(),
+                                        3 * C, dqkv.data() + C, dqkv.data() + 2 * C, 3 * C);
+    }
   });
-  return {flops * calls / fwd / peak, 2 * flops * calls / bwd / peak};
+  return {flops * calls / fwd / peak, bwd_flops * calls / bwd / peak};
 }
 
 AttentionEfficiency measure_attention(bool quick, double peak, int reps) {
@@ -165,7 +180,7 @@ struct Gemm {
 };
 
 // The GEMMs of one block per micro-batch (forward, input gradient, weight gradient) and the
-// per-head attention blocks, as nn/block.cc and kernels/attention.cc run them.
+// per-head attention tiles, as nn/block.cc and kernels/flash_attention.cc run them.
 std::vector<Gemm> reference_gemms(const ModelSpec& m, int micro_batch) {
   const int BT = micro_batch * m.seq, C = m.hidden, hs = m.hidden / m.heads;
   const int Q = static_cast<int>(m.qkv()), F = static_cast<int>(m.ffn());
@@ -176,13 +191,16 @@ std::vector<Gemm> reference_gemms(const ModelSpec& m, int micro_batch) {
     g.push_back({false, true, BT, K, N, n});   // input gradient
     g.push_back({true, false, K, N, BT, n});   // weight gradient
   }
-  const int blk = kernels::kAttentionBlock;
-  for (int r0 = 0; r0 < m.seq; r0 += blk) {
-    const int rb = std::min(m.seq, r0 + blk) - r0, r1 = r0 + rb;
-    const double heads = static_cast<double>(micro_batch) * m.heads;
-    g.push_back({false, true, rb, r1, hs, 3 * heads});   // Q K^T (forward, and dS K, dS^T Q)
-    g.push_back({false, false, rb, hs, r1, 3 * heads});  // P V (forward, and dP, dV)
-  }
+  // The fused attention's tiles (kernels/flash_attention.cc) per head: b = 64 queries against 64
+  // keys up to the query tile's end; S = Q K^T (forward, the backward's again, and dP = dO V^T),
+  // O += P V (and dQ += dS K), dV += P^T dO (and dK += dS^T Q).
+  const int b = kernels::kAttentionBlock;
+  double pairs = 0;
+  for (int r0 = 0; r0 < m.seq; r0 += b) pairs += std::ceil(std::min(m.seq, r0 + b) / double(b));
+  const double tiles = pairs * micro_batch * m.heads;
+  g.push_back({false, true, b, b, hs, 3 * tiles});
+  g.push_back({false, false, b, hs, b, 2 * tiles});
+  g.push_back({true, false, b, hs, b, 2 * tiles});
   return g;
 }
 

@@ -26,6 +26,7 @@ WorkRules tessera_rules() {
   r.score_bytes = 4;
   r.logit_bytes = 4;
   r.causal_blocks = true;
+  r.fused_attention = true;
   r.recompute_skips_last_projection = true;
   r.recompute_tp_collectives = 1;
   r.experts_split_over_tp = false;

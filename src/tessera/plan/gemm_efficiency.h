@@ -49,10 +49,12 @@ class GemmEfficiency {
   double cache_bytes_ = 0;
 };
 
-// tessera's attention kernel (kernels/attention.cc: per (sequence, head), blocks of 64 query rows,
-// the causal softmax between the GEMMs) by context T and head size: the GEMMs' FLOPs over the
-// kernel's time, over the peak, forward and backward. Measured, since the per-head GEMMs are small
-// and strided and the softmax runs between them; bilinear in log2, clamped at the edges.
+// tessera's attention kernel (the fused one, kernels/flash_attention.cc: per (sequence, head),
+// tiles of 64 queries against 64 keys, the online softmax between the GEMMs; the backward reruns
+// Q K^T) by context T and head size: the FLOPs plan/work.h counts over the kernel's time, over the
+// peak, forward and backward. Measured, since the per-head GEMMs are small and strided and the
+// softmax runs between them; bilinear in log2, clamped at the edges. (Tables measured before the
+// fused kernel timed the materialising one, kernels/attention.cc.)
 // JSON: {"seq": [...], "head_size": [...], "forward": f, "backward": b}, f[i][j] at seq[i],
 // head_size[j].
 struct AttentionEfficiency {

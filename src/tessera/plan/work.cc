@@ -62,15 +62,22 @@ Cost linear_cost(const GemmEfficiencyCache& eff, double flops, double rows, doub
   return {flops / eff(rows, out, in), flops / eff(rows, in, out) + w, w};
 }
 
-// The per-head attention GEMMs of kernels/attention.cc over `flops` (forward, Q K^T and P V):
-// for each block of rb query rows ending at r1, S = Q K^T [rb, hs] x [hs, r1] and O = P V
-// [rb, r1] x [r1, hs]; backward dP [rb, r1] (K = hs), dV and dK [r1, hs] (K = rb), dQ [rb, hs]
-// (K = r1). Blocks weigh by their FLOPs (rb r1).
+// The per-head attention GEMMs over `flops` (forward, Q K^T and P V) and `bwd_flops` (backward).
+// Fused (kernels/flash_attention.cc): tiles of b = 64 queries against 64 keys, forward S = Q K^T
+// [b, hs] x [hs, b] and O += P V [b, b] x [b, hs]; backward S again, dP = dO V^T (as S), dV += P^T
+// dO and dK += dS^T Q ([b, b] x [b, hs]), dQ += dS K (as P V). Materialising
+// (kernels/attention.cc): for each block of rb query rows ending at r1, S = Q K^T [rb, hs] x [hs,
+// r1] and O = P V [rb, r1] x [r1, hs]; backward dP [rb, r1] (K = hs), dV and dK [r1, hs] (K = rb),
+// dQ [rb, hs] (K = r1). Blocks weigh by their FLOPs (rb r1).
 Cost attention_cost(const GemmEfficiencyCache& eff, const AttentionEfficiency* kernel, double flops,
-                    int T, int hs, bool blocks) {
+                    double bwd_flops, int T, int hs, bool blocks, bool fused) {
   if (flops <= 0) return {};
   if (kernel != nullptr)
-    return {flops / kernel->at(false, T, hs), 2 * flops / kernel->at(true, T, hs), 0};
+    return {flops / kernel->at(false, T, hs), bwd_flops / kernel->at(true, T, hs), 0};
+  if (fused) {
+    const double b = kernels::kAttentionBlock, s = 1 / eff(b, b, hs), o = 1 / eff(b, hs, b);
+    return {flops * (s + o) / 2, bwd_flops * (2 * s + 3 * o) / 5, 0};
+  }
   const int blk = blocks ? kernels::kAttentionBlock : T;
   double total = 0, fwd_inv = 0, bwd_inv = 0;
   for (int r0 = 0; r0 < T; r0 += blk) {
@@ -79,12 +86,12 @@ Cost attention_cost(const GemmEfficiencyCache& eff, const AttentionEfficiency* k
     fwd_inv += w * (1 / eff(rb, r1, hs) + 1 / eff(rb, hs, r1)) / 2;
     bwd_inv += w * (1 / eff(rb, r1, hs) + 2 / eff(r1, hs, rb) + 1 / eff(rb, hs, r1)) / 4;
   }
-  return {flops * fwd_inv / total, 2 * flops * bwd_inv / total, 0};
+  return {flops * fwd_inv / total, bwd_flops * bwd_inv / total, 0};
 }
 
 // What block_work counted, for its costs.
 struct BlockFlopParts {
-  double qkv = 0, attn_proj = 0, mlp_linear = 0, router = 0, core = 0;
+  double qkv = 0, attn_proj = 0, mlp_linear = 0, router = 0, core = 0, core_bwd = 0;
 };
 
 // Costs of a block's (or half's) GEMMs at their shapes; `last` the forward cost of the
@@ -111,7 +118,8 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   c += proj;
   c += linear_cost(eff, f.router, BT, C, moe ? m.moe.experts : 1);
   const int hs = m.hidden / m.heads;
-  const Cost core = attention_cost(eff, r.attention, f.core, m.seq, hs, r.causal_blocks);
+  const Cost core = attention_cost(eff, r.attention, f.core, f.core_bwd, m.seq, hs, r.causal_blocks,
+                                   r.fused_attention);
   c += core;
   UnitWork w;
   w.fwd_cost = c.fwd;
@@ -152,9 +160,12 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const double mlp_linear = mlp ? k * BT * flops.mlp / mlp_t + BT * flops.shared_expert / t : 0;
   const double router = mlp ? BT * flops.router : 0;
   const double core = attn ? BT * flops.attention_core * causal / t : 0;  // Q K^T and P V
+  // The fused backward's Q K^T again (nn::BlockFlops::attention_core_recompute).
+  const double rerun =
+      attn && r.fused_attention ? BT * flops.attention_core_recompute * causal / t : 0;
   const double linear = attn_linear + mlp_linear + router;
   w.fwd_flops = linear + core;
-  w.bwd_flops = 2 * w.fwd_flops;
+  w.bwd_flops = 2 * w.fwd_flops + rerun;
   w.wgrad_flops = linear;
 
   // Elementwise traffic per token: a LayerNorm and a residual branch (bias, dropout, add) per
@@ -162,9 +173,11 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   const double halves = (attn ? 1 : 0) + (mlp ? 1 : 0);
   const double branch = drop ? 7 * C * e + C : 3 * C * e;
   const double scores = heads_local * s * causal * r.score_bytes;
-  // The softmax pass (and the dropout's), less the softmax a measured attention kernel includes.
+  // The softmax pass (and the dropout's), less what a measured attention kernel includes: the
+  // softmax, and a fused kernel's dropout too.
   const bool timed = r.gemm != nullptr && r.attention != nullptr;
-  const double softmax = attn ? 2 * scores * ((drop ? 2 : 1) - (timed ? 1 : 0)) : 0;
+  const double passes = timed ? (r.fused_attention || !drop ? 0 : 1) : (drop ? 2 : 1);
+  const double softmax = attn ? 2 * scores * passes : 0;
   // The activation between the MLP's matmuls: GELU reads and writes F = 4C; SwiGLU reads gate and
   // up and writes their product.
   const double act = (m.arch == nn::Arch::Llama ? 3.0 : 2.0) * static_cast<double>(m.ffn());
@@ -185,8 +198,12 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
     w.recompute_bytes = w.fwd_bytes;
   }
   if (r.gemm != nullptr) {
-    const BlockFlopParts parts{attn ? BT * flops.qkv / t : 0, attn ? attn_proj : 0, mlp_linear,
-                               router, core};
+    const BlockFlopParts parts{attn ? BT * flops.qkv / t : 0,
+                               attn ? attn_proj : 0,
+                               mlp_linear,
+                               router,
+                               core,
+                               2 * core + rerun};
     const UnitWork c = block_costs(m, l, moe, r, parts, mlp, k, mlp_t);
     w.fwd_cost = c.fwd_cost;
     w.bwd_cost = c.bwd_cost;

@@ -9,9 +9,10 @@
 //                   computes), MoE MLPs: top_k x 16 BT C^2 / t x max(capacity factor, 1) + router
 //   head forward    2 BT C V_local (the tied projection)
 //   backward        2 x forward (input and weight gradients); the weight part W = the linear
-//                   layers' forward FLOPs
+//                   layers' forward FLOPs; a fused attention (tessera's) also reruns Q K^T:
+//                   + 2 b s^2 C f / t (nn::BlockFlops::attention_core_recompute)
 // Summed over a model, forward + backward + a full recomputation gives Narayanan et al. 2021's
-// 96 B s l h^2 (1 + s / 6h + V / 16 l h) exactly (tested).
+// 96 B s l h^2 (1 + s / 6h + V / 16 l h) exactly without the fused attention's rerun (tested).
 #pragma once
 
 #include "tessera/nn/gpt_config.h"
@@ -25,7 +26,11 @@ struct WorkRules {
   double act_bytes = 4;       // bytes of an activation element
   double score_bytes = 4;     // of an attention score / probability
   double logit_bytes = 4;     // of a logit (Megatron keeps them in fp32)
-  bool causal_blocks = true;  // tessera computes only the causal blocks of 64 query rows
+  bool causal_blocks = true;  // tessera computes only the causal tiles of 64 query rows
+  // tessera's attention is fused (kernels/flash_attention.h): tiles of 64 queries against 64 keys,
+  // the backward recomputing the probabilities (Q K^T again) from the log-sum-exp; the scores
+  // never leave the cache, so only their softmax's arithmetic is counted (as bytes, untimed).
+  bool fused_attention = false;
   // tessera's full recomputation skips the block's last projection (its output is not needed).
   bool recompute_skips_last_projection = true;
   int recompute_tp_collectives = 1;  // all-reduces a recomputed block forward runs
@@ -57,8 +62,10 @@ struct UnitWork {
   UnitWork& operator+=(const UnitWork& o);
 };
 
-// The share of the dense T x T score matrix tessera's attention kernel computes (blocks of
-// kernels::kAttentionBlock query rows against the keys up to the block's end).
+// The share of the dense T x T score matrix tessera's attention computes: tiles of
+// kernels::kAttentionBlock (64) query rows against the keys up to the tile's end (the fused
+// kernel's key tiles, 64 keys or at power-of-two head sizes above 64 a divisor of 64, end there
+// too).
 double causal_block_fraction(int T);
 
 // Work of unit `unit` (0 embedding, 1..L blocks, L + 1 head) per micro-batch; of one half of a
