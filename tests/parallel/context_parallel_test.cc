@@ -7,15 +7,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "tessera/comm/launch.h"
+#include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
+#include "tessera/core/philox.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/embedding.h"
+#include "tessera/kernels/flash_attention.h"
 #include "tessera/kernels/row_map.h"
+#include "tessera/nn/context_parallel_attention.h"
 
 namespace tessera::nn {
 namespace {
@@ -135,6 +143,100 @@ TEST(ContextParallel, LearnedPositionsFollowTheRowMap) {
     const bool mine = std::find(pos.begin(), pos.end(), t) != pos.end();
     EXPECT_EQ(dwpe[static_cast<size_t>(t * C)], mine ? 2.0f : 0.0f) << t;
   }
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = philox_uniform(seed, 5, i) * 2.0f - 1.0f;
+  return v;
+}
+
+// The attention core split over n ranks (each variant) against the fused kernel over the whole
+// sequences on one rank: every rank's output and q, k, v gradients are those of its rows, within
+// fp32 rounding (the sums run in other orders), causal, dropout on, grouped-query heads.
+void expect_core_matches_one_rank(CpComm comm, int n, int q_heads, int kv_heads) {
+  const int B = 2, D = 8;
+  const int64_t T = 24;
+  const kernels::AttentionHeads heads{q_heads, kv_heads, D};
+  const int64_t W = heads.row_width(), Qw = int64_t{q_heads} * D, R = B * T;
+  const std::vector<float> qkv = random_floats(static_cast<size_t>(R * W), 1);
+  const std::vector<float> datty = random_floats(static_cast<size_t>(R * Qw), 2);
+  kernels::AttentionDropout drop{0.2f, 9, 4, /*first_sample=*/6, 0, q_heads, 0};
+  // One rank: the whole sequences.
+  kernels::FlashAttention f;
+  f.B = B, f.Tq = f.Tk = static_cast<int>(T), f.heads = heads;
+  f.q = qkv.data(), f.k = qkv.data() + Qw, f.v = qkv.data() + Qw + int64_t{kv_heads} * D;
+  f.ldq = f.ldkv = W;
+  f.drop = drop;
+  std::vector<float> out(static_cast<size_t>(R * Qw)), lse(static_cast<size_t>(B * q_heads * T));
+  kernels::flash_attention_forward(f, out.data(), Qw, lse.data());
+  std::vector<float> delta(lse.size()), dqkv(qkv.size(), 0.0f);
+  kernels::flash_attention_delta(delta.data(), out.data(), Qw, datty.data(), Qw, B,
+                                 static_cast<int>(T), heads);
+  kernels::flash_attention_backward(f, datty.data(), Qw, lse.data(), delta.data(), dqkv.data(), W,
+                                    dqkv.data() + Qw, dqkv.data() + Qw + int64_t{kv_heads} * D, W);
+  std::mutex mu;
+  double worst_out = 0, worst_grad = 0;
+  comm::run_inproc(n, [&](comm::Communicator& g) {
+    Allocator alloc("cp rank", 0);
+    CurrentAllocatorScope scope(alloc);
+    const ContextSplit cp(g, comm);
+    const std::vector<int64_t> pos = context_positions(T, n, g.rank());
+    const int64_t Tl = T / n, Rl = B * Tl;
+    std::vector<float> q_l(static_cast<size_t>(Rl * W)), dy_l(static_cast<size_t>(Rl * Qw));
+    for (int b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tl; ++t) {
+        std::memcpy(&q_l[static_cast<size_t>((b * Tl + t) * W)],
+                    &qkv[static_cast<size_t>((b * T + pos[t]) * W)], sizeof(float) * W);
+        std::memcpy(&dy_l[static_cast<size_t>((b * Tl + t) * Qw)],
+                    &datty[static_cast<size_t>((b * T + pos[t]) * Qw)], sizeof(float) * Qw);
+      }
+    ContextAttention a;
+    a.cp = &cp, a.B = B, a.T = static_cast<int>(Tl), a.seq_len = T, a.positions = pos.data();
+    a.heads = heads, a.head_offset = 0, a.n_head = q_heads, a.drop = drop, a.label = "test.";
+    std::vector<float> out_l(static_cast<size_t>(Rl * Qw)),
+        lse_l(static_cast<size_t>(B * q_heads * Tl));
+    std::vector<float> dq_l(q_l.size());
+    context_attention_forward(a, q_l.data(), out_l.data(), lse_l.data());
+    context_attention_backward(a, q_l.data(), out_l.data(), lse_l.data(), dy_l.data(), dq_l.data());
+    double wo = 0, wg = 0;
+    for (int b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tl; ++t) {
+        for (int64_t c = 0; c < Qw; ++c)
+          wo = std::max<double>(wo, std::abs(out_l[static_cast<size_t>((b * Tl + t) * Qw + c)] -
+                                             out[static_cast<size_t>((b * T + pos[t]) * Qw + c)]));
+        for (int64_t c = 0; c < W; ++c)
+          wg = std::max<double>(wg, std::abs(dq_l[static_cast<size_t>((b * Tl + t) * W + c)] -
+                                             dqkv[static_cast<size_t>((b * T + pos[t]) * W + c)]));
+      }
+    std::lock_guard<std::mutex> lock(mu);
+    worst_out = std::max(worst_out, wo);
+    worst_grad = std::max(worst_grad, wg);
+  });
+  EXPECT_LT(worst_out, 1e-5) << to_string(comm) << " cp " << n;
+  EXPECT_LT(worst_grad, 1e-5) << to_string(comm) << " cp " << n;
+}
+
+TEST(ContextParallel, AttentionCoreOfEveryVariantIsTheOneRankCore) {
+  for (CpComm comm : {CpComm::AllGather, CpComm::Ring, CpComm::Ulysses})
+    for (int n : {2, 3, 4}) {
+      if (comm == CpComm::Ulysses && n == 3) continue;  // 3 divides no head count here
+      expect_core_matches_one_rank(comm, n, 4, 2);      // grouped-query (Ulysses n 4: replicated)
+    }
+  expect_core_matches_one_rank(CpComm::Ulysses, 3, 6, 3);  // 3 divides both
+  expect_core_matches_one_rank(CpComm::Ring, 2, 2, 2);     // multi-head
+}
+
+TEST(ContextParallel, UlyssesNamesItsHeadRule) {
+  try {
+    check_context_heads(CpComm::Ulysses, 3, kernels::AttentionHeads{4, 2, 8});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide the 4 query heads"), std::string::npos)
+        << e.what();
+  }
+  check_context_heads(CpComm::Ulysses, 4, kernels::AttentionHeads{4, 2, 8});  // replicated kv
+  check_context_heads(CpComm::AllGather, 3, kernels::AttentionHeads{4, 2, 8});
 }
 
 }  // namespace

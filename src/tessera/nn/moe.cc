@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/core/trace.h"
 #include "tessera/kernels/gemm.h"
@@ -29,12 +30,23 @@ void copy_rows(float* dst, const float* src, int64_t rows, int C) {
 
 MixtureOfExperts::MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg,
                                    int layer, ExpertSplit split)
+    : MixtureOfExperts(ps, experts, cfg, layer, split, nullptr, comm::one_rank()) {}
+
+MixtureOfExperts::MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg,
+                                   int layer, ExpertSplit split, ContextSplit context)
+    : MixtureOfExperts(ps, experts, cfg, layer, split, &context.group, nullptr) {}
+
+MixtureOfExperts::MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg,
+                                   int layer, ExpertSplit split, comm::Communicator* context,
+                                   std::unique_ptr<comm::Communicator> own_context)
     : ps_(ps),
       eps_(experts),
       cfg_(cfg),
       m_(cfg.moe),
       layer_(layer),
       split_(split),
+      own_context_(std::move(own_context)),
+      context_(context ? *context : *own_context_),
       names_(moe_names(cfg, layer)) {
   const int E = m_.experts, n = split.size();
   TESSERA_CHECK_AS(ConfigError, E > 0 && E % n == 0, "--moe-experts ", E,
@@ -212,12 +224,50 @@ void MixtureOfExperts::block_backward_weights(const RowBlock& b, const ExpertRow
                              side.hid.f32() + b.begin * H, dy + b.begin * C, dact + b.begin * A);
 }
 
+int64_t MixtureOfExperts::route_whole_sequences(Record& r, const int64_t* positions) const {
+  const int n = context_.size(), E = m_.experts, kk = m_.top_k, B = r.B, T = r.T, L = r.seq_len;
+  // Each rank's [T positions | B T k choices], gathered over the cp group.
+  const int64_t per = T + static_cast<int64_t>(B) * T * kk;
+  std::vector<int32_t> mine(static_cast<size_t>(per)), all(static_cast<size_t>(per * n));
+  for (int t = 0; t < T; ++t) mine[static_cast<size_t>(t)] = static_cast<int32_t>(positions[t]);
+  std::copy(r.expert.begin(), r.expert.end(), mine.begin() + T);
+  context_.group.all_gather(mine.data(), all.data(), mine.size(), DType::I32).wait();
+  // The whole sequences' choices [B, L, k] in position order.
+  std::vector<int32_t> whole(static_cast<size_t>(B) * L * kk);
+  for (int s = 0; s < n; ++s) {
+    const int32_t* from = all.data() + s * per;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        std::copy_n(from + T + (static_cast<int64_t>(b) * T + t) * kk, kk,
+                    whole.begin() + (static_cast<int64_t>(b) * L + from[t]) * kk);
+  }
+  std::vector<uint8_t> kept(whole.size());
+  router_capacity(kept.data(), whole.data(), B, L, E, kk, expert_capacity(m_, L));
+  r.seq_counts.assign(static_cast<size_t>(B) * E, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int64_t a = 0; a < static_cast<int64_t>(L) * kk; ++a)
+      r.seq_counts[static_cast<size_t>(b * E + whole[static_cast<size_t>(b * L * kk + a)])] += 1.0;
+  int64_t dropped = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < kk; ++j) {
+        const uint8_t k = kept[static_cast<size_t>((b * L + positions[t]) * kk + j)];
+        r.kept[static_cast<size_t>((b * T + t) * kk + j)] = k;
+        dropped += k ? 0 : 1;
+      }
+  return dropped;
+}
+
 void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float loss_scale,
-                               Record& r, Workspace& ws, bool count_stats) const {
+                               Record& r, Workspace& ws, bool count_stats,
+                               const int64_t* positions) const {
   const int E = m_.experts, kk = m_.top_k, C = cfg_.n_embd;
   const int64_t A = experts_->act_width(), H = experts_->hid_width();
   const int64_t N = static_cast<int64_t>(B) * T;
+  const bool split = positions != nullptr && context_.size() > 1;
   r.B = B, r.T = T, r.loss_scale = loss_scale, r.x = x;
+  r.seq_len = split ? T * context_.size() : T;
+  r.seq_counts.clear();
 
   // Route (fp32 in every precision): logits, scores, top-k (biased selection, gates renormalised
   // or not), per-sequence capacity.
@@ -236,13 +286,14 @@ void MixtureOfExperts::forward(const float* x, float* out, int B, int T, float l
   router_top_k(r.expert.data(), r.gate.data(), sigmoid ? r.scores.f32() : r.probs.f32(), N, E, kk,
                score_bias_.empty() ? nullptr : score_bias_.data(), m_.renormalize);
   const int64_t dropped =
-      router_capacity(r.kept.data(), r.expert.data(), B, T, E, kk, expert_capacity(m_, T));
+      split ? route_whole_sequences(r, positions)
+            : router_capacity(r.kept.data(), r.expert.data(), B, T, E, kk, expert_capacity(m_, T));
   if (count_stats) {
-    const RouterLossSums s =
-        router_loss_sums(r.probs.f32(), r.lse.f32(), r.expert.data(), B, T, E, kk);
+    const RouterLossSums s = router_loss_sums(r.probs.f32(), r.lse.f32(), r.expert.data(), B, T, E,
+                                              kk, split ? r.seq_counts.data() : nullptr, r.seq_len);
     stats_.balance_sum += s.balance;
     stats_.z_sum += s.z;
-    stats_.sequences += B;
+    stats_.sequences += split && context_.rank() != 0 ? 0 : B;  // a sequence once
     stats_.tokens += N;
     for (int32_t e : r.expert) ++stats_.load[static_cast<size_t>(e)];
     stats_.assignments += N * kk;
@@ -388,13 +439,14 @@ void MixtureOfExperts::backward(const Record& r, const float* dout, float* dx,
   // experts' input gradients added token by token.
   float* dlogits = ensure(ws.dlogits, N * E, "moe.d_logits", ws.alloc);
   const float bw = m_.aux_loss * r.loss_scale, zw = m_.z_loss * r.loss_scale;
+  const double* counts = r.seq_counts.empty() ? nullptr : r.seq_counts.data();
   if (m_.score == RouterScore::Sigmoid)
     router_backward_sigmoid(dlogits, ws.dgate.data(), r.scores.f32(), r.probs.f32(), r.lse.f32(),
                             r.logits.f32(), r.expert.data(), r.gate.data(), r.B, r.T, E, kk, bw, zw,
-                            m_.renormalize);
+                            m_.renormalize, counts, r.seq_len);
   else
     router_backward(dlogits, ws.dgate.data(), r.probs.f32(), r.lse.f32(), r.expert.data(),
-                    r.gate.data(), r.B, r.T, E, kk, bw, zw, m_.renormalize);
+                    r.gate.data(), r.B, r.T, E, kk, bw, zw, m_.renormalize, counts, r.seq_len);
   {
     k::GemmModeScope fp32(k::GemmMode{});  // the router is fp32 in every precision
     linear_backward(ps_, router(), dx, false, ps_.grad_data(router_), nullptr, dlogits, E, r.x, N);

@@ -34,6 +34,14 @@
 // exactly as one device would, so the output and the input gradient need no tensor-parallel
 // reduction.
 //
+// Context parallelism (nn/context_parallel.h): a micro-batch's sequences are split over the layer's
+// context-parallel group, and what a sequence decides as a whole -- which assignments fit in an
+// expert's per-sequence capacity (filled in position order), and the balance loss's f_si -- needs
+// every rank's choices: the ranks all-gather their rows' positions and choices (k int32 per token,
+// over the cp group) and each computes the whole sequence's capacity and counts, keeping its own
+// rows' share. The balance loss's P_si and the z-loss are sums over tokens, which the ranks split;
+// the statistics count a sequence once (on cp rank 0) and every rank's tokens.
+//
 // forward/backward run over a caller-owned Record (one per micro-batch in flight); its buffers
 // grow to the largest routing seen (the number of rows an expert receives varies) and are kept.
 // Parameter gradients ACCUMULATE.
@@ -47,6 +55,7 @@
 #include "tessera/comm/communicator.h"
 #include "tessera/core/allocator.h"
 #include "tessera/core/tensor.h"
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/moe_exchange.h"
 #include "tessera/nn/moe_experts.h"
@@ -84,6 +93,7 @@ class MixtureOfExperts {
   };
   struct Record {
     int B = 0, T = 0;
+    int seq_len = 0;  // the whole sequence's length (T, or T x the cp ranks when split)
     float loss_scale = 0;
     const float* x = nullptr;          // [N, C] the ln_2 output, kept alive by the caller
     Tensor logits, probs, lse;         // [N, E], [N, E], [N] (sized for max_batch at creation)
@@ -91,6 +101,7 @@ class MixtureOfExperts {
     std::vector<int32_t> expert;       // [N, k]
     std::vector<float> gate;           // [N, k]
     std::vector<uint8_t> kept;         // [N, k]
+    std::vector<double> seq_counts;    // [B, E] the whole sequences' choices (split only)
     std::vector<int64_t> row_of;       // [N, k] the assignment's place in the row order, or -1
     std::vector<int64_t> token_of;     // [K] the token of each row
     std::vector<int64_t> send_counts;  // [E] rows this rank sends to each expert
@@ -119,7 +130,11 @@ class MixtureOfExperts {
     Allocator* alloc = nullptr;
   };
 
-  // Registers the router in `ps` and this rank's experts in `experts`.
+  // Registers the router in `ps` and this rank's experts in `experts`. `context`: the group a
+  // split micro-batch's sequences are split over (see above).
+  MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
+                   ExpertSplit split, ContextSplit context);
+  // Whole sequences only (its own group of one for the context).
   MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
                    ExpertSplit split);
 
@@ -127,9 +142,11 @@ class MixtureOfExperts {
   static Workspace make_workspace(Allocator& alloc);
 
   // ASSIGNS out[B T, C] = the layer's output for x[B T, C] (x must stay unchanged until backward).
-  // loss_scale weighs the auxiliary losses in backward; count_stats adds to stats().
+  // loss_scale weighs the auxiliary losses in backward; count_stats adds to stats(). positions
+  // (non-null): the T rows of each sequence are this rank's share, at these global positions, of
+  // sequences split over the context-parallel group (collective over it).
   void forward(const float* x, float* out, int B, int T, float loss_scale, Record& r, Workspace& ws,
-               bool count_stats) const;
+               bool count_stats, const int64_t* positions = nullptr) const;
   // Given dout[B T, C], ASSIGNS dx[B T, C] = dL/dx (through the experts and the router, including
   // the auxiliary losses) and ACCUMULATES the router's and this rank's experts' gradients.
   void backward(const Record& r, const float* dout, float* dx, Workspace& ws) const;
@@ -171,8 +188,15 @@ class MixtureOfExperts {
                            float* dx, Workspace& ws) const;
   void block_backward_weights(const RowBlock& b, const ExpertRows& side, const float* dy,
                               const float* dact) const;
+  MixtureOfExperts(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
+                   ExpertSplit split, comm::Communicator* context,
+                   std::unique_ptr<comm::Communicator> own_context);
   // The router as a linear layer (moe.cc; nn/linear.h).
   Linear router() const;
+  // A split micro-batch: every cp rank's rows' choices gathered into the whole sequences', the
+  // capacity decided on them (r.kept: this rank's rows) and r.seq_counts; returns the dropped
+  // assignments of this rank's rows.
+  int64_t route_whole_sequences(Record& r, const int64_t* positions) const;
 
   const ParameterSet& ps_;
   const ParameterSet& eps_;
@@ -180,6 +204,8 @@ class MixtureOfExperts {
   MoeConfig m_;
   int layer_;
   ExpertSplit split_;
+  std::unique_ptr<comm::Communicator> own_context_;  // the group of one of a layer built alone
+  ContextSplit context_;
   int first_expert_, local_;
   MoeNames names_;
   int router_ = -1;  // [C, E] (GPT-2) or, for the Llama family, [E, C] (nn.Linear layout)

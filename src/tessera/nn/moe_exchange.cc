@@ -4,9 +4,10 @@
 
 namespace tessera::nn {
 
-PendingExchange::PendingExchange(comm::Work work, std::string label)
+PendingExchange::PendingExchange(comm::Work work, std::string label, const char* category)
     : work_(std::move(work)),
       label_(std::move(label)),
+      category_(category),
       start_(TraceClock::now()),
       tracer_(Tracer::current()),
       posted_(true) {}
@@ -34,7 +35,7 @@ void PendingExchange::wait() {
   if (!recorded_) {
     recorded_ = true;
     if (tracer_ && !label_.empty())
-      tracer_->record(std::move(label_), "moe", 1, start_, TraceClock::now());
+      tracer_->record(std::move(label_), category_, 1, start_, TraceClock::now());
   }
 }
 

@@ -16,7 +16,8 @@ namespace tessera::nn {
 class PendingExchange {
  public:
   PendingExchange() = default;  // nothing in flight
-  PendingExchange(comm::Work work, std::string label);
+  // `category`: the timeline category of the exchange's span ("moe"; "cp" for the attention's).
+  PendingExchange(comm::Work work, std::string label, const char* category = "moe");
   PendingExchange(PendingExchange&&) = default;
   PendingExchange& operator=(PendingExchange&&) = default;
   // A destroyed exchange that was posted and never waited for is waited for (errors swallowed):
@@ -34,6 +35,7 @@ class PendingExchange {
  private:
   comm::Work work_;
   std::string label_;
+  const char* category_ = "moe";
   TraceClock::time_point start_{};
   Tracer* tracer_ = nullptr;
   bool posted_ = false, recorded_ = false;

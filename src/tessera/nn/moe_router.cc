@@ -95,8 +95,15 @@ int64_t router_capacity(uint8_t* kept, const int32_t* expert, int B, int T, int 
 }
 
 namespace {
-// f_si * T * k: the router's choices of expert i in sequence b.
-void choice_counts(std::vector<double>& counts, const int32_t* expert, int b, int T, int k) {
+// f_si * T * k: the router's choices of expert i in sequence b (the given counts of the whole
+// sequence under context parallelism, else this rank's).
+void choice_counts(std::vector<double>& counts, const int32_t* expert, int b, int T, int k,
+                   const double* given) {
+  if (given) {
+    const double* g = given + static_cast<int64_t>(b) * counts.size();
+    std::copy(g, g + counts.size(), counts.begin());
+    return;
+  }
   std::fill(counts.begin(), counts.end(), 0.0);
   const int32_t* ex = expert + static_cast<int64_t>(b) * T * k;
   for (int64_t a = 0; a < static_cast<int64_t>(T) * k; ++a) counts[ex[a]] += 1.0;
@@ -104,11 +111,12 @@ void choice_counts(std::vector<double>& counts, const int32_t* expert, int b, in
 }  // namespace
 
 RouterLossSums router_loss_sums(const float* probs, const float* lse, const int32_t* expert, int B,
-                                int T, int E, int k) {
+                                int T, int E, int k, const double* given, int seq_len) {
+  const double L = seq_len > 0 ? seq_len : T;  // the sequence's length
   RouterLossSums s;
   std::vector<double> counts(static_cast<size_t>(E)), psum(static_cast<size_t>(E));
   for (int b = 0; b < B; ++b) {
-    choice_counts(counts, expert, b, T, k);
+    choice_counts(counts, expert, b, T, k, given);
     std::fill(psum.begin(), psum.end(), 0.0);
     for (int t = 0; t < T; ++t) {
       const int64_t n = static_cast<int64_t>(b) * T + t;
@@ -116,7 +124,7 @@ RouterLossSums router_loss_sums(const float* probs, const float* lse, const int3
       s.z += static_cast<double>(lse[n]) * lse[n];
     }
     double bal = 0;
-    for (int e = 0; e < E; ++e) bal += counts[e] / (static_cast<double>(T) * k) * (psum[e] / T);
+    for (int e = 0; e < E; ++e) bal += counts[e] / (L * k) * (psum[e] / L);
     s.balance += E * bal;
   }
   return s;
@@ -142,16 +150,17 @@ void gate_backward(double* ds, const float* s, const float* dgate, const int32_t
 
 void router_backward(float* dlogits, const float* dgate, const float* probs, const float* lse,
                      const int32_t* expert, const float* gate, int B, int T, int E, int k,
-                     float balance_weight, float z_weight, bool renormalize) {
+                     float balance_weight, float z_weight, bool renormalize, const double* given,
+                     int seq_len) {
+  const double L = seq_len > 0 ? seq_len : T;
   std::vector<double> counts(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
   for (int b = 0; b < B; ++b) {
-    choice_counts(counts, expert, b, T, k);
+    choice_counts(counts, expert, b, T, k, given);
     for (int t = 0; t < T; ++t) {
       const int64_t n = static_cast<int64_t>(b) * T + t;
       const float* p = probs + n * E;
       // The balance loss: d/dp_ti of balance_weight T E sum_i f_si P_si = balance_weight E f_si.
-      for (int e = 0; e < E; ++e)
-        dp[e] = balance_weight * E * counts[e] / (static_cast<double>(T) * k);
+      for (int e = 0; e < E; ++e) dp[e] = balance_weight * E * counts[e] / (L * k);
       // Through the gates.
       gate_backward(dp.data(), p, dgate, expert, gate, n, k, renormalize);
       // Softmax backward, plus the z-loss: d(z_weight lse^2)/dlogit_i = 2 z_weight lse p_i.
@@ -167,10 +176,12 @@ void router_backward(float* dlogits, const float* dgate, const float* probs, con
 void router_backward_sigmoid(float* dlogits, const float* dgate, const float* scores,
                              const float* probs, const float* lse, const float* logits,
                              const int32_t* expert, const float* gate, int B, int T, int E, int k,
-                             float balance_weight, float z_weight, bool renormalize) {
+                             float balance_weight, float z_weight, bool renormalize,
+                             const double* given, int seq_len) {
+  const double L = seq_len > 0 ? seq_len : T;
   std::vector<double> counts(static_cast<size_t>(E)), ds(static_cast<size_t>(E));
   for (int b = 0; b < B; ++b) {
-    choice_counts(counts, expert, b, T, k);
+    choice_counts(counts, expert, b, T, k, given);
     for (int t = 0; t < T; ++t) {
       const int64_t n = static_cast<int64_t>(b) * T + t;
       const float* s = scores + n * E;
@@ -179,10 +190,9 @@ void router_backward_sigmoid(float* dlogits, const float* dgate, const float* sc
       double sum = 0, dot = 0;
       for (int e = 0; e < E; ++e) {
         sum += s[e];
-        dot += balance_weight * E * counts[e] / (static_cast<double>(T) * k) * p[e];
+        dot += balance_weight * E * counts[e] / (L * k) * p[e];
       }
-      for (int e = 0; e < E; ++e)
-        ds[e] = (balance_weight * E * counts[e] / (static_cast<double>(T) * k) - dot) / sum;
+      for (int e = 0; e < E; ++e) ds[e] = (balance_weight * E * counts[e] / (L * k) - dot) / sum;
       gate_backward(ds.data(), s, dgate, expert, gate, n, k, renormalize);
       // sigmoid' = s (1 - s); the z-loss through lse: 2 z_weight lse softmax(logits).
       const double zg = 2.0 * z_weight * lse[n];

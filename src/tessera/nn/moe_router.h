@@ -36,6 +36,13 @@
 //   aux_loss x loss_scale x T x sum_s balance_s + z_loss x loss_scale x sum_t z_t
 // i.e. alpha mean_s balance_s + beta mean_t z_t over the global batch. Both decompose over
 // sequences, so micro-batches and ranks add up to the same objective.
+//
+// Context parallelism (nn/context_parallel.h) splits a sequence over ranks. f_si then counts the
+// whole sequence's choices (the ranks share them: MixtureOfExperts::forward) and T is the whole
+// sequence's length, while each rank sums P over its own tokens: balance_s = E sum_i f_si P_si is
+// linear in P given f, so the ranks' parts add up to it, and d balance / d p_ti is each rank's own.
+// The functions below take the sequences' counts (`counts`, [B, E]: choices per expert of each
+// whole sequence) and its length (`seq_len`) for that; null / 0: count this rank's choices, T.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +78,8 @@ struct RouterLossSums {
   double z = 0;
 };
 RouterLossSums router_loss_sums(const float* probs, const float* lse, const int32_t* expert, int B,
-                                int T, int E, int k);
+                                int T, int E, int k, const double* counts = nullptr,
+                                int seq_len = 0);
 
 // ASSIGNS dlogits[N, E]: the gradient of the objective with respect to the router logits of a
 // softmax router, from
@@ -79,13 +87,15 @@ RouterLossSums router_loss_sums(const float* probs, const float* lse, const int3
 //   balance_weight = aux_loss x loss_scale, z_weight = z_loss x loss_scale.
 void router_backward(float* dlogits, const float* dgate, const float* probs, const float* lse,
                      const int32_t* expert, const float* gate, int B, int T, int E, int k,
-                     float balance_weight, float z_weight, bool renormalize = true);
+                     float balance_weight, float z_weight, bool renormalize = true,
+                     const double* counts = nullptr, int seq_len = 0);
 
 // The same for a sigmoid router (scores, probs and lse of router_sigmoid; the z-loss's softmax
 // from logits and lse).
 void router_backward_sigmoid(float* dlogits, const float* dgate, const float* scores,
                              const float* probs, const float* lse, const float* logits,
                              const int32_t* expert, const float* gate, int B, int T, int E, int k,
-                             float balance_weight, float z_weight, bool renormalize);
+                             float balance_weight, float z_weight, bool renormalize,
+                             const double* counts = nullptr, int seq_len = 0);
 
 }  // namespace tessera::nn
