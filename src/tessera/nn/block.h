@@ -13,7 +13,7 @@
 // backward are the whole block's, operation for operation.
 //
 // Activation recomputation (gpt_config.h): the modules keep everything (None), everything but the
-// attention probabilities (Selective), or nothing (Full: the block reruns both modules' forward
+// attention core's output (Selective: the fused attention reruns from qkv), or nothing (Full: the block reruns both modules' forward
 // into the shared workspace just before its backward, the MLP without its output projection); the
 // caller always keeps the block's input alive until its backward. Recomputed values go to the
 // shared BlockWorkspace, so recomputation costs one block's activations per stage.
@@ -31,6 +31,7 @@
 #include "tessera/nn/activations.h"
 #include "tessera/nn/attention_branch.h"
 #include "tessera/nn/block_workspace.h"
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/mlp.h"
 #include "tessera/nn/moe.h"
@@ -53,8 +54,14 @@ class Block {
   using Workspace = BlockWorkspace;
 
   // `split`: the tensor-parallel group; a mixture-of-experts block registers its router in `ps`
-  // and this rank's experts of `expert_split` in `experts` (null: in ps). bf16_gemm_inputs: keep
-  // the GEMM-only inputs in bf16 (a model whose GEMMs are bf16).
+  // and this rank's experts of `expert_split` in `experts` (null: in ps); `context`: the group a
+  // split micro-batch's sequences are split over (context parallelism, nn/context_parallel.h).
+  // bf16_gemm_inputs: keep the GEMM-only inputs in bf16 (a model whose GEMMs are bf16).
+  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+        ExpertSplit expert_split, ContextSplit context, Recompute recompute,
+        ParameterSet* experts = nullptr, BlockPart part = BlockPart::Whole,
+        bool bf16_gemm_inputs = false);
+  // A block of whole sequences (its own group of one for the context).
   Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
         ExpertSplit expert_split, Recompute recompute, ParameterSet* experts = nullptr,
         BlockPart part = BlockPart::Whole, bool bf16_gemm_inputs = false);
@@ -111,6 +118,12 @@ class Block {
   const MixtureOfExperts* moe() const { return mlp_ ? mlp_->experts() : nullptr; }
 
  private:
+  Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+        ExpertSplit expert_split, const ContextSplit* context,
+        std::unique_ptr<comm::Communicator> own_context, Recompute recompute,
+        ParameterSet* experts, BlockPart part, bool bf16_gemm_inputs);
+
+  std::unique_ptr<comm::Communicator> own_context_;  // a block built without a context group
   GPTConfig cfg_;
   int layer_;
   BlockPart part_;

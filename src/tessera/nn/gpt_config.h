@@ -110,8 +110,11 @@ int llama_ffn_dim(int C);
 // Activation recomputation (the seed's re-materialisation; Korthikanti et al. 2022, "Reducing
 // Activation Recomputation in Large Transformer Models"):
 //   None       every block keeps all its intermediate activations until its backward.
-//   Selective  the attention core (probabilities and their dropped copy, [B, heads, T, T] each)
-//              is dropped after the forward and recomputed from the saved qkv in the backward.
+//   Selective  the attention core's output (atty and its log-sum-exp: 4 C / t + 4 heads / t bytes
+//              a token) is dropped after the forward and the fused attention reruns from the saved
+//              qkv in the backward (Megatron's core-attention recomputation). The attention is
+//              fused (kernels/flash_attention.h), so no [B, heads, T, T] probabilities are kept in
+//              any mode: selective saves that little, for one more attention forward.
 //   Full       a block keeps only its input; its whole forward reruns just before its backward.
 // Dropout masks are keyed by global coordinates, so a recomputed mask is the same mask, and
 // every mode gives bitwise-identical losses and gradients.
