@@ -1,3 +1,11 @@
+// The tile GEMMs, and why they look as they do (OpenBLAS 0.3.21, SkylakeX kernels, one thread,
+// 64 x 64 x 64 tiles of a GPT-2 head): OpenBLAS's small-matrix kernels run NN and TN products at
+// 70-100 GFLOP/s when the B operand is contiguous, ~50 when B's rows lie at a model's stride (the
+// packed qkv's 2304 floats: the rows fall into a few cache sets), and NT products at ~45 whatever
+// the strides. So every B operand here is a packed copy (K and V tiles transposed or copied once
+// per key tile and reused by many query tiles), scores are Q . K^T as NN on a transposed K tile,
+// and the backward accumulates dK^T and dV^T (TN products whose B is a contiguous tile) and
+// transposes them once per key tile.
 #include "tessera/kernels/flash_attention.h"
 
 #include <cblas.h>
@@ -25,25 +33,31 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Query rows per tile.
+// Query rows per tile, and query tiles per forward piece (a piece packs each key tile once for
+// all of its query tiles).
 constexpr int kQueryTile = 64;
+constexpr int kQueryTilesPerPiece = 4;
+// Key tiles per block of the backward (packed together, with their dK and dV sums: ~300 KB a
+// thread at head size 64, which stay in L2 while the query tiles stream past once a block).
+constexpr int kKeyTilesPerBlock = 4;
 // OpenBLAS (0.3.21, interface/gemm.c) runs a GEMM with M * N * K <= 65536 * 4 on the calling
-// thread, whatever openblas_set_num_threads says; above it, on its thread pool. The tiles keep
-// every tile GEMM (query tile x key tile x head size, in each of the three orders) at or below it,
-// so that pieces running on several threads do not each start OpenBLAS's threads (the thread count
-// is process-wide: lowering it here would change the GEMMs of ranks that are other threads).
+// thread, whatever openblas_set_num_threads says; above it, on its thread pool (and, at these
+// sizes, through its slower general path). The tiles keep every tile GEMM (query tile x key tile x
+// head size, in each order) at or below it, so that pieces running on several threads do not each
+// start OpenBLAS's threads (the thread count is process-wide: lowering it here would change the
+// GEMMs of ranks that are other threads).
 constexpr int64_t kOneThreadGemm = 65536 * 4;
 
-// Keys per tile for head size hs: as many as keep a tile GEMM on one thread (64 at hs = 64),
-// a multiple of 8, at least 8. A function of hs alone, so the sums' order never depends on the
-// thread count.
-int key_tile(int hs) {
+// Keys per tile for head size hs: as many as keep a tile GEMM on one thread (64 at hs = 64), a
+// multiple of 8, at least 8. A function of hs alone, so that the order of the sums never depends
+// on the thread count.
+int flash_key_tile(int hs) {
   const int64_t fit = kOneThreadGemm / (int64_t{kQueryTile} * hs);
   return static_cast<int>(std::clamp<int64_t>(fit / 8 * 8, 8, 64));
 }
 
 // Global positions: p[i], or i where p is null.
-struct Positions {
+struct RowPositions {
   const int64_t* p;
   int64_t operator[](int64_t i) const { return p != nullptr ? p[i] : i; }
 };
@@ -52,7 +66,7 @@ struct Positions {
 struct PosRange {
   int64_t lo, hi;
 };
-std::vector<PosRange> tile_ranges(Positions pos, int n, int tile) {
+std::vector<PosRange> tile_pos_ranges(RowPositions pos, int n, int tile) {
   std::vector<PosRange> r;
   for (int i0 = 0; i0 < n; i0 += tile) {
     PosRange x{pos[i0], pos[i0]};
@@ -66,19 +80,19 @@ std::vector<PosRange> tile_ranges(Positions pos, int n, int tile) {
 }
 
 // How much of a (query tile, key tile) pair the causal mask lets through.
-enum class Seen { None, All, Some };
-Seen seen(bool causal, PosRange q, PosRange k) {
-  if (!causal || k.hi <= q.lo) return Seen::All;
-  if (k.lo > q.hi) return Seen::None;
-  return Seen::Some;
+enum class PairSeen { None, All, Some };
+PairSeen pair_seen(bool causal, PosRange q, PosRange k) {
+  if (!causal || k.hi <= q.lo) return PairSeen::All;
+  if (k.lo > q.hi) return PairSeen::None;
+  return PairSeen::Some;
 }
 
 // Everything a call's tiles need, checked once.
-struct Plan {
+struct FlashPlan {
   int B, Tq, Tk, NH, KV, G, hs, kt;  // kt: keys per tile
   int nqt, nkt;                      // query and key tiles
   float scale;
-  Positions qp, kp;
+  RowPositions qp, kp;
   std::vector<PosRange> qr, kr;
   bool causal;
   // Dropout
@@ -88,7 +102,9 @@ struct Plan {
   int64_t first_sample = 0, L = 0;
   int head_offset = 0, nh_global = 0;
 
-  // The dropout mask's index of (b, h, query i, key 0 position): add the key's position.
+  PairSeen seen(int qt, int kti) const { return pair_seen(causal, qr[qt], kr[kti]); }
+  // The dropout mask's index of (b, h, the query at qpos, the key at position 0): add the key's
+  // position.
   uint64_t mask_row(int b, int h, int64_t qpos) const {
     const uint64_t g = static_cast<uint64_t>(first_sample + b) * static_cast<uint64_t>(nh_global) +
                        static_cast<uint64_t>(head_offset + h);
@@ -102,14 +118,14 @@ int checked_ld(int64_t ld, int64_t width, const char* what) {
   return static_cast<int>(ld);
 }
 
-Plan make_plan(const FlashAttention& a) {
+FlashPlan make_plan(const FlashAttention& a) {
   const AttentionHeads& h = a.heads;
   TESSERA_CHECK_AS(ShapeError, h.q > 0 && h.kv > 0 && h.size > 0 && h.q % h.kv == 0,
                    "flash_attention: ", h.kv, " key/value heads must divide ", h.q,
                    " query heads (of size ", h.size, ")");
   TESSERA_CHECK_AS(ShapeError, a.B >= 0 && a.Tq >= 0 && a.Tk >= 0, "flash_attention: B ", a.B,
                    ", Tq ", a.Tq, ", Tk ", a.Tk, " must not be negative");
-  Plan p;
+  FlashPlan p;
   p.B = a.B;
   p.Tq = a.Tq;
   p.Tk = a.Tk;
@@ -117,14 +133,14 @@ Plan make_plan(const FlashAttention& a) {
   p.KV = h.kv;
   p.G = h.q / h.kv;
   p.hs = h.size;
-  p.kt = key_tile(h.size);
+  p.kt = flash_key_tile(h.size);
   p.nqt = (a.Tq + kQueryTile - 1) / kQueryTile;
   p.nkt = (a.Tk + p.kt - 1) / p.kt;
   p.scale = 1.0f / std::sqrt(static_cast<float>(h.size));
-  p.qp = Positions{a.q_pos};
-  p.kp = Positions{a.k_pos};
-  p.qr = tile_ranges(p.qp, a.Tq, kQueryTile);
-  p.kr = tile_ranges(p.kp, a.Tk, p.kt);
+  p.qp = RowPositions{a.q_pos};
+  p.kp = RowPositions{a.k_pos};
+  p.qr = tile_pos_ranges(p.qp, a.Tq, kQueryTile);
+  p.kr = tile_pos_ranges(p.kp, a.Tk, p.kt);
   p.causal = a.causal;
   if (a.drop.p > 0.0f) {
     p.dropping = true;
@@ -140,21 +156,26 @@ Plan make_plan(const FlashAttention& a) {
   return p;
 }
 
-// Runs fn(piece, scratch) for every piece in [0, n) on the calling rank's compute threads (its
-// BLAS threads, train::set_compute_threads; as parallel_rows), each thread taking the next piece
-// from a shared counter. A piece computes and writes its outputs alone, in a fixed order, so the
-// result is bitwise the same on any number of threads. The helpers run in the caller's GEMM mode.
-// Scratch: a few tiles per thread (std::vector, outside the allocator's accounting: at most
-// ~100 KB a thread, gone when the call returns). The first exception of any piece is rethrown here
-// once every thread is done.
-struct Scratch {
-  std::vector<float> s, p, d;  // [kQueryTile, kt] tiles
-  std::vector<float> m, l;     // [kQueryTile] running maximum and sum
-  std::vector<uint64_t> row;   // [kQueryTile] dropout mask index of each query row
+// A thread's tiles: std::vector, outside the allocator's accounting (about 200 KB a thread at
+// head size 64, freed when the call returns).
+struct TileScratch {
+  std::vector<float> kt, vt, kc;  // packed key and value tiles: [hs, kt] transposed, [kt, hs]
+  std::vector<float> s, d, pd;    // [kQueryTile, kt]: scores or P, dP or dS, dropped P or mask
+  std::vector<float> acc1, acc2;  // forward: O [rows, hs]; backward: dK^T, dV^T [hs, kt]
+  std::vector<float> qt;          // forward: the piece's query tiles transposed, [hs, kQueryTile]
+  std::vector<float> m, l;        // running maximum and sum of the piece's rows
+  std::vector<float> cmax, csum, alpha;  // [kQueryTile]: a tile's column maxima, sums, rescaling
+  std::vector<int64_t> qpos;             // [kQueryTile]: a query tile's positions
+  std::vector<uint64_t> row;             // dropout mask index of the piece's rows
 };
 
+// Runs fn(piece, scratch) for every piece in [0, n) on the calling rank's compute threads (its
+// BLAS threads, train::set_compute_threads, as parallel_rows), each thread taking the next piece
+// from a shared counter. A piece computes and writes its outputs alone, in a fixed order, so the
+// result is bitwise the same on any number of threads. The helpers run in the caller's GEMM mode.
+// The first exception of any piece is rethrown here once every thread is done.
 template <class Fn>
-void for_each_piece(int64_t n, const Plan& plan, Fn&& fn) {
+void for_each_piece(int64_t n, const FlashPlan& plan, Fn&& fn) {
   if (n <= 0) return;
   const int64_t threads = std::clamp<int64_t>(openblas_get_num_threads(), 1, n);
   const GemmMode mode = current_gemm_mode();
@@ -164,14 +185,26 @@ void for_each_piece(int64_t n, const Plan& plan, Fn&& fn) {
   auto work = [&] {
     try {
       GemmModeScope scope(mode);
-      Scratch s;
-      const size_t tile = static_cast<size_t>(kQueryTile) * static_cast<size_t>(plan.kt);
-      s.s.resize(tile);
-      s.p.resize(tile);
-      s.d.resize(tile);
-      s.m.resize(kQueryTile);
-      s.l.resize(kQueryTile);
-      s.row.resize(kQueryTile);
+      TileScratch s;
+      const size_t tile = static_cast<size_t>(plan.kt) * static_cast<size_t>(plan.hs);
+      const size_t rows = static_cast<size_t>(kQueryTile) * kQueryTilesPerPiece;
+      const size_t block = tile * kKeyTilesPerBlock;
+      s.kt.resize(block);
+      s.vt.resize(block);
+      s.kc.resize(block);
+      s.s.resize(static_cast<size_t>(kQueryTile) * static_cast<size_t>(plan.kt));
+      s.d.resize(s.s.size());
+      s.pd.resize(std::max(s.s.size(), tile));
+      s.acc1.resize(std::max(block, rows * static_cast<size_t>(plan.hs)));
+      s.acc2.resize(block);
+      s.qt.resize(std::max<size_t>(rows, 3 * kQueryTile) * static_cast<size_t>(plan.hs));
+      s.cmax.resize(kQueryTile);
+      s.csum.resize(kQueryTile);
+      s.alpha.resize(kQueryTile);
+      s.qpos.resize(kQueryTile);
+      s.m.resize(rows);
+      s.l.resize(rows);
+      s.row.resize(rows);
       for (int64_t piece; (piece = next.fetch_add(1)) < n;) fn(piece, s);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);
@@ -186,53 +219,106 @@ void for_each_piece(int64_t n, const Plan& plan, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-// Sets row i of the tile s[rows, c] (stride ld) to 0 where key j is not seen (k_pos > q_pos) and
-// returns the maximum over the seen keys (-inf when none is seen).
-inline float masked_row_max(float* s, int c, const int64_t* kpos, int64_t j0, int64_t qpos) {
-  float mx = kNegInf;
-  if (kpos != nullptr) {
-    const int64_t* kp = kpos + j0;
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < c; ++j) {
-      const bool vis = kp[j] <= qpos;
-      s[j] = vis ? s[j] : kNegInf;
-      mx = std::max(mx, s[j]);
-    }
-  } else {
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < c; ++j) {
-      const bool vis = j0 + j <= qpos;
-      s[j] = vis ? s[j] : kNegInf;
-      mx = std::max(mx, s[j]);
-    }
+// dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols: OpenBLAS's out-of-place transpose
+// (an extension of CBLAS), 2x as fast as a loop at 64 x 64.
+void transpose(const float* src, int64_t lds, int rows, int cols, float* dst, int64_t ldd) {
+  cblas_somatcopy(CblasRowMajor, CblasTrans, rows, cols, 1.0f, src, static_cast<int>(lds), dst,
+                  static_cast<int>(ldd));
+}
+
+// dst[rows, cols] (contiguous) = the rows of src at stride lds.
+void copy_rows(float* dst, const float* src, int64_t lds, int rows, int cols) {
+  for (int i = 0; i < rows; ++i) {
+    const float* s = src + i * lds;
+    float* d = dst + int64_t{i} * cols;
+#pragma omp simd
+    for (int j = 0; j < cols; ++j) d[j] = s[j];
   }
+}
+
+// dst[i * ldd + j] += src[j * lds + i] for i < rows, j < cols (a transposed accumulator added),
+// through tmp[rows, cols].
+void add_transposed(const float* src, int64_t lds, int rows, int cols, float* dst, int64_t ldd,
+                    float* tmp) {
+  transpose(src, lds, cols, rows, tmp, cols);
+  for (int i = 0; i < rows; ++i) {
+    float* d = dst + i * ldd;
+    const float* t = tmp + int64_t{i} * cols;
+#pragma omp simd
+    for (int j = 0; j < cols; ++j) d[j] += t[j];
+  }
+}
+
+// The maximum of s[0, c) (vmaxps over 16 lanes: a reduction of std::max does not vectorise).
+inline float row_max(const float* s, int c) {
+  float acc[16];
+  std::fill(acc, acc + 16, kNegInf);
+  int j = 0;
+  for (; j + 16 <= c; j += 16) {
+#pragma omp simd
+    for (int x = 0; x < 16; ++x) acc[x] = acc[x] > s[j + x] ? acc[x] : s[j + x];
+  }
+  for (; j < c; ++j) acc[0] = acc[0] > s[j] ? acc[0] : s[j];
+  float mx = acc[0];
+  for (int x = 1; x < 16; ++x) mx = mx > acc[x] ? mx : acc[x];
   return mx;
 }
 
-// s[j] = e^(s[j] - m) where s[j] is finite, 0 where it is -inf (a key not seen); returns the sum.
-inline float exp_row(float* s, int c, float m, bool masked) {
-  float sum = 0.0f;
-  if (masked) {
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < c; ++j) {
-      const float e = s[j] == kNegInf ? 0.0f : detail::exp_f(s[j] - m);
-      s[j] = e;
-      sum += e;
-    }
+// s[j] = -inf where key j0 + j is not seen by the query at qpos (its position is later).
+inline void mask_row(float* s, int c, const int64_t* kpos, int64_t j0, int64_t qpos) {
+  if (kpos != nullptr) {
+    const int64_t* kp = kpos + j0;
+#pragma omp simd
+    for (int j = 0; j < c; ++j) s[j] = kp[j] <= qpos ? s[j] : kNegInf;
   } else {
+#pragma omp simd
+    for (int j = 0; j < c; ++j) s[j] = j0 + j <= qpos ? s[j] : kNegInf;
+  }
+}
+
+// s[j] = e^(s[j] - m); returns the sum.
+inline float exp_sum_row(float* s, int c, float m) {
+  float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < c; ++j) {
-      const float e = detail::exp_f(s[j] - m);
-      s[j] = e;
-      sum += e;
-    }
+  for (int j = 0; j < c; ++j) {
+    const float e = detail::exp_f(s[j] - m);
+    s[j] = e;
+    sum += e;
   }
   return sum;
 }
 
-// d[j] = keep(j) ? keep_scale : 0 for the keys j0 .. j0 + c of a query row (mask index base +
-// k_pos).
-inline void dropout_row(float* d, int c, const Plan& plan, uint64_t base, int64_t j0) {
+// The same where masked keys hold -inf: 0 for them.
+inline float exp_sum_row_masked(float* s, int c, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < c; ++j) {
+    const float e = s[j] == kNegInf ? 0.0f : detail::exp_f(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// The backward's probabilities: s[j] = e^(s[j] - lse) where key j0 + j is seen by the query at
+// qpos (all of them unless masked), 0 where not.
+inline void probabilities_row(float* s, int c, float lse, bool masked, const int64_t* kpos,
+                              int64_t j0, int64_t qpos) {
+  if (!masked) {
+#pragma omp simd
+    for (int j = 0; j < c; ++j) s[j] = detail::exp_f(s[j] - lse);
+  } else if (kpos != nullptr) {
+    const int64_t* kp = kpos + j0;
+#pragma omp simd
+    for (int j = 0; j < c; ++j) s[j] = kp[j] <= qpos ? detail::exp_f(s[j] - lse) : 0.0f;
+  } else {
+#pragma omp simd
+    for (int j = 0; j < c; ++j) s[j] = j0 + j <= qpos ? detail::exp_f(s[j] - lse) : 0.0f;
+  }
+}
+
+// d[j] = keep ? keep_scale : 0 for the keys j0 .. j0 + c of a query row (mask index base + k_pos).
+inline void dropout_factors(float* d, int c, const FlashPlan& plan, uint64_t base, int64_t j0) {
   for (int j = 0; j < c; ++j) {
     const uint64_t idx = base + static_cast<uint64_t>(plan.kp[j0 + j]);
     d[j] = philox_uniform(plan.seed, plan.stream, idx) > plan.p ? plan.keep_scale : 0.0f;
@@ -243,32 +329,35 @@ inline void dropout_row(float* d, int c, const Plan& plan, uint64_t base, int64_
 
 void flash_attention_forward(const FlashAttention& a, float* out, int64_t ldo, float* lse,
                              bool merge) {
-  const Plan plan = make_plan(a);
-  const int hs = plan.hs, NH = plan.NH, Tq = plan.Tq, Tk = plan.Tk, kt = plan.kt;
-  const int lq = checked_ld(a.ldq, int64_t{NH} * hs, "query");
-  const int lkv = checked_ld(a.ldkv, int64_t{plan.KV} * hs, "key/value");
-  const int lo = checked_ld(ldo, int64_t{NH} * hs, "output");
-  const int64_t pieces = int64_t{plan.B} * NH * plan.nqt;
-  // Piece (b, h, query tile), the tiles of a head from the last (the most keys, under the causal
-  // mask) to the first so that the shared counter hands out the long pieces first.
-  for_each_piece(pieces, plan, [&](int64_t piece, Scratch& sc) {
-    const int qt = plan.nqt - 1 - static_cast<int>(piece % plan.nqt);
-    const int64_t bh = piece / plan.nqt;
+  const FlashPlan plan = make_plan(a);
+  const int hs = plan.hs, NH = plan.NH, Tq = plan.Tq, Tk = plan.Tk;
+  checked_ld(a.ldq, int64_t{NH} * hs, "query");
+  checked_ld(a.ldkv, int64_t{plan.KV} * hs, "key/value");
+  checked_ld(ldo, int64_t{NH} * hs, "output");
+  // Piece (b, h, run of kQueryTilesPerPiece query tiles), the runs of a head from the last (the
+  // most keys, under the causal mask) to the first so that the shared counter hands out the long
+  // pieces first.
+  const int runs = (plan.nqt + kQueryTilesPerPiece - 1) / kQueryTilesPerPiece;
+  for_each_piece(int64_t{plan.B} * NH * runs, plan, [&](int64_t piece, TileScratch& sc) {
+    const int run = runs - 1 - static_cast<int>(piece % runs);
+    const int64_t bh = piece / runs;
     const int h = static_cast<int>(bh % NH), b = static_cast<int>(bh / NH);
     const int g = h / plan.G;
-    const int i0 = qt * kQueryTile, r = std::min(Tq, i0 + kQueryTile) - i0;
-    const float* q = a.q + (int64_t{b} * Tq + i0) * a.ldq + int64_t{h} * hs;
-    float* o = out + (int64_t{b} * Tq + i0) * ldo + int64_t{h} * hs;
-    float* lrow = lse + (int64_t{b} * NH + h) * Tq + i0;
+    const int qt0 = run * kQueryTilesPerPiece, qt1 = std::min(plan.nqt, qt0 + kQueryTilesPerPiece);
+    const int i0 = qt0 * kQueryTile, rows = std::min(Tq, qt1 * kQueryTile) - i0;
+    float* out0 = out + (int64_t{b} * Tq + i0) * ldo + int64_t{h} * hs;
+    float* lse0 = lse + (int64_t{b} * NH + h) * Tq + i0;
+    // The running state of row i: o[i] / l[i] is the output over the keys so far and
+    // m[i] + log l[i] its log-sum-exp; a merged partial result enters as m = lse, l = 1, o = out.
+    float* o = sc.acc1.data();  // [rows, hs]
     float* m = sc.m.data();
     float* l = sc.l.data();
-    // The running state (m, l, o): o / l is the output over the keys so far and m + log l its
-    // log-sum-exp; a merged partial result enters as m = lse, l = 1, o = out.
-    for (int i = 0; i < r; ++i) {
-      float* oi = o + int64_t{i} * ldo;
-      if (merge && lrow[i] != kNegInf) {
-        m[i] = lrow[i];
+    for (int i = 0; i < rows; ++i) {
+      float* oi = o + int64_t{i} * hs;
+      if (merge && lse0[i] != kNegInf) {
+        m[i] = lse0[i];
         l[i] = 1.0f;
+        std::copy(out0 + int64_t{i} * ldo, out0 + int64_t{i} * ldo + hs, oi);
       } else {
         m[i] = kNegInf;
         l[i] = 0.0f;
@@ -276,61 +365,125 @@ void flash_attention_forward(const FlashAttention& a, float* out, int64_t ldo, f
       }
       if (plan.dropping) sc.row[i] = plan.mask_row(b, h, plan.qp[i0 + i]);
     }
-    for (int kti = 0; kti < plan.nkt; ++kti) {
-      const Seen vis = seen(plan.causal, plan.qr[qt], plan.kr[kti]);
-      if (vis == Seen::None) continue;
-      const int j0 = kti * kt, c = std::min(Tk, j0 + kt) - j0;
-      const float* k = a.k + (int64_t{b} * Tk + j0) * a.ldkv + int64_t{g} * hs;
-      const float* v = a.v + (int64_t{b} * Tk + j0) * a.ldkv + int64_t{g} * hs;
-      float* s = sc.s.data();
-      // S[r, c] = scale * Q K^T
-      gemm(false, true, r, c, hs, plan.scale, q, lq, k, lkv, 0.0f, s, kt);
-      for (int i = 0; i < r; ++i) {
-        float* si = s + int64_t{i} * kt;
-        float mx;
-        if (vis == Seen::Some) {
-          mx = masked_row_max(si, c, a.k_pos, j0, plan.qp[i0 + i]);
-        } else {
-          mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-          for (int j = 0; j < c; ++j) mx = std::max(mx, si[j]);
-        }
-        if (mx == kNegInf) {  // the row sees none of these keys
-          std::fill(si, si + c, 0.0f);
-          continue;
-        }
-        const float m_new = std::max(m[i], mx);
-        const float sum = exp_row(si, c, m_new, vis == Seen::Some);
-        if (m_new != m[i]) {
-          const float alpha = m[i] == kNegInf ? 0.0f : detail::exp_f(m[i] - m_new);
-          float* oi = o + int64_t{i} * ldo;
-#pragma omp simd
-          for (int x = 0; x < hs; ++x) oi[x] *= alpha;
-          l[i] *= alpha;
-          m[i] = m_new;
-        }
-        l[i] += sum;
-        if (plan.dropping) {
-          float* d = sc.d.data();
-          dropout_row(d, c, plan, sc.row[i], j0);
-#pragma omp simd
-          for (int j = 0; j < c; ++j) si[j] *= d[j];
-        }
-      }
-      // O[r, hs] += P V
-      gemm(false, false, r, hs, c, 1.0f, s, kt, v, lkv, 1.0f, o, lo);
+    // Q^T of each query tile, packed: [hs, r] at qt + tile * hs * kQueryTile.
+    for (int qt = qt0; qt < qt1; ++qt) {
+      const int t0 = (qt - qt0) * kQueryTile, r = std::min(rows - t0, kQueryTile);
+      transpose(a.q + (int64_t{b} * Tq + i0 + t0) * a.ldq + int64_t{h} * hs, a.ldq, r, hs,
+                sc.qt.data() + int64_t{t0} * hs, r);
     }
-    for (int i = 0; i < r; ++i) {
-      float* oi = o + int64_t{i} * ldo;
+    for (int kti = 0; kti < plan.nkt; ++kti) {
+      bool any = false;
+      for (int qt = qt0; qt < qt1; ++qt) any = any || plan.seen(qt, kti) != PairSeen::None;
+      if (!any) continue;
+      const int j0 = kti * plan.kt, c = std::min(Tk, j0 + plan.kt) - j0;
+      const int64_t kv_row = int64_t{b} * Tk + j0;
+      // K^T [hs, c] and V [c, hs], packed.
+      transpose(a.k + kv_row * a.ldkv + int64_t{g} * hs, a.ldkv, c, hs, sc.kt.data(), c);
+      for (int j = 0; j < c; ++j)
+        std::copy(a.v + (kv_row + j) * a.ldkv + int64_t{g} * hs,
+                  a.v + (kv_row + j) * a.ldkv + int64_t{g} * hs + hs, sc.kc.data() + j * hs);
+      for (int qt = qt0; qt < qt1; ++qt) {
+        const PairSeen vis = plan.seen(qt, kti);
+        if (vis == PairSeen::None) continue;
+        const int t0 = (qt - qt0) * kQueryTile;  // the tile's first row in the piece
+        const int r = std::min(rows - t0, kQueryTile);
+        // The tile in columns: S^T[c, r] = scale * K Q^T, so that the softmax over the keys of a
+        // query runs down a column (vertical maxima and sums, no reductions across a vector).
+        float* st = sc.s.data();
+        gemm(true, false, c, r, hs, plan.scale, sc.kt.data(), c, sc.qt.data() + int64_t{t0} * hs, r,
+             0.0f, st, r);
+        float* mt = m + t0;
+        float* lt = l + t0;
+        float* cmax = sc.cmax.data();
+        float* csum = sc.csum.data();
+        float* alpha = sc.alpha.data();
+        std::fill(cmax, cmax + r, kNegInf);
+        if (vis == PairSeen::Some) {
+          int64_t* qp = sc.qpos.data();
+          for (int i = 0; i < r; ++i) qp[i] = plan.qp[i0 + t0 + i];
+          for (int j = 0; j < c; ++j) {
+            float* sj = st + int64_t{j} * r;
+            const int64_t kp = plan.kp[j0 + j];
+#pragma omp simd
+            for (int i = 0; i < r; ++i) {
+              const float x = kp <= qp[i] ? sj[i] : kNegInf;
+              sj[i] = x;
+              cmax[i] = cmax[i] > x ? cmax[i] : x;
+            }
+          }
+        } else {
+          for (int j = 0; j < c; ++j) {
+            const float* sj = st + int64_t{j} * r;
+#pragma omp simd
+            for (int i = 0; i < r; ++i) cmax[i] = cmax[i] > sj[i] ? cmax[i] : sj[i];
+          }
+        }
+        // New maxima; alpha rescales what was summed under the old one (1 where it holds).
+        for (int i = 0; i < r; ++i) {
+          const float mn = std::max(mt[i], cmax[i]);
+          alpha[i] = mn == mt[i] ? 1.0f : mt[i] == kNegInf ? 0.0f : detail::exp_f(mt[i] - mn);
+          mt[i] = mn;
+          csum[i] = 0.0f;
+        }
+        // P^T = e^(S^T - m) (0 where not seen: -inf, also where a column has seen no key yet)
+        if (vis == PairSeen::Some) {
+          for (int j = 0; j < c; ++j) {
+            float* sj = st + int64_t{j} * r;
+#pragma omp simd
+            for (int i = 0; i < r; ++i) {
+              const float e = sj[i] == kNegInf ? 0.0f : detail::exp_f(sj[i] - mt[i]);
+              sj[i] = e;
+              csum[i] += e;
+            }
+          }
+        } else {
+          for (int j = 0; j < c; ++j) {
+            float* sj = st + int64_t{j} * r;
+#pragma omp simd
+            for (int i = 0; i < r; ++i) {
+              const float e = detail::exp_f(sj[i] - mt[i]);
+              sj[i] = e;
+              csum[i] += e;
+            }
+          }
+        }
+        float* ot = o + int64_t{t0} * hs;
+        for (int i = 0; i < r; ++i) {
+          lt[i] = lt[i] * alpha[i] + csum[i];
+          if (alpha[i] != 1.0f) {
+            float* oi = ot + int64_t{i} * hs;
+#pragma omp simd
+            for (int x = 0; x < hs; ++x) oi[x] *= alpha[i];
+          }
+        }
+        if (plan.dropping) {
+          const uint64_t* rows_idx = sc.row.data() + t0;
+          for (int j = 0; j < c; ++j) {
+            float* sj = st + int64_t{j} * r;
+            const uint64_t kp = static_cast<uint64_t>(plan.kp[j0 + j]);
+            for (int i = 0; i < r; ++i)
+              if (philox_uniform(plan.seed, plan.stream, rows_idx[i] + kp) > plan.p)
+                sj[i] *= plan.keep_scale;
+              else
+                sj[i] = 0.0f;
+          }
+        }
+        // O[r, hs] += P V (P^T is the tile held)
+        gemm(true, false, r, hs, c, 1.0f, st, r, sc.kc.data(), hs, 1.0f, ot, hs);
+      }
+    }
+    for (int i = 0; i < rows; ++i) {
+      const float* oi = o + int64_t{i} * hs;
+      float* dst = out0 + int64_t{i} * ldo;
       if (l[i] == 0.0f) {
-        std::fill(oi, oi + hs, 0.0f);
-        lrow[i] = kNegInf;
+        std::fill(dst, dst + hs, 0.0f);
+        lse0[i] = kNegInf;
         continue;
       }
       const float inv = 1.0f / l[i];
 #pragma omp simd
-      for (int x = 0; x < hs; ++x) oi[x] *= inv;
-      lrow[i] = m[i] + std::log(l[i]);
+      for (int x = 0; x < hs; ++x) dst[x] = oi[x] * inv;
+      lse0[i] = m[i] + std::log(l[i]);
     }
   });
 }
@@ -356,87 +509,118 @@ void flash_attention_delta(float* delta, const float* out, int64_t ldo, const fl
 void flash_attention_backward(const FlashAttention& a, const float* dout, int64_t lddo,
                               const float* lse, const float* delta, float* dq, int64_t lddq,
                               float* dk, float* dv, int64_t lddkv) {
-  const Plan plan = make_plan(a);
+  const FlashPlan plan = make_plan(a);
   const int hs = plan.hs, NH = plan.NH, Tq = plan.Tq, Tk = plan.Tk, kt = plan.kt;
-  const int lq = checked_ld(a.ldq, int64_t{NH} * hs, "query");
-  const int lkv = checked_ld(a.ldkv, int64_t{plan.KV} * hs, "key/value");
-  const int ldo = checked_ld(lddo, int64_t{NH} * hs, "output gradient");
-  const int ldq = checked_ld(lddq, int64_t{NH} * hs, "query gradient");
-  const int ldkv = checked_ld(lddkv, int64_t{plan.KV} * hs, "key/value gradient");
+  checked_ld(a.ldq, int64_t{NH} * hs, "query");
+  checked_ld(a.ldkv, int64_t{plan.KV} * hs, "key/value");
+  checked_ld(lddo, int64_t{NH} * hs, "output gradient");
+  checked_ld(lddq, int64_t{NH} * hs, "query gradient");
+  checked_ld(lddkv, int64_t{plan.KV} * hs, "key/value gradient");
+  const int64_t tile = int64_t{kt} * hs;
   // Piece (b, key/value head g) with all of g's query heads: the only writer of its dK, dV and of
-  // its query heads' dQ. Within it: key tiles, then query heads, then query tiles (dK, dV of the
-  // key tile stay in cache; dQ of a query tile sums the key tiles in order).
-  for_each_piece(int64_t{plan.B} * plan.KV, plan, [&](int64_t piece, Scratch& sc) {
+  // its query heads' dQ. Within it: blocks of kKeyTilesPerBlock key tiles, then query heads, then
+  // query tiles, then the block's key tiles. A block's K^T, V^T and K are packed once and its
+  // dK^T, dV^T summed in tiles, added to dk, dv at the end of the block; a query tile's Q and dO
+  // are packed once a block and its dQ summed over the block's key tiles, then added to dq. The
+  // scratch of a block stays in L2 while the query side streams past it once a block.
+  const int blocks = (plan.nkt + kKeyTilesPerBlock - 1) / kKeyTilesPerBlock;
+  for_each_piece(int64_t{plan.B} * plan.KV, plan, [&](int64_t piece, TileScratch& sc) {
     const int g = static_cast<int>(piece % plan.KV), b = static_cast<int>(piece / plan.KV);
-    for (int kti = 0; kti < plan.nkt; ++kti) {
-      const int j0 = kti * kt, c = std::min(Tk, j0 + kt) - j0;
-      const int64_t kv_off = (int64_t{b} * Tk + j0);
-      const float* k = a.k + kv_off * a.ldkv + int64_t{g} * hs;
-      const float* v = a.v + kv_off * a.ldkv + int64_t{g} * hs;
-      float* dkt = dk + kv_off * lddkv + int64_t{g} * hs;
-      float* dvt = dv + kv_off * lddkv + int64_t{g} * hs;
+    for (int kb = 0; kb < blocks; ++kb) {
+      const int kt0 = kb * kKeyTilesPerBlock, kt1 = std::min(plan.nkt, kt0 + kKeyTilesPerBlock);
+      bool any = false;
+      for (int qt = 0; qt < plan.nqt && !any; ++qt)
+        for (int kti = kt0; kti < kt1 && !any; ++kti) any = plan.seen(qt, kti) != PairSeen::None;
+      if (!any) continue;
+      // Packed per key tile n of the block: K^T and V^T [hs, c], K [c, hs]; dK^T, dV^T [hs, c].
+      for (int kti = kt0; kti < kt1; ++kti) {
+        const int j0 = kti * kt, c = std::min(Tk, j0 + kt) - j0;
+        const int64_t n = kti - kt0, kv_row = int64_t{b} * Tk + j0;
+        const float* k = a.k + kv_row * a.ldkv + int64_t{g} * hs;
+        transpose(k, a.ldkv, c, hs, sc.kt.data() + n * tile, c);
+        transpose(a.v + kv_row * a.ldkv + int64_t{g} * hs, a.ldkv, c, hs, sc.vt.data() + n * tile,
+                  c);
+        copy_rows(sc.kc.data() + n * tile, k, a.ldkv, c, hs);
+        std::fill(sc.acc1.data() + n * tile, sc.acc1.data() + (n + 1) * tile, 0.0f);
+        std::fill(sc.acc2.data() + n * tile, sc.acc2.data() + (n + 1) * tile, 0.0f);
+      }
       for (int h = g * plan.G; h < (g + 1) * plan.G; ++h) {
         const float* lrow = lse + (int64_t{b} * NH + h) * Tq;
         const float* drow = delta + (int64_t{b} * NH + h) * Tq;
         for (int qt = 0; qt < plan.nqt; ++qt) {
-          const Seen vis = seen(plan.causal, plan.qr[qt], plan.kr[kti]);
-          if (vis == Seen::None) continue;
+          bool seen_any = false;
+          for (int kti = kt0; kti < kt1 && !seen_any; ++kti)
+            seen_any = plan.seen(qt, kti) != PairSeen::None;
+          if (!seen_any) continue;
           const int i0 = qt * kQueryTile, r = std::min(Tq, i0 + kQueryTile) - i0;
-          const int64_t q_off = int64_t{b} * Tq + i0;
-          const float* q = a.q + q_off * a.ldq + int64_t{h} * hs;
-          const float* go = dout + q_off * lddo + int64_t{h} * hs;
-          float* dqt = dq + q_off * lddq + int64_t{h} * hs;
-          float* s = sc.s.data();   // S, then P
-          float* pd = sc.p.data();  // P with dropout
-          float* dp = sc.d.data();  // dP, then dS
-          // S[r, c] = scale * Q K^T, then P = e^(S - lse) (0 where not seen)
-          gemm(false, true, r, c, hs, plan.scale, q, lq, k, lkv, 0.0f, s, kt);
-          for (int i = 0; i < r; ++i) {
-            float* si = s + int64_t{i} * kt;
-            const float li = lrow[i0 + i];
-            if (li == kNegInf) {
-              std::fill(si, si + c, 0.0f);
-              continue;
-            }
-            if (vis == Seen::Some) masked_row_max(si, c, a.k_pos, j0, plan.qp[i0 + i]);
-            exp_row(si, c, li, vis == Seen::Some);
-          }
-          if (plan.dropping) {
-            // pd = the mask factors (keep_scale or 0), drawn at the global coordinates
-            for (int i = 0; i < r; ++i) {
-              float* pi = pd + int64_t{i} * kt;
-              dropout_row(pi, c, plan, plan.mask_row(b, h, plan.qp[i0 + i]), j0);
-            }
-          }
-          // dP[r, c] = dO V^T
-          gemm(false, true, r, c, hs, 1.0f, go, ldo, v, lkv, 0.0f, dp, kt);
-          if (plan.dropping) {
-            // pd holds the mask factors: dP *= mask, then pd = P * mask.
-            for (int i = 0; i < r; ++i) {
-              float* pi = pd + int64_t{i} * kt;
-              float* di = dp + int64_t{i} * kt;
-              const float* si = s + int64_t{i} * kt;
+          const int64_t q_row = int64_t{b} * Tq + i0;
+          float* q = sc.qt.data();                     // Q [r, hs]
+          float* go = q + int64_t{kQueryTile} * hs;    // dO [r, hs]
+          float* dqa = go + int64_t{kQueryTile} * hs;  // dQ [r, hs] of this block's keys
+          copy_rows(q, a.q + q_row * a.ldq + int64_t{h} * hs, a.ldq, r, hs);
+          copy_rows(go, dout + q_row * lddo + int64_t{h} * hs, lddo, r, hs);
+          std::fill(dqa, dqa + int64_t{r} * hs, 0.0f);
+          for (int kti = kt0; kti < kt1; ++kti) {
+            const PairSeen vis = plan.seen(qt, kti);
+            if (vis == PairSeen::None) continue;
+            const int j0 = kti * kt, c = std::min(Tk, j0 + kt) - j0;
+            const int64_t n = kti - kt0;
+            float* s = sc.s.data();    // S, then P
+            float* dp = sc.d.data();   // dP, then dS
+            float* pd = sc.pd.data();  // the dropout factors, then P with dropout
+            // S[r, c] = scale * Q K^T, then P = e^(S - lse) (0 where not seen)
+            gemm(false, false, r, c, hs, plan.scale, q, hs, sc.kt.data() + n * tile, c, 0.0f, s, c);
+            for (int i = 0; i < r; ++i)
+              probabilities_row(s + int64_t{i} * c, c, lrow[i0 + i], vis == PairSeen::Some, a.k_pos,
+                                j0, plan.qp[i0 + i]);
+            // dP[r, c] = dO V^T
+            gemm(false, false, r, c, hs, 1.0f, go, hs, sc.vt.data() + n * tile, c, 0.0f, dp, c);
+            if (plan.dropping) {
+              // dP of the dropped probabilities times the mask factors; pd = P * factors.
+              for (int i = 0; i < r; ++i) {
+                float* pi = pd + int64_t{i} * c;
+                float* di = dp + int64_t{i} * c;
+                const float* si = s + int64_t{i} * c;
+                dropout_factors(pi, c, plan, plan.mask_row(b, h, plan.qp[i0 + i]), j0);
 #pragma omp simd
-              for (int j = 0; j < c; ++j) {
-                di[j] *= pi[j];
-                pi[j] *= si[j];
+                for (int j = 0; j < c; ++j) {
+                  di[j] *= pi[j];
+                  pi[j] *= si[j];
+                }
               }
             }
-          }
-          // dV[c, hs] += Pd^T dO
-          gemm(true, false, c, hs, r, 1.0f, plan.dropping ? pd : s, kt, go, ldo, 1.0f, dvt, ldkv);
-          // dS = P * (dP - delta)
-          for (int i = 0; i < r; ++i) {
-            float* di = dp + int64_t{i} * kt;
-            const float* si = s + int64_t{i} * kt;
-            const float de = drow[i0 + i];
+            // dV^T[hs, c] += dO^T Pd
+            gemm(true, false, hs, c, r, 1.0f, go, hs, plan.dropping ? pd : s, c, 1.0f,
+                 sc.acc2.data() + n * tile, c);
+            // dS = P * (dP - delta)
+            for (int i = 0; i < r; ++i) {
+              float* di = dp + int64_t{i} * c;
+              const float* si = s + int64_t{i} * c;
+              const float de = drow[i0 + i];
 #pragma omp simd
-            for (int j = 0; j < c; ++j) di[j] = si[j] * (di[j] - de);
+              for (int j = 0; j < c; ++j) di[j] = si[j] * (di[j] - de);
+            }
+            // dK^T[hs, c] += scale * Q^T dS; dQ[r, hs] += scale * dS K
+            gemm(true, false, hs, c, r, plan.scale, q, hs, dp, c, 1.0f, sc.acc1.data() + n * tile,
+                 c);
+            gemm(false, false, r, hs, c, plan.scale, dp, c, sc.kc.data() + n * tile, hs, 1.0f, dqa,
+                 hs);
           }
-          // dQ[r, hs] += scale * dS K; dK[c, hs] += scale * dS^T Q
-          gemm(false, false, r, hs, c, plan.scale, dp, kt, k, lkv, 1.0f, dqt, ldq);
-          gemm(true, false, c, hs, r, plan.scale, dp, kt, q, lq, 1.0f, dkt, ldkv);
+          for (int i = 0; i < r; ++i) {
+            float* d = dq + (q_row + i) * lddq + int64_t{h} * hs;
+            const float* x = dqa + int64_t{i} * hs;
+#pragma omp simd
+            for (int e = 0; e < hs; ++e) d[e] += x[e];
+          }
         }
+      }
+      for (int kti = kt0; kti < kt1; ++kti) {
+        const int j0 = kti * kt, c = std::min(Tk, j0 + kt) - j0;
+        const int64_t n = kti - kt0, kv_row = int64_t{b} * Tk + j0;
+        add_transposed(sc.acc1.data() + n * tile, c, c, hs, dk + kv_row * lddkv + int64_t{g} * hs,
+                       lddkv, sc.pd.data());
+        add_transposed(sc.acc2.data() + n * tile, c, c, hs, dv + kv_row * lddkv + int64_t{g} * hs,
+                       lddkv, sc.pd.data());
       }
     }
   });
