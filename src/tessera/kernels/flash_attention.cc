@@ -36,10 +36,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Query rows per tile, and query tiles per forward piece (a piece packs each key tile once for
 // all of its query tiles).
 constexpr int kQueryTile = 64;
-constexpr int kQueryTilesPerPiece = 4;
-// Key tiles per block of the backward (packed together, with their dK and dV sums: ~300 KB a
+constexpr int kQueryTilesPerPiece = 8;
+// Key tiles per block of the backward (packed together, with their dK and dV sums: 640 KB a
 // thread at head size 64, which stay in L2 while the query tiles stream past once a block).
-constexpr int kKeyTilesPerBlock = 4;
+constexpr int kKeyTilesPerBlock = 8;
 // OpenBLAS (0.3.21, interface/gemm.c) runs a GEMM with M * N * K <= 65536 * 4 on the calling
 // thread, whatever openblas_set_num_threads says; above it, on its thread pool (and, at these
 // sizes, through its slower general path). The tiles keep every tile GEMM (query tile x key tile x
@@ -156,8 +156,8 @@ FlashPlan make_plan(const FlashAttention& a) {
   return p;
 }
 
-// A thread's tiles: std::vector, outside the allocator's accounting (about 200 KB a thread at
-// head size 64, freed when the call returns).
+// A thread's tiles: std::vector, outside the allocator's accounting (under 1 MB a thread at head
+// size 64, sized to stay in L2; allocated by each call and freed when it returns).
 struct TileScratch {
   std::vector<float> kt, vt, kc;  // packed key and value tiles: [hs, kt] transposed, [kt, hs]
   std::vector<float> s, d, pd;    // [kQueryTile, kt]: scores or P, dP or dS, dropped P or mask
@@ -379,9 +379,7 @@ void flash_attention_forward(const FlashAttention& a, float* out, int64_t ldo, f
       const int64_t kv_row = int64_t{b} * Tk + j0;
       // K^T [hs, c] and V [c, hs], packed.
       transpose(a.k + kv_row * a.ldkv + int64_t{g} * hs, a.ldkv, c, hs, sc.kt.data(), c);
-      for (int j = 0; j < c; ++j)
-        std::copy(a.v + (kv_row + j) * a.ldkv + int64_t{g} * hs,
-                  a.v + (kv_row + j) * a.ldkv + int64_t{g} * hs + hs, sc.kc.data() + j * hs);
+      copy_rows(sc.kc.data(), a.v + kv_row * a.ldkv + int64_t{g} * hs, a.ldkv, c, hs);
       for (int qt = qt0; qt < qt1; ++qt) {
         const PairSeen vis = plan.seen(qt, kti);
         if (vis == PairSeen::None) continue;
