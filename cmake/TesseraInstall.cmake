@@ -22,6 +22,7 @@ set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
     activations.h attention.h attention_branch.h block.h block_workspace.h context_parallel.h
+    context_parallel_attention.h
     embedding.h gelu_mlp.h
     gpt.h gpt_config.h gpt_costs.h head.h linear.h mlp.h moe.h moe_exchange.h moe_experts.h
     moe_mlp.h moe_router.h parameters.h rotary_attention.h stage_model.h swiglu_mlp.h

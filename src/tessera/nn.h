@@ -9,6 +9,7 @@
 #include "tessera/nn/block.h"
 #include "tessera/nn/block_workspace.h"
 #include "tessera/nn/context_parallel.h"
+#include "tessera/nn/context_parallel_attention.h"
 #include "tessera/nn/embedding.h"
 #include "tessera/nn/gelu_mlp.h"
 #include "tessera/nn/gpt.h"

@@ -15,8 +15,8 @@ namespace tessera::nn {
 namespace k = tessera::kernels;
 
 Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-                     Recompute recompute, bool bf16_gemm_inputs)
-    : AttentionBranch(recompute), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
+                     const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs)
+    : AttentionBranch(recompute, context), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
   TESSERA_CHECK_AS(ConfigError, cfg.n_head % t == 0, "the tensor-parallel size ", t,
@@ -53,6 +53,7 @@ Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const Te
   core_.block_size = cfg.block_size;
   core_.bf16_gemm_inputs = bf16_gemm_inputs;
   core_.prefix = h;
+  check_context_heads(context.comm, context.size(), core_.heads);  // Ulysses' rule
 }
 
 void Attention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
@@ -86,9 +87,7 @@ void Attention::run_forward(const BlockPass& mb, const float* x, float* y, Atten
   core_forward(mb, r.qkv.f32(), r.atty.f32(), r.lse.f32());
   const BranchDropout drop = branch_dropout(mb, tp, site_resid_drop_, r.mask);
   if (y == nullptr) {  // recomputing an attention half: the mask is what the backward needs
-    if (drop.p > 0.0f)
-      k::dropout_mask_rows(drop.mask, R, static_cast<int>(C), drop.p, drop.seed, drop.stream,
-                           drop.first_row);
+    drop.draw_mask(R, static_cast<int>(C));
     return;
   }
   row_linear(tp, ps_, c_proj_, y, kept(r.atty), x, drop);

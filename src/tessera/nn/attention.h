@@ -36,7 +36,7 @@ namespace tessera::nn {
 class Attention final : public AttentionBranch {
  public:
   Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-            Recompute recompute, bool bf16_gemm_inputs);
+            const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs);
 
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   // What a zero-bubble BI keeps for W of a micro-batch of `tokens` tokens (`alloc` null: the

@@ -7,6 +7,7 @@
 #include "tessera/core/philox.h"
 #include "tessera/kernels/flash_attention.h"
 #include "tessera/kernels/parallel_rows.h"
+#include "tessera/nn/context_parallel_attention.h"
 
 namespace tessera::nn {
 
@@ -63,8 +64,23 @@ void AttentionBranch::reserve(BlockWorkspace& ws, int max_batch, Allocator& allo
   allocate_core(*ws.attention, max_batch, alloc, nullptr);
 }
 
+ContextAttention AttentionBranch::context_call(const BlockPass& mb) const {
+  ContextAttention a;
+  a.cp = &context_;
+  a.B = mb.B, a.T = mb.T, a.seq_len = mb.seq_len, a.positions = mb.positions;
+  a.heads = core_.heads;
+  a.head_offset = core_.head_offset, a.n_head = core_.n_head;
+  if (mb.p > 0.0f)
+    a.drop = k::AttentionDropout{
+        mb.p, mb.seed, mix_stream(mb.step, core_.drop_site), mb.first_sample, 0, 0, 0};
+  a.label = core_.prefix;
+  return a;
+}
+
 void AttentionBranch::core_forward(const BlockPass& mb, const float* qkv, float* atty,
                                    float* lse) const {
+  if (mb.split() && context_.size() > 1)
+    return context_attention_forward(context_call(mb), qkv, atty, lse);
   const k::FlashAttention a =
       flash_call(mb, qkv, core_.heads, core_.head_offset, core_.n_head, core_.drop_site);
   k::flash_attention_forward(a, atty, atty_width(), lse);
@@ -72,6 +88,9 @@ void AttentionBranch::core_forward(const BlockPass& mb, const float* qkv, float*
 
 void AttentionBranch::core_backward(const BlockPass& mb, const AttentionRecord& r,
                                     const float* datty, float* dqkv, BlockWorkspace& ws) const {
+  if (mb.split() && context_.size() > 1)
+    return context_attention_backward(context_call(mb), r.qkv.f32(), r.atty.f32(), r.lse.f32(),
+                                      datty, dqkv);
   const k::AttentionHeads& h = core_.heads;
   const k::FlashAttention a =
       flash_call(mb, r.qkv.f32(), h, core_.head_offset, core_.n_head, core_.drop_site);

@@ -14,7 +14,10 @@
 //
 // The attention core is the fused kernel (kernels/flash_attention.h) for both kinds, run here
 // (core_forward, core_backward): no [B, heads, T, T] tensor is held, only each query row's
-// log-sum-exp, from which the backward recomputes the probabilities tile by tile.
+// log-sum-exp, from which the backward recomputes the probabilities tile by tile. A micro-batch
+// whose sequences are split over the context-parallel group (BlockPass::split) runs it as the
+// context-parallel attention instead (nn/context_parallel_attention.h: all-gather, ring or
+// Ulysses), the only exchange between the cp ranks of a block's attention.
 #pragma once
 
 #include <memory>
@@ -26,6 +29,8 @@
 #include "tessera/kernels/attention.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/block_workspace.h"
+#include "tessera/nn/context_parallel.h"
+#include "tessera/nn/context_parallel_attention.h"
 #include "tessera/nn/gpt_config.h"
 
 namespace tessera::nn {
@@ -87,7 +92,8 @@ class AttentionBranch {
   int heads_local() const { return core_.heads.q; }
 
  protected:
-  explicit AttentionBranch(Recompute recompute) : recompute_(recompute) {}
+  AttentionBranch(Recompute recompute, const ContextSplit& context)
+      : recompute_(recompute), context_(context) {}
   // The record's tensors other than the core's output (the norm's output and statistics, qkv, a
   // mask): `gemm_inputs` the dtype of those only GEMMs read again.
   virtual void allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
@@ -120,12 +126,17 @@ class AttentionBranch {
   // datty[tokens, q * size]; ws.delta is its scratch.
   void core_backward(const BlockPass& mb, const AttentionRecord& r, const float* datty, float* dqkv,
                      BlockWorkspace& ws) const;
+  // The context-parallel core's call for a split micro-batch.
+  ContextAttention context_call(const BlockPass& mb) const;
   // The width of this rank's atty (heads x head size).
   int64_t atty_width() const { return int64_t{core_.heads.q} * core_.heads.size; }
   // The record's zero-bubble copies for a micro-batch of mb's size (made on first use).
   AttentionRecord::Deferred& deferred_for(const BlockPass& mb, AttentionRecord& r) const;
 
   Recompute recompute_;
+  // The group a split micro-batch's sequences are split over: the core then runs as
+  // nn/context_parallel_attention.h (its comm says how).
+  ContextSplit context_;
   Core core_;
 
  private:

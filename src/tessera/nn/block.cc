@@ -1,5 +1,6 @@
 #include "tessera/nn/block.h"
 
+#include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/nn/attention.h"
 #include "tessera/nn/gelu_mlp.h"
@@ -15,6 +16,8 @@ BlockPass block_pass(const StepContext& ctx, const Batch& b, float dropout) {
   p.B = b.B;
   p.T = b.T;
   p.first_sample = b.first_sample;
+  p.seq_len = b.length();
+  p.positions = b.positions;
   p.p = ctx.training ? dropout : 0.0f;
   p.seed = ctx.seed;
   p.step = ctx.step;
@@ -29,23 +32,44 @@ BlockWorkspace::BlockWorkspace(BlockWorkspace&&) noexcept = default;
 BlockWorkspace& BlockWorkspace::operator=(BlockWorkspace&&) noexcept = default;
 
 Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+             ExpertSplit expert_split, ContextSplit context, Recompute recompute,
+             ParameterSet* experts, BlockPart part, bool bf16_gemm_inputs)
+    : Block(ps, cfg, layer, split, expert_split, &context, nullptr, recompute, experts, part,
+            bf16_gemm_inputs) {}
+
+Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
              ExpertSplit expert_split, Recompute recompute, ParameterSet* experts, BlockPart part,
              bool bf16_gemm_inputs)
-    : cfg_(cfg), layer_(layer), part_(part), split_(split), recompute_(recompute) {
+    : Block(ps, cfg, layer, split, expert_split, nullptr, comm::one_rank(), recompute, experts,
+            part, bf16_gemm_inputs) {}
+
+Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
+             ExpertSplit expert_split, const ContextSplit* context_split,
+             std::unique_ptr<comm::Communicator> own_context, Recompute recompute,
+             ParameterSet* experts, BlockPart part, bool bf16_gemm_inputs)
+    : own_context_(std::move(own_context)),
+      cfg_(cfg),
+      layer_(layer),
+      part_(part),
+      split_(split),
+      recompute_(recompute) {
+  const ContextSplit context = context_split ? *context_split : ContextSplit(*own_context_);
   if (part != BlockPart::Mlp) {
     if (cfg.llama())
-      attention_ =
-          std::make_unique<RotaryAttention>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+      attention_ = std::make_unique<RotaryAttention>(ps, cfg, layer, split, context, recompute,
+                                                     bf16_gemm_inputs);
     else
-      attention_ = std::make_unique<Attention>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+      attention_ =
+          std::make_unique<Attention>(ps, cfg, layer, split, context, recompute, bf16_gemm_inputs);
   }
   if (part == BlockPart::Attention) return;
   // The MoE's experts read fp32 inputs (their GEMM-only inputs are not kept in bf16).
   ParameterSet& eps = experts ? *experts : ps;
   if (cfg.moe.is_moe_layer(layer) && cfg.llama())
-    mlp_ = std::make_unique<SwigluMoeMlp>(ps, eps, cfg, layer, split, expert_split, recompute);
+    mlp_ = std::make_unique<SwigluMoeMlp>(ps, eps, cfg, layer, split, expert_split, context,
+                                          recompute);
   else if (cfg.moe.is_moe_layer(layer))
-    mlp_ = std::make_unique<MoeMlp>(ps, eps, cfg, layer, split, expert_split, recompute);
+    mlp_ = std::make_unique<MoeMlp>(ps, eps, cfg, layer, split, expert_split, context, recompute);
   else if (cfg.llama())
     mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
   else

@@ -11,6 +11,7 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/row_map.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/moe.h"
 
@@ -21,11 +22,19 @@ namespace tessera::nn {
 struct BlockPass {
   int B = 0, T = 0;
   int64_t first_sample = 0;
+  // Context parallelism (Batch): the T rows of each sequence are this rank's share, at `positions`,
+  // of sequences of seq_len tokens split over the model's cp group (positions null: whole
+  // sequences). positions must stay valid until the micro-batch's backward.
+  int64_t seq_len = 0;
+  const int64_t* positions = nullptr;
   float p = 0.0f;  // the dropout probability in effect (0 outside training)
   uint64_t seed = 0, step = 0;
   float loss_scale = 0.0f;  // weighs the MoE auxiliary losses
   bool training = false;    // MoE statistics are counted in training forwards
   int64_t tokens() const { return static_cast<int64_t>(B) * T; }
+  bool split() const { return positions != nullptr; }
+  // Where its rows lie in the step's global batch (dropout coordinates, positions).
+  kernels::RowMap row_map() const { return {first_sample, T, seq_len, positions}; }
 };
 BlockPass block_pass(const StepContext& ctx, const Batch& b, float dropout);
 

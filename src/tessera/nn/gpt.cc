@@ -16,16 +16,29 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
 
 GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
          std::unique_ptr<comm::Communicator> one_rank)
-    : GPT(cfg, max_batch, alloc, layout, *one_rank, *one_rank) {
+    : GPT(cfg, max_batch, alloc, layout, *one_rank, *one_rank, *one_rank) {
   one_rank_ = std::move(one_rank);
 }
 
 GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
          comm::Communicator& tensor_group, comm::Communicator& expert_group)
+    : GPT(cfg, max_batch, alloc, layout, tensor_group, expert_group, comm::one_rank()) {}
+
+GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+         comm::Communicator& tensor_group, comm::Communicator& expert_group,
+         std::unique_ptr<comm::Communicator> own_context)
+    : GPT(cfg, max_batch, alloc, layout, tensor_group, expert_group, *own_context) {
+  own_context_ = std::move(own_context);
+}
+
+GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+         comm::Communicator& tensor_group, comm::Communicator& expert_group,
+         comm::Communicator& context_group)
     : cfg_(cfg),
       layout_(layout),
       tp_(tensor_group, layout.sequence_parallel, layout.activation_wire),
       ep_(expert_group),
+      cp_(context_group, layout.cp_comm),
       max_batch_(max_batch),
       alloc_(alloc) {
   validate(cfg_);
@@ -77,7 +90,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     if (l == first_block_ && layout.starts_mid_block) part = BlockPart::Mlp;
     if (l == last_block && layout.ends_mid_block) part = BlockPart::Attention;
     blocks_.emplace_back(
-        params_, cfg_, l, tp, ep_, layout.recompute, &expert_params_, part,
+        params_, cfg_, l, tp, ep_, cp_, layout.recompute, &expert_params_, part,
         layout.bf16_gemm_inputs && layout.gemm.precision == kernels::Precision::BF16);
     end_unit();
   }
@@ -181,8 +194,18 @@ std::unique_ptr<StageRecord> GPT::make_record() {
 void GPT::check_batch(const Batch& b) const {
   TESSERA_CHECK_AS(ShapeError, b.B > 0 && b.B <= max_batch_, "batch size B=", b.B,
                    " must be in [1, ", max_batch_, "] (the model's max_batch)");
-  TESSERA_CHECK_AS(ShapeError, b.T > 0 && b.T <= cfg_.block_size, "sequence length T=", b.T,
-                   " must be in [1, ", cfg_.block_size, "] (block_size)");
+  TESSERA_CHECK_AS(ShapeError, b.T > 0 && b.length() <= cfg_.block_size,
+                   "sequence length T=", b.length(), " must be in [1, ", cfg_.block_size,
+                   "] (block_size)");
+  // Context parallelism: this rank's share of sequences split over the model's cp group.
+  TESSERA_CHECK_AS(
+      ShapeError,
+      b.split() ? cp_.size() > 1 && b.length() == int64_t{b.T} * cp_.size() : b.length() == b.T,
+      "a batch of ", b.T, " rows of each sequence of ", b.length(), " tokens",
+      b.split() ? " (split)" : " (whole, no positions)",
+      " does not fit a model whose context-parallel group has ", cp_.size(),
+      " ranks: a split batch holds length / cp rows of each sequence at their "
+      "positions, a whole one every row");
   TESSERA_CHECK_AS(ShapeError, !has_embedding() || b.tokens != nullptr, "batch has no tokens");
   const int V = cfg_.vocab_size;
   for (int i = 0; i < b.B * b.T; ++i) {

@@ -34,6 +34,7 @@
 #include "tessera/kernels/precision.h"
 #include "tessera/nn/activations.h"
 #include "tessera/nn/block.h"
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/embedding.h"
 #include "tessera/nn/gpt_config.h"
 #include "tessera/nn/head.h"
@@ -66,6 +67,9 @@ struct GPTLayout {
   // tensor-parallel activations and their gradients travel in (F32 or BF16, nn/tensor_parallel.h).
   bool sequence_parallel = false;
   DType activation_wire = DType::F32;
+  // How the attention of a micro-batch split over the context-parallel group meets the rest of
+  // each sequence (nn/context_parallel_attention.h).
+  CpComm cp_comm = CpComm::AllGather;
   // The unit alignment of the expert parameter set (16 x the expert-data-parallel size under
   // ZeRO).
   int64_t expert_unit_alignment = 16;
@@ -183,7 +187,11 @@ class GPT : public StageModel {
   // Validates cfg and the layout, registers and materialises this stage's parameters (zero until
   // initialize()), and allocates the shared workspace for (max_batch, block_size). The blocks'
   // heads, MLP columns and the vocabulary are split over `tensor_group`, the MoE blocks' experts
-  // over `expert_group` (size-1 groups: not split).
+  // over `expert_group`, and a split micro-batch's sequences (Batch::positions) over
+  // `context_group` (size-1 groups: not split; without a context group, whole sequences only).
+  GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+      comm::Communicator& tensor_group, comm::Communicator& expert_group,
+      comm::Communicator& context_group);
   GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
       comm::Communicator& tensor_group, comm::Communicator& expert_group);
   // A GPT computed on one rank alone (its own one-rank group for both).
@@ -326,12 +334,17 @@ class GPT : public StageModel {
 
   GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
       std::unique_ptr<comm::Communicator> one_rank);
+  GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout& layout,
+      comm::Communicator& tensor_group, comm::Communicator& expert_group,
+      std::unique_ptr<comm::Communicator> own_context);
 
-  std::unique_ptr<comm::Communicator> one_rank_;  // the groups of a GPT on one rank alone
+  std::unique_ptr<comm::Communicator> one_rank_;     // the groups of a GPT on one rank alone
+  std::unique_ptr<comm::Communicator> own_context_;  // the context group of a GPT built without
   GPTConfig cfg_;
   GPTLayout layout_;
   TensorSplit tp_;
   ExpertSplit ep_;
+  ContextSplit cp_;
   int max_batch_;
   Allocator& alloc_;
   int first_unit_, last_unit_, first_block_;

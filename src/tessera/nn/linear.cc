@@ -20,9 +20,8 @@ BranchDropout branch_dropout(const BlockPass& mb, const TpRegion& region, uint64
   d.p = mb.p;
   d.seed = mb.seed;
   d.stream = mix_stream(mb.step, site);
-  d.map = kernels::RowMap::whole(mb.first_sample, mb.T);
+  d.map = mb.row_map();
   d.first = region.rows.begin;
-  d.first_row = mb.first_sample * mb.T + region.rows.begin;
   d.mask = mask.defined() ? mask.data<uint8_t>() : nullptr;
   return d;
 }

@@ -74,8 +74,6 @@ struct BranchDropout {
   uint64_t seed = 0, stream = 0;
   kernels::RowMap map;
   int64_t first = 0;
-  // map.global_row(first) when the rows are whole sequences (the contiguous form of the kernels).
-  int64_t first_row = 0;
   uint8_t* mask = nullptr;  // U8 [rows, width]; needed when p > 0
   // ASSIGNS mask[rows, width] = the keep mask of these rows without applying it (a recomputation
   // that needs only the mask).

@@ -19,7 +19,8 @@ int add_ln2(ParameterSet& ps, const GPTConfig& cfg, int layer, const char* what)
 }  // namespace
 
 MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-               const TensorSplit& split, ExpertSplit expert_split, Recompute recompute)
+               const TensorSplit& split, ExpertSplit expert_split, const ContextSplit& context,
+               Recompute recompute)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
@@ -27,7 +28,7 @@ MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, in
       recompute_(recompute),
       ln_w_(add_ln2(ps, cfg, layer, "weight")),
       ln_b_(add_ln2(ps, cfg, layer, "bias")),
-      moe_(ps, experts, cfg, layer, expert_split) {
+      moe_(ps, experts, cfg, layer, expert_split, context) {
   mark_sequence_partial(ps, ln_w_, split);
   mark_sequence_partial(ps, ln_b_, split);
   site_drop_ = stable_hash("h." + std::to_string(layer) + ".mlp.dropout");
@@ -90,7 +91,7 @@ void MoeMlp::run_forward(const BlockPass& mb, const float* x, float* y, MoeMlpRe
   }
   // Every token on every tp rank: complete, no reduce point.
   moe_.forward(r.ln2.f32(), ws.proj.f32(), mb.B, mb.T, mb.loss_scale, *r.moe, *ws.moe,
-               y != nullptr && mb.training);
+               y != nullptr && mb.training, mb.positions);
   const BranchDropout drop = branch_dropout(mb, tp, site_drop_, r.mask);
   if (y == nullptr) {  // a recomputation needs only the mask of the last dropout
     drop.draw_mask(R, static_cast<int>(C));

@@ -34,7 +34,8 @@ class MoeMlp final : public Mlp {
  public:
   // Registers ln_2 and the router in `ps`, this rank's experts in `experts`.
   MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-         const TensorSplit& split, ExpertSplit expert_split, Recompute recompute);
+         const TensorSplit& split, ExpertSplit expert_split, const ContextSplit& context,
+         Recompute recompute);
 
   const char* kind() const override { return "moe"; }
   std::unique_ptr<MlpRecord> make_record(int max_batch, Allocator& alloc,

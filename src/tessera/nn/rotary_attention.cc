@@ -39,9 +39,9 @@ std::shared_ptr<const RotaryTable> rotary_table(const GPTConfig& cfg) {
 }
 
 RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer,
-                                 const TensorSplit& split, Recompute recompute,
-                                 bool bf16_gemm_inputs)
-    : AttentionBranch(recompute), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
+                                 const TensorSplit& split, const ContextSplit& context,
+                                 Recompute recompute, bool bf16_gemm_inputs)
+    : AttentionBranch(recompute, context), ps_(ps), cfg_(cfg), layer_(layer), split_(split) {
   const int t = split.size(), r = split.rank();
   const int Hq = cfg.n_head, Hkv = cfg.kv_heads(), D = cfg.head_dim();
   const int64_t C = cfg.n_embd;
@@ -81,6 +81,7 @@ RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int lay
   core_.block_size = static_cast<int>(cfg.block_size);
   core_.bf16_gemm_inputs = bf16_gemm_inputs;
   core_.prefix = h;
+  check_context_heads(context.comm, context.size(), core_.heads);  // Ulysses' rule
 }
 
 void RotaryAttention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
@@ -97,7 +98,9 @@ void RotaryAttention::allocate_rest(AttentionRecord& r, int max_batch, Allocator
 void RotaryAttention::rotate(float* qkv, const BlockPass& mb, bool inverse) const {
   const int64_t BT = mb.tokens();
   std::vector<int64_t> pos(static_cast<size_t>(BT));
-  for (int64_t i = 0; i < BT; ++i) pos[static_cast<size_t>(i)] = i % mb.T;
+  // Each row's global position (a context-parallel rank's share: its load-balanced positions).
+  const kernels::RowMap map = mb.row_map();
+  for (int64_t i = 0; i < BT; ++i) pos[static_cast<size_t>(i)] = map.position(i % mb.T);
   const int D = heads_.size;
   const int64_t W = heads_.width();
   k::rope_apply(qkv, BT, heads_.q, D, W, pos.data(), rope_->cos.data(), rope_->sin.data(), inverse);

@@ -43,7 +43,7 @@ std::shared_ptr<const RotaryTable> rotary_table(const GPTConfig& cfg);
 class RotaryAttention final : public AttentionBranch {
  public:
   RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-                  Recompute recompute, bool bf16_gemm_inputs);
+                  const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs);
 
   void backward_weight(const BlockPass& mb, AttentionRecord& r) const override;
   std::shared_ptr<AttentionRecord::Deferred> make_deferred(int64_t tokens,

@@ -29,14 +29,15 @@ float* ensure(Tensor& t, int64_t n, const char* name, Allocator* alloc) {
 }  // namespace
 
 SwigluMoeMlp::SwigluMoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-                           const TensorSplit& split, ExpertSplit expert_split, Recompute recompute)
+                           const TensorSplit& split, ExpertSplit expert_split,
+                           const ContextSplit& context, Recompute recompute)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
       split_(split),
       recompute_(recompute),
       norm_(add_norm(ps, cfg, layer)),
-      moe_(ps, experts, cfg, layer, expert_split) {
+      moe_(ps, experts, cfg, layer, expert_split, context) {
   mark_sequence_partial(ps, norm_, split);
   const int64_t Fs = cfg.moe.shared_ffn_dim, C = cfg.n_embd;
   if (Fs == 0) return;
@@ -129,7 +130,8 @@ void SwigluMoeMlp::run_forward(const BlockPass& mb, const float* x, float* y, Sw
   const float* n = r.ln2.f32();  // every token
   // The routed experts: complete on every tp rank, no reduce point.
   float* routed = ws.proj.f32();
-  moe_.forward(n, routed, mb.B, mb.T, mb.loss_scale, *r.moe, *ws.moe, y != nullptr && mb.training);
+  moe_.forward(n, routed, mb.B, mb.T, mb.loss_scale, *r.moe, *ws.moe, y != nullptr && mb.training,
+               mb.positions);
   const float* shared_rows = nullptr;  // this rank's rows of the shared expert's output
   if (shared()) {
     const int64_t F = shared_local_;

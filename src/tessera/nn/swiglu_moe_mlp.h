@@ -42,7 +42,8 @@ class SwigluMoeMlp final : public Mlp {
   // Registers the norm, the router and the shared expert in `ps`, this rank's experts in
   // `experts`.
   SwigluMoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, int layer,
-               const TensorSplit& split, ExpertSplit expert_split, Recompute recompute);
+               const TensorSplit& split, ExpertSplit expert_split, const ContextSplit& context,
+               Recompute recompute);
 
   const char* kind() const override { return "swiglu_moe"; }
   std::unique_ptr<MlpRecord> make_record(int max_batch, Allocator& alloc,

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "tessera/core/cpu_time.h"
 #include "tessera/core/error.h"
+#include "tessera/nn/context_parallel.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/sgd.h"
 #include "tessera/parallel/gather.h"
@@ -67,19 +69,22 @@ void ensure_directory(const fs::path& dir, const char* what) {
 
 // The mean loss per token over the first `windows_wanted` validation windows (all of them if
 // fewer), `batch` rows per forward. The windows do not depend on `batch`, so every layout
-// evaluates the same tokens.
+// evaluates the same tokens. Under context parallelism each rank runs its share of the windows'
+// tokens (`batch_of` slices them) and the sums meet over the cp group.
 double evaluate(PipelineForward& model, const data::EvalWindows& windows, int batch,
-                int64_t windows_wanted, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
+                int64_t windows_wanted, std::vector<int32_t>& in, std::vector<int32_t>& tgt,
+                const std::function<nn::Batch(int, int)>& batch_of, comm::Communicator& cp) {
   const int64_t n = std::min(windows_wanted, windows.num_windows());
   double sum = 0;
   int64_t count = 0;
   for (int64_t first = 0; first < n; first += batch) {
     const int64_t rows = std::min<int64_t>(batch, n - first);
     windows.fetch(first, rows, in.data(), tgt.data());
-    nn::Batch mb{in.data(), tgt.data(), static_cast<int>(rows), windows.seq_len(), 0};
-    sum += model.loss_sum(mb, nn::StepContext{0, 0, false, 1.0f});
+    sum += model.loss_sum(batch_of(static_cast<int>(rows), windows.seq_len()),
+                          nn::StepContext{0, 0, false, 1.0f});
     count += rows * windows.seq_len();
   }
+  sum = parallel::all_reduce_sum(cp, sum);
   return count ? sum / static_cast<double>(count) : NAN;
 }
 
@@ -87,7 +92,7 @@ double evaluate(PipelineForward& model, const data::EvalWindows& windows, int ba
 
 RankRun::Chunk::Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc,
                       const nn::GPTLayout& layout, const parallel::Mesh& mesh)
-    : model(m, micro, alloc, layout, mesh.tp(), mesh.ep()),
+    : model(m, micro, alloc, layout, mesh.tp(), mesh.ep(), mesh.cp()),
       timeline(model.num_units(), model.num_units() - 1) {
   model.add_hooks(&timeline);
 }
@@ -103,7 +108,9 @@ nn::GPTLayout RankRun::model_layout(const parallel::UnitRange& units) const {
   base.last_unit = units.last;
   base.starts_mid_block = units.starts_mid_block;
   base.ends_mid_block = units.ends_mid_block;
-  return parallel::gpt_layout_for(dpo_, cfg_.dp, base, cfg_.dp / cfg_.ep);
+  base.cp_comm = cfg_.cp_comm;
+  // The parameters' gradient group is dp x cp, the experts' edp x cp (parallel/mesh.h).
+  return parallel::gpt_layout_for(dpo_, cfg_.dp * cfg_.cp, base, cfg_.dp / cfg_.ep * cfg_.cp);
 }
 
 RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
@@ -111,9 +118,11 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     : cfg_(cfg),
       plan_(plan),
       world_(world),
-      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp, cfg.ep}),
+      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp, cfg.ep, cfg.cp}),
       split_(
           parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
+      positions_(nn::context_positions(cfg.seq, cfg.cp, mesh_.cp_rank())),
+      local_seq_(cfg.seq / cfg.cp),
       lead_(world.rank() == 0),
       log_(lead_ ? log : nullptr),
       alloc_("rank " + std::to_string(world.rank()),
@@ -132,7 +141,9 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       sampler_(plan.pd.tokens, plan.split.train, data::SamplerOptions{cfg.seq, cfg.seed, true}),
       sched_{cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio},
       in_(static_cast<size_t>(micro_) * cfg.seq),
-      tgt_(in_.size()) {
+      tgt_(in_.size()),
+      in_local_(cfg.cp > 1 ? static_cast<size_t>(micro_) * local_seq_ : 0),
+      tgt_local_(in_local_.size()) {
   result_.rank = world.rank();
   result_.unigram_entropy = plan.unigram_entropy;
   if (plan.split.validation.size() > cfg.seq)
@@ -147,7 +158,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
                    [&](std::vector<optim::Segment> segs, int64_t n) {
                      return make_optimizer(cfg_, alloc_, std::move(segs), n);
                    });
-  boundary_elems_ = first_model().hidden_elems(micro_, cfg.seq);  // this rank's rows under --sp
+  // This rank's rows (its cp share of each sequence; its slice of them under --sp).
+  boundary_elems_ = first_model().hidden_elems(micro_, local_seq_);
   // MFU's denominator (choose_peak).
   if (lead_) peak_flops_ = plan.peak_flops_per_rank;
   const DType wire = resolve(cfg.activation_comm_dtype, cfg.precision);
@@ -200,6 +212,18 @@ void RankRun::optimizer_step(double loss, double norm, float lr) {
   engines_->step(lr);
 }
 
+nn::Batch RankRun::rank_batch(int B, int T, int64_t first) {
+  if (cfg_.cp == 1) return nn::Batch{in_.data(), tgt_.data(), B, T, first};
+  const int Tl = T / cfg_.cp;
+  TESSERA_ASSERT(static_cast<int64_t>(Tl) * cfg_.cp == T &&
+                     static_cast<size_t>(Tl) == positions_.size() &&
+                     static_cast<size_t>(B) * Tl <= in_local_.size(),
+                 "a micro-batch of ", B, " x ", T, " tokens for cp ", cfg_.cp);
+  nn::slice_sequences(in_local_.data(), in_.data(), B, T, positions_.data(), Tl);
+  nn::slice_sequences(tgt_local_.data(), tgt_.data(), B, T, positions_.data(), Tl);
+  return nn::Batch{in_local_.data(), tgt_local_.data(), B, Tl, first, T, positions_.data()};
+}
+
 void RankRun::train_step() {
   const auto t0 = Clock::now();
   const double cpu0 = process_cpu_seconds();
@@ -212,8 +236,9 @@ void RankRun::train_step() {
   parallel::StepCallbacks cb;
   cb.fetch = [&](int m) {
     const int first = dp_rank * per_rank_ + m * micro_;  // global sample of this micro-batch
+    // The cp ranks of a replica fetch the same sequences and run their shares of them.
     sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
-    return nn::Batch{in_.data(), tgt_.data(), micro_, cfg_.seq, first};
+    return rank_batch(micro_, cfg_.seq, first);
   };
   cb.reduce_gradients = [&] { engines_->end_backward(); };
   cb.optimizer_step = [&](double local_loss_sum) {
@@ -265,8 +290,9 @@ void RankRun::validate(int64_t at_step) {
   TraceSpan span("validation", "eval");
   // --eval-batches batches of --batch sequences whatever the layout: every rank evaluates them
   // all, micro-batch by micro-batch.
-  const double v = evaluate(*forward_, *val_, micro_,
-                            static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch, in_, tgt_);
+  const double v = evaluate(
+      *forward_, *val_, micro_, static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch, in_, tgt_,
+      [&](int rows, int T) { return rank_batch(rows, T, 0); }, mesh_.cp());
   result_.last_val_loss = v;
   // With this rank's memory, so that a long run shows whether use and peaks stay flat
   // (scripts/soak.sh).

@@ -56,6 +56,9 @@ class RankRun {
   std::vector<nn::GPT*> models() const;
   nn::GPT& first_model() const { return chunks_.front()->model; }
   // The step (rank_run.cc).
+  // The micro-batch of B whole sequences in in_/tgt_ from global sample `first` as this rank runs
+  // it: whole, or its cp share (sliced into in_local_/tgt_local_ at positions_).
+  nn::Batch rank_batch(int B, int T, int64_t first);
   void train_step();
   double global_loss(double local_loss_sum);
   void optimizer_step(double loss, double norm, float lr);
@@ -82,6 +85,10 @@ class RankRun {
   comm::Communicator& world_;
   parallel::Mesh mesh_;
   const std::vector<parallel::UnitRange> split_;
+  // Context parallelism: this rank's load-balanced positions of each sequence ([seq / cp]; 0..seq-1
+  // without it), and the rows per sequence it holds.
+  const std::vector<int64_t> positions_;
+  const int local_seq_;
   const bool lead_;
   std::FILE* log_;  // rank 0's log, null elsewhere
   TrainResult result_;
@@ -108,6 +115,7 @@ class RankRun {
   ProgressLine* pl_ = nullptr;
   const optim::LrSchedule sched_;
   std::vector<int32_t> in_, tgt_;
+  std::vector<int32_t> in_local_, tgt_local_;  // this cp rank's share of in_ and tgt_
   std::vector<double> step_times_;
   double peak_flops_ = 0;  // the lead rank's GEMM peak (MFU's denominator, per rank)
   int64_t step_ = 0;

@@ -99,15 +99,19 @@ void RankRun::save(int64_t at_step) {
     c.config = to_hf_config(plan_.mcfg);
     const data::SamplerPosition pos = sampler_.position();
     const optim::Optimizer& opt = engines_->optimizer();
-    c.state = {
-        {"seed", cfg_.seed},
-        {"optimizer", opt.name()},
-        {"optimizer_steps", opt.steps()},
-        {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
-        {"config", to_json(cfg_)},
-        {"layout",
-         {{"dp", cfg_.dp}, {"tp", cfg_.tp}, {"pp", cfg_.pp}, {"ep", cfg_.ep}, {"zero", cfg_.zero}}},
-        {"data", plan_.pd.description}};
+    c.state = {{"seed", cfg_.seed},
+               {"optimizer", opt.name()},
+               {"optimizer_steps", opt.steps()},
+               {"sampler", {{"epoch", pos.epoch}, {"index", pos.index}}},
+               {"config", to_json(cfg_)},
+               {"layout",
+                {{"dp", cfg_.dp},
+                 {"tp", cfg_.tp},
+                 {"pp", cfg_.pp},
+                 {"ep", cfg_.ep},
+                 {"cp", cfg_.cp},
+                 {"zero", cfg_.zero}}},
+               {"data", plan_.pd.description}};
     if (cfg_.precision == kernels::Precision::BF16)  // what a resume with --bf16-gemm auto keeps
       c.state["bf16_gemm_path"] = kernels::to_string(plan_.bf16_gemm);
     const fs::path dir = io::save_checkpoint(cfg_.save, c);

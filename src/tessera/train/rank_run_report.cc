@@ -55,6 +55,11 @@ void RankRun::print_header() {
   if (!log_) return;  // the lead rank prints
   const nn::GPTConfig& m = plan_.mcfg;
   char line[800];
+  // Context parallelism: the ranks per sequence, how they meet, the rows each holds.
+  const std::string cp = cfg_.cp > 1
+                             ? detail::concat(" | cp ", cfg_.cp, " (", nn::to_string(cfg_.cp_comm),
+                                              ", ", local_seq_, " rows of each sequence)")
+                             : std::string();
   // The Llama family: its model type, key/value heads, MLP width and head.
   char family[160] = "GPT-2";
   if (m.llama())
@@ -65,12 +70,12 @@ void RankRun::print_header() {
   std::snprintf(
       line, sizeof line,
       "model: %s L=%d C=%d heads=%d context=%d vocab=%d, %.2fM parameters | batch %d x "
-      "%d tokens = dp %d x %d micro-batches x %d | tp %d%s | pp %d | zero %d | recompute %s | %s "
+      "%d tokens = dp %d x %d micro-batches x %d | tp %d%s%s | pp %d | zero %d | recompute %s | %s "
       "backend, %d thread(s) per rank | train %lld tokens, val %lld | unigram entropy %.3f nats",
       family, m.n_layer, m.n_embd, m.n_head, m.block_size, m.vocab_size,
       static_cast<double>(nn::total_params(m)) / 1e6, cfg_.batch, cfg_.seq, cfg_.dp, n_micro_,
-      micro_, cfg_.tp, cfg_.sp ? " sp" : "", cfg_.pp, cfg_.zero, nn::to_string(cfg_.recompute),
-      std::string(world_.backend()).c_str(), plan_.threads,
+      micro_, cfg_.tp, cfg_.sp ? " sp" : "", cp.c_str(), cfg_.pp, cfg_.zero,
+      nn::to_string(cfg_.recompute), std::string(world_.backend()).c_str(), plan_.threads,
       static_cast<long long>(plan_.split.train.size()),
       static_cast<long long>(plan_.split.validation.size()), plan_.unigram_entropy);
   say(log_, nullptr, line);
@@ -115,6 +120,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
   result_.tp_bytes_per_step = traffic_.tensor_parallel;
   result_.pp_bytes_per_step = traffic_.pipeline;
   result_.ep_bytes_per_step = traffic_.expert_parallel;
+  result_.cp_bytes_per_step = traffic_.context_parallel;
   StepStats st;
   st.step = step_ + 1;
   st.total_steps = cfg_.steps;
@@ -161,6 +167,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
     record["moe_dropped_fraction"] = moe.dropped_fraction;
     record["ep_bytes_per_rank"] = traffic_.expert_parallel;
   }
+  if (cfg_.cp > 1) record["cp_bytes_per_rank"] = traffic_.context_parallel;
   metrics_->write(record);
   if (pl_) pl_->update(st);
 }

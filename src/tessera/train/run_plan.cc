@@ -7,6 +7,7 @@
 #include "tessera/data/sampler.h"
 #include "tessera/io/hf_config.h"
 #include "tessera/kernels/gemm_peak.h"
+#include "tessera/nn/context_parallel_attention.h"
 #include "tessera/train/model_io.h"
 
 namespace tessera::train {
@@ -97,6 +98,10 @@ RunPlan make_plan(const TrainConfig& cfg, std::FILE* log) {
   mcfg.moe.z_loss = cfg.moe_z_loss;
   nn::validate(mcfg);
   check_tensor_parallel(mcfg, cfg.tp);
+  // Ulysses splits each tensor-parallel rank's heads over the cp ranks.
+  nn::check_context_heads(
+      cfg.cp_comm, cfg.cp,
+      kernels::AttentionHeads{mcfg.n_head / cfg.tp, mcfg.kv_heads() / cfg.tp, mcfg.head_dim()});
   TESSERA_CHECK_AS(ConfigError, cfg.ep == 1 || mcfg.moe.experts > 0, config_key("ep"), " ", cfg.ep,
                    " needs a mixture-of-experts model, but the model has no experts");
   TESSERA_CHECK_AS(ConfigError, mcfg.moe.experts % cfg.ep == 0, "the model's ", mcfg.moe.experts,

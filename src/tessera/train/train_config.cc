@@ -322,11 +322,11 @@ void parallel_fields(std::vector<ConfigField>& f) {
   const char* par = "Parallelism";
   f.push_back(value(par, "dp", &T::dp,
                     "Data-parallel ranks (replicas): threads of this process, or under mpirun "
-                    "processes (mpirun starts pp x dp x tp)",
+                    "processes (mpirun starts pp x dp x cp x tp)",
                     positive<int>()));
   f.push_back(value(par, "tp", &T::tp,
                     "Tensor-parallel ranks per replica (Megatron split; vocabulary-parallel "
-                    "embedding and loss); the job has pp x dp x tp ranks",
+                    "embedding and loss); the job has pp x dp x cp x tp ranks",
                     at_least(1, " (1 = no tensor parallelism)")));
   ConfigField sp = value(par, "sp", &T::sp,
                          "Sequence parallelism (needs --tp 2 or more): LayerNorms and dropout on "
@@ -334,9 +334,29 @@ void parallel_fields(std::vector<ConfigField>& f) {
                          "reduce-scatter instead of all-reduce");
   sp.bare_flag = true;
   f.push_back(std::move(sp));
+  f.push_back(value(par, "cp", &T::cp,
+                    "Context-parallel ranks per replica: every sequence split over cp ranks (2 x "
+                    "cp chunks, rank r holding chunks r and 2cp-1-r for causal balance; --seq a "
+                    "multiple of 2 x cp), the attention exchanging keys and values (--cp-comm); "
+                    "for gradients and ZeRO the cp ranks are more data-parallel replicas. "
+                    "Validation runs split the same way; the end-of-run sample runs whole on "
+                    "every rank",
+                    at_least(1, " (1 = no context parallelism)")));
+  f.push_back(choice(par, "cp_comm", &T::cp_comm,
+                     "How the context-parallel attention meets the sequence's keys: allgather "
+                     "(default, Llama 3's: K and V all-gathered, one kernel call, dK/dV "
+                     "reduce-scattered; 16 KV R (cp-1) bytes per layer, R the rank's rows, KV its "
+                     "key/value width), ring (K/V blocks passed around while computing, merged by "
+                     "log-sum-exp; transfers hide behind compute and only two blocks are held; "
+                     "8 KV R (3cp-2)), ulysses (all-to-all to head-split and back; cp must divide "
+                     "the heads of a tensor-parallel rank; fewer bytes when KV is small relative "
+                     "to the query width)",
+                     {{nn::CpComm::AllGather, "allgather"},
+                      {nn::CpComm::Ring, "ring"},
+                      {nn::CpComm::Ulysses, "ulysses"}}));
   f.push_back(value(par, "pp", &T::pp,
-                    "Pipeline stages (ranks); the job has pp x dp x tp ranks (tp fastest, then "
-                    "dp, then pp)",
+                    "Pipeline stages (ranks); the job has pp x dp x cp x tp ranks (Megatron's "
+                    "order: tp fastest, then cp, then dp, then pp)",
                     at_least(1, " (1 = no pipeline)")));
   f.push_back(value(par, "ep", &T::ep,
                     "Expert-parallel ranks: each MoE block's experts split over ep ranks carved "
@@ -368,13 +388,14 @@ void parallel_fields(std::vector<ConfigField>& f) {
                      {{comm::Backend::Auto, "auto"},
                       {comm::Backend::Inproc, "inproc"},
                       {comm::Backend::Mpi, "mpi"}}));
-  f.push_back(choice(par, "recompute", &T::recompute,
-                     "Activation recomputation: none, selective (the attention output, rerun by the "
-                     "fused attention in backward; no T x T scores are kept in any mode, so it "
-                     "saves 4 C bytes a token per block) or full (whole blocks)",
-                     {{nn::Recompute::None, "none"},
-                      {nn::Recompute::Selective, "selective"},
-                      {nn::Recompute::Full, "full"}}));
+  f.push_back(
+      choice(par, "recompute", &T::recompute,
+             "Activation recomputation: none, selective (the attention output, rerun by the "
+             "fused attention in backward; no T x T scores are kept in any mode, so it "
+             "saves 4 C bytes a token per block) or full (whole blocks)",
+             {{nn::Recompute::None, "none"},
+              {nn::Recompute::Selective, "selective"},
+              {nn::Recompute::Full, "full"}}));
 }
 
 void precision_fields(std::vector<ConfigField>& f) {
@@ -610,6 +631,11 @@ void TrainConfig::validate() const {
                      key("virtual_stages"), " ", virtual_stages, " = ", pp * virtual_stages,
                      " stages, but the model has only ", layers + 2, " units (the embedding, ",
                      layers, " blocks and the head); each stage needs at least one");
+  TESSERA_CHECK_AS(ConfigError, cp == 1 || seq % (2 * cp) == 0, key("seq"), " ", seq,
+                   " is not divisible by 2 x ", key("cp"), " ", cp, " = ", 2 * cp,
+                   " (context parallelism cuts each sequence into 2 x cp chunks, rank r holding "
+                   "chunks r and 2cp-1-r); choose a ",
+                   key("seq"), " that is a multiple of ", 2 * cp);
   TESSERA_CHECK_AS(ConfigError, batch % dp == 0, key("batch"), " ", batch, " does not split over ",
                    key("dp"), " ", dp, " ranks; choose a batch that is a multiple of dp");
   TESSERA_CHECK_AS(ConfigError, micro_batch == 0 || (batch / dp) % micro_batch == 0,

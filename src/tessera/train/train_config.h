@@ -83,11 +83,15 @@ struct TrainConfig {
   uint64_t seed = 1337;
 
   // Parallelism.
-  int dp = 1;            // data-parallel ranks (threads here, or the processes of mpirun)
-  int tp = 1;            // tensor-parallel ranks per data-parallel replica
-  bool sp = false;       // sequence parallelism inside the tensor-parallel group (tp > 1)
-  int pp = 1;            // pipeline stages (ranks); world = pp * dp * tp
-  int ep = 1;            // expert-parallel ranks, carved from dp (must divide it)
+  int dp = 1;       // data-parallel ranks (threads here, or the processes of mpirun)
+  int tp = 1;       // tensor-parallel ranks per data-parallel replica
+  bool sp = false;  // sequence parallelism inside the tensor-parallel group (tp > 1)
+  int pp = 1;       // pipeline stages (ranks); world = pp * dp * cp * tp
+  int ep = 1;       // expert-parallel ranks, carved from dp (must divide it)
+  // Context parallelism (nn/context_parallel.h): each sequence split over cp ranks (load-balanced
+  // head and tail chunks), the attention exchanging keys and values by cp_comm.
+  int cp = 1;
+  nn::CpComm cp_comm = nn::CpComm::AllGather;
   std::string pp_split;  // units per model stage, e.g. "4,4"; "" = balanced by cost
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule)
@@ -140,7 +144,7 @@ struct TrainConfig {
   // ConfigError naming the keys and what is accepted.
   void validate() const;
   int new_model_heads() const { return heads > 0 ? heads : 4; }
-  int world() const { return dp * pp * tp; }  // ranks of the job
+  int world() const { return dp * pp * cp * tp; }  // ranks of the job
 };
 
 // One key of TrainConfig.

@@ -44,11 +44,13 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
                          std::FILE* log) {
   std::unique_ptr<comm::Communicator> world = comm::mpi_world(copts);
   auto key = [](const char* k) { return config_key(k); };
+  const std::string cp = cfg.cp > 1 ? detail::concat(" x ", key("cp"), " ", cfg.cp) : "";
+  const std::string cp_key = cfg.cp > 1 ? detail::concat(" x ", key("cp")) : "";
   TESSERA_CHECK_AS(ConfigError, world->size() == cfg.world(), "mpirun started ", world->size(),
-                   " processes but ", key("pp"), " ", cfg.pp, " x ", key("dp"), " ", cfg.dp, " x ",
-                   key("tp"), " ", cfg.tp, " = ", cfg.world(), "; start ", cfg.world(),
+                   " processes but ", key("pp"), " ", cfg.pp, " x ", key("dp"), " ", cfg.dp, cp,
+                   " x ", key("tp"), " ", cfg.tp, " = ", cfg.world(), "; start ", cfg.world(),
                    " processes (mpirun -np ", cfg.world(), ") or choose ", key("pp"), " x ",
-                   key("dp"), " x ", key("tp"), " = ", world->size());
+                   key("dp"), cp_key, " x ", key("tp"), " = ", world->size());
   // Rank 0 prepares the data (and fills the cache) before the others read it.
   std::optional<RunPlan> plan;
   if (world->rank() == 0) plan.emplace(make_plan(cfg, log));

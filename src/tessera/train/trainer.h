@@ -29,6 +29,7 @@ struct TrainResult {
   double tp_bytes_per_step = 0;
   double pp_bytes_per_step = 0;  // bytes rank 0 sent to other pipeline stages (not in the above)
   double ep_bytes_per_step = 0;  // bytes rank 0 sent in expert-parallel exchanges (not above)
+  double cp_bytes_per_step = 0;  // bytes rank 0 sent to its context-parallel ranks (not above)
   // Per world rank: the most micro-batches whose activations it held at once (summed over its
   // model chunks), and the measured pipeline bubble (idle share of the time from the step's start
   // to the end of the rank's last forward or backward, over the steps after the first).
