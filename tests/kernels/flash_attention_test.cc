@@ -223,7 +223,8 @@ TEST_P(FlashAttentionTest, MatchesTheFloat64Reference) {
   expect_matches_reference(p);
 }
 
-// hs 16 and 64: key tiles of 64; hs 128: key tiles of 32 (query tiles are 64 rows).
+// hs 16 and 64: key tiles of 64; hs 128: key tiles of 32 (query tiles are 64 rows; the last case
+// has two backward blocks of key tiles).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashAttentionTest,
     ::testing::Values(Case{1, 1, 1, 1, 1, 16, true, 0}, Case{2, 63, 63, 2, 2, 16, true, 0},
@@ -232,7 +233,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 70, 70, 2, 2, 64, true, 0}, Case{1, 70, 70, 1, 1, 128, true, 0},
                       Case{2, 65, 131, 2, 2, 16, false, 0}, Case{1, 131, 33, 4, 2, 16, false, 0},
                       Case{2, 65, 65, 4, 2, 16, true, 0.2f},
-                      Case{1, 131, 131, 2, 1, 16, false, 0.3f}, Case{2, 0, 5, 2, 2, 16, true, 0}));
+                      Case{1, 131, 131, 2, 1, 16, false, 0.3f}, Case{2, 0, 5, 2, 2, 16, true, 0},
+                      Case{1, 70, 300, 1, 1, 128, false, 0}));
+
+// More tiles than one forward piece (8 query tiles) and one backward block (8 key tiles) hold:
+// queries at positions 70..599 against keys 0..599.
+TEST(FlashAttention, ManyTiles) {
+  Problem p(1, 530, 600, 2, 1, 16, 30);
+  for (int i = 0; i < p.Tq; ++i) p.qpos.push_back(70 + i);
+  p.drop = AttentionDropout{0.1f, 7, 8, 0, 0, 0, 600};
+  expect_matches_reference(p);
+}
 
 // The load-balanced layout of context parallelism: the sequence in 2N chunks, rank r holding
 // chunks r and 2N-1-r; here the queries of rank r against all T keys (all-gathered), with dropout

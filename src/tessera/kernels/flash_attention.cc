@@ -1,11 +1,16 @@
-// The tile GEMMs, and why they look as they do (OpenBLAS 0.3.21, SkylakeX kernels, one thread,
-// 64 x 64 x 64 tiles of a GPT-2 head): OpenBLAS's small-matrix kernels run NN and TN products at
-// 70-100 GFLOP/s when the B operand is contiguous, ~50 when B's rows lie at a model's stride (the
-// packed qkv's 2304 floats: the rows fall into a few cache sets), and NT products at ~45 whatever
-// the strides. So every B operand here is a packed copy (K and V tiles transposed or copied once
-// per key tile and reused by many query tiles), scores are Q . K^T as NN on a transposed K tile,
-// and the backward accumulates dK^T and dV^T (TN products whose B is a contiguous tile) and
-// transposes them once per key tile.
+// How the tiles are computed. Measured with OpenBLAS 0.3.21's SkylakeX kernels on one core of the
+// development machine, on 64 x 64 x 64 tiles (a GPT-2 head): the small-matrix kernels that OpenBLAS
+// uses at these sizes run NN and TN products of contiguous tiles in cache at ~145 GFLOP/s and NT
+// products at ~90, and lose about a third when an operand's rows lie at a model's stride (the
+// packed qkv's 2304 floats fall into a few cache sets) or stream from L3. So every operand of a
+// tile GEMM is a packed tile that is reused: the forward packs each key tile (K^T, V) once for the
+// kQueryTilesPerPiece query tiles of its piece, and their Q^T once; the backward packs a block of
+// kKeyTilesPerBlock key tiles (K^T, V^T, K) once and each query tile's Q and dO once a block.
+//   forward   S^T = K Q^T (TN), so that the online softmax of a query runs down a column
+//             (maxima and sums across rows, no reduction across a vector); O += P V (TN on P^T)
+//   backward  S = Q K^T, dP = dO V^T, dQ += dS K (NN); dV^T += dO^T P, dK^T += Q^T dS (TN; a key
+//             tile's transposed sums are added to dk and dv once a block)
+// Transposes go through OpenBLAS's somatcopy (2x a plain loop).
 #include "tessera/kernels/flash_attention.h"
 
 #include <cblas.h>
@@ -159,14 +164,19 @@ FlashPlan make_plan(const FlashAttention& a) {
 // A thread's tiles: std::vector, outside the allocator's accounting (under 1 MB a thread at head
 // size 64, sized to stay in L2; allocated by each call and freed when it returns).
 struct TileScratch {
-  std::vector<float> kt, vt, kc;  // packed key and value tiles: [hs, kt] transposed, [kt, hs]
-  std::vector<float> s, d, pd;    // [kQueryTile, kt]: scores or P, dP or dS, dropped P or mask
-  std::vector<float> acc1, acc2;  // forward: O [rows, hs]; backward: dK^T, dV^T [hs, kt]
-  std::vector<float> qt;          // forward: the piece's query tiles transposed, [hs, kQueryTile]
-  std::vector<float> m, l;        // running maximum and sum of the piece's rows
+  // Packed key and value tiles, one in the forward (K^T [hs, kt], V [kt, hs] in kc), a block of
+  // kKeyTilesPerBlock in the backward (K^T, V^T [hs, kt], K [kt, hs] each).
+  std::vector<float> kt, vt, kc;
+  std::vector<float> s, d, pd;  // [kQueryTile, kt]: scores or P, dP or dS, dropped P or mask
+  // forward: O [rows, hs]; backward: the block's dK^T, dV^T [hs, kt] each
+  std::vector<float> acc1, acc2;
+  // forward: the piece's query tiles transposed, [hs, kQueryTile] each; backward: Q, dO and dQ
+  // (over the block's keys) of a query tile, [kQueryTile, hs] each
+  std::vector<float> qt;
+  std::vector<float> m, l;               // the running maximum and sum of the piece's rows
   std::vector<float> cmax, csum, alpha;  // [kQueryTile]: a tile's column maxima, sums, rescaling
   std::vector<int64_t> qpos;             // [kQueryTile]: a query tile's positions
-  std::vector<uint64_t> row;             // dropout mask index of the piece's rows
+  std::vector<uint64_t> row;             // the dropout mask index of the piece's rows
 };
 
 // Runs fn(piece, scratch) for every piece in [0, n) on the calling rank's compute threads (its
@@ -249,62 +259,13 @@ void add_transposed(const float* src, int64_t lds, int rows, int cols, float* ds
   }
 }
 
-// The maximum of s[0, c) (vmaxps over 16 lanes: a reduction of std::max does not vectorise).
-inline float row_max(const float* s, int c) {
-  float acc[16];
-  std::fill(acc, acc + 16, kNegInf);
-  int j = 0;
-  for (; j + 16 <= c; j += 16) {
-#pragma omp simd
-    for (int x = 0; x < 16; ++x) acc[x] = acc[x] > s[j + x] ? acc[x] : s[j + x];
-  }
-  for (; j < c; ++j) acc[0] = acc[0] > s[j] ? acc[0] : s[j];
-  float mx = acc[0];
-  for (int x = 1; x < 16; ++x) mx = mx > acc[x] ? mx : acc[x];
-  return mx;
-}
-
-// s[j] = -inf where key j0 + j is not seen by the query at qpos (its position is later).
-inline void mask_row(float* s, int c, const int64_t* kpos, int64_t j0, int64_t qpos) {
-  if (kpos != nullptr) {
-    const int64_t* kp = kpos + j0;
-#pragma omp simd
-    for (int j = 0; j < c; ++j) s[j] = kp[j] <= qpos ? s[j] : kNegInf;
-  } else {
-#pragma omp simd
-    for (int j = 0; j < c; ++j) s[j] = j0 + j <= qpos ? s[j] : kNegInf;
-  }
-}
-
-// s[j] = e^(s[j] - m); returns the sum.
-inline float exp_sum_row(float* s, int c, float m) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < c; ++j) {
-    const float e = detail::exp_f(s[j] - m);
-    s[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
-// The same where masked keys hold -inf: 0 for them.
-inline float exp_sum_row_masked(float* s, int c, float m) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < c; ++j) {
-    const float e = s[j] == kNegInf ? 0.0f : detail::exp_f(s[j] - m);
-    s[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
 // The backward's probabilities: s[j] = e^(s[j] - lse) where key j0 + j is seen by the query at
-// qpos (all of them unless masked), 0 where not.
+// qpos (all of them unless masked), 0 where not; all 0 where lse = -inf (the query sees no key).
 inline void probabilities_row(float* s, int c, float lse, bool masked, const int64_t* kpos,
                               int64_t j0, int64_t qpos) {
-  if (!masked) {
+  if (lse == kNegInf) {
+    std::fill(s, s + c, 0.0f);
+  } else if (!masked) {
 #pragma omp simd
     for (int j = 0; j < c; ++j) s[j] = detail::exp_f(s[j] - lse);
   } else if (kpos != nullptr) {
