@@ -32,6 +32,7 @@
 #include "tessera/kernels/flash_attention.h"
 #include "tessera/kernels/row_map.h"
 #include "tessera/nn/context_parallel_attention.h"
+#include "tessera/nn/gpt.h"
 #include "tessera/parallel/pipeline/schedule.h"
 #include "train_fixture.h"
 
@@ -490,6 +491,27 @@ TEST(ContextParallel, ValidationAndSampleAreOneRanks) {
   EXPECT_NEAR(two.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
   EXPECT_FALSE(one.sample.empty());
   EXPECT_EQ(two.sample, one.sample);
+}
+
+// A context-parallel rank's activations are its share of each sequence: a record (and the
+// workspace) of a model built over a cp group of n holds block_size / n rows per sequence.
+TEST(ContextParallel, RecordsHoldARanksShareOfEachSequence) {
+  nn::GPTConfig m;
+  m.n_layer = 2, m.n_embd = 32, m.n_head = 4, m.block_size = 64, m.vocab_size = 100;
+  m.dropout = 0.1f;
+  auto record_bytes = [&](int cp) {
+    Allocator alloc("cp", 0, Backing::AddressSpaceOnly);
+    const std::unique_ptr<comm::Communicator> one = comm::one_rank();
+    const std::unique_ptr<comm::Communicator> group = comm::placeholder_group(cp, 0);
+    nn::GPT model(m, 2, alloc, nn::GPTLayout{}, *one, *one, *group);
+    EXPECT_EQ(model.rows_per_sequence(), 64 / cp);
+    const size_t before = alloc.in_use();
+    const std::unique_ptr<nn::StageRecord> rec = model.make_record();
+    return alloc.in_use() - before;
+  };
+  const double one = static_cast<double>(record_bytes(1));
+  EXPECT_NEAR(static_cast<double>(record_bytes(2)) / one, 0.5, 0.01);
+  EXPECT_NEAR(static_cast<double>(record_bytes(4)) / one, 0.25, 0.01);
 }
 
 // What cannot run says what to change.

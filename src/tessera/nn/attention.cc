@@ -50,7 +50,7 @@ Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const Te
   core_.head_offset = r * heads_local_;
   core_.n_head = cfg.n_head;
   core_.drop_site = stable_hash(h + "attn.attn_dropout");
-  core_.block_size = cfg.block_size;
+  core_.rows_per_sequence = context.rows_per_sequence(cfg.block_size);
   core_.bf16_gemm_inputs = bf16_gemm_inputs;
   core_.prefix = h;
   check_context_heads(context.comm, context.size(), core_.heads);  // Ulysses' rule
@@ -58,7 +58,7 @@ Attention::Attention(ParameterSet& ps, const GPTConfig& cfg, int layer, const Te
 
 void Attention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
                               std::vector<NamedActivation>* list, DType gemm_inputs) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  const int64_t BT = max_batch * core_.rows_per_sequence;
   // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
   ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());

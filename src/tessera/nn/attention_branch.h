@@ -109,13 +109,14 @@ class AttentionBranch {
   // What the attention core needs to know of the kind, set by its constructor: this rank's heads
   // (qkv rows are [q heads | kv heads | kv heads], kernels::AttentionHeads), the global index of
   // its first query head and the global head count (the dropout mask's coordinates), the dropout
-  // site, the longest sequence (block_size), whether bf16 GEMM inputs are kept in bf16 and the
-  // layer's activation names' prefix.
+  // site, the rows of a sequence a record holds (block_size, or this rank's share of it under
+  // context parallelism: ContextSplit::rows_per_sequence), whether bf16 GEMM inputs are kept in
+  // bf16 and the layer's activation names' prefix.
   struct Core {
     kernels::AttentionHeads heads;
     int head_offset = 0, n_head = 0;
     uint64_t drop_site = 0;
-    int block_size = 0;
+    int64_t rows_per_sequence = 0;
     bool bf16_gemm_inputs = false;
     std::string prefix;
   };

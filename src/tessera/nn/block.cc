@@ -54,6 +54,7 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
       split_(split),
       recompute_(recompute) {
   const ContextSplit context = context_split ? *context_split : ContextSplit(*own_context_);
+  rows_per_sequence_ = context.rows_per_sequence(cfg.block_size);
   if (part != BlockPart::Mlp) {
     if (cfg.llama())
       attention_ = std::make_unique<RotaryAttention>(ps, cfg, layer, split, context, recompute,
@@ -71,9 +72,9 @@ Block::Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit spli
   else if (cfg.moe.is_moe_layer(layer))
     mlp_ = std::make_unique<MoeMlp>(ps, eps, cfg, layer, split, expert_split, context, recompute);
   else if (cfg.llama())
-    mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+    mlp_ = std::make_unique<SwigluMlp>(ps, cfg, layer, split, context, recompute, bf16_gemm_inputs);
   else
-    mlp_ = std::make_unique<GeluMlp>(ps, cfg, layer, split, recompute, bf16_gemm_inputs);
+    mlp_ = std::make_unique<GeluMlp>(ps, cfg, layer, split, context, recompute, bf16_gemm_inputs);
 }
 
 int Block::heads_local() const {
@@ -85,15 +86,15 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
   Record r;
   if (attention_) r.attention = attention_->make_record(max_batch, alloc, list);
   if (attention_ && mlp_ && recompute_ != Recompute::Full)
-    r.x_attn = ActivationAllocator(
-        alloc, token_range(split_, int64_t{max_batch} * cfg_.block_size).per, 0, list,
-        split_.sequence_parallel())("h." + std::to_string(layer_) + ".x_attn", cfg_.n_embd);
+    r.x_attn = ActivationAllocator(alloc, token_range(split_, max_batch * rows_per_sequence_).per,
+                                   0, list, split_.sequence_parallel())(
+        "h." + std::to_string(layer_) + ".x_attn", cfg_.n_embd);
   if (mlp_) r.mlp = mlp_->make_record(max_batch, alloc, list);
   return r;
 }
 
 Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
-  const int64_t T = cfg_.block_size, BT = static_cast<int64_t>(max_batch) * T;
+  const int64_t BT = max_batch * rows_per_sequence_;
   const int64_t C = cfg_.n_embd, t = split_.size();
   ActivationAllocator a(alloc, BT, 0, nullptr);
   ActivationAllocator padded(alloc, token_range(split_, BT).padded(), 0, nullptr);
@@ -110,9 +111,8 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
 
 void Block::complete_workspace(Workspace& ws, int max_batch, Allocator& alloc) const {
   if (recompute_ == Recompute::Full && part_ == BlockPart::Whole && !ws.x_attn.defined())
-    ws.x_attn =
-        ActivationAllocator(alloc, token_range(split_, int64_t{max_batch} * cfg_.block_size).per, 0,
-                            nullptr)("block.recomputed_x_attn", cfg_.n_embd);
+    ws.x_attn = ActivationAllocator(alloc, token_range(split_, max_batch * rows_per_sequence_).per,
+                                    0, nullptr)("block.recomputed_x_attn", cfg_.n_embd);
   if (attention_) attention_->reserve(ws, max_batch, alloc);
   if (mlp_) mlp_->reserve(ws, max_batch, alloc);
 }

@@ -13,10 +13,11 @@
 // backward are the whole block's, operation for operation.
 //
 // Activation recomputation (gpt_config.h): the modules keep everything (None), everything but the
-// attention core's output (Selective: the fused attention reruns from qkv), or nothing (Full: the block reruns both modules' forward
-// into the shared workspace just before its backward, the MLP without its output projection); the
-// caller always keeps the block's input alive until its backward. Recomputed values go to the
-// shared BlockWorkspace, so recomputation costs one block's activations per stage.
+// attention core's output (Selective: the fused attention reruns from qkv), or nothing (Full: the
+// block reruns both modules' forward into the shared workspace just before its backward, the MLP
+// without its output projection); the caller always keeps the block's input alive until its
+// backward. Recomputed values go to the shared BlockWorkspace, so recomputation costs one block's
+// activations per stage.
 #pragma once
 
 #include <cstdint>
@@ -120,8 +121,8 @@ class Block {
  private:
   Block(ParameterSet& ps, const GPTConfig& cfg, int layer, TensorSplit split,
         ExpertSplit expert_split, const ContextSplit* context,
-        std::unique_ptr<comm::Communicator> own_context, Recompute recompute,
-        ParameterSet* experts, BlockPart part, bool bf16_gemm_inputs);
+        std::unique_ptr<comm::Communicator> own_context, Recompute recompute, ParameterSet* experts,
+        BlockPart part, bool bf16_gemm_inputs);
 
   std::unique_ptr<comm::Communicator> own_context_;  // a block built without a context group
   GPTConfig cfg_;
@@ -129,6 +130,7 @@ class Block {
   BlockPart part_;
   TensorSplit split_;
   Recompute recompute_;
+  int64_t rows_per_sequence_ = 0;  // of a record (ContextSplit::rows_per_sequence)
   std::unique_ptr<AttentionBranch> attention_;
   std::unique_ptr<Mlp> mlp_;
 };

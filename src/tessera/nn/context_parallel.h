@@ -34,6 +34,9 @@ struct ContextSplit {
   CpComm comm = CpComm::AllGather;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
+  // The rows of each sequence of up to block_size tokens this rank holds, what its activations
+  // are sized for: ceil(block_size / n) (block_size on one rank).
+  int64_t rows_per_sequence(int64_t block_size) const { return (block_size + size() - 1) / size(); }
 };
 
 // The global positions of the T / n rows cp rank r of n holds of a sequence of T tokens (see

@@ -17,11 +17,13 @@ namespace {
 constexpr float kWpeStd = 0.01f;
 }  // namespace
 
-Embedding::Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split)
+Embedding::Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split,
+                     int64_t rows_per_sequence)
     : ps_(ps),
       cfg_(cfg),
       split_(split),
       rows_(vocab_range(split, cfg.vocab_size)),
+      rows_per_sequence_(rows_per_sequence > 0 ? rows_per_sequence : cfg.block_size),
       site_(stable_hash("drop")) {
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
   if (cfg.llama()) {  // no learned positions (rotary embeddings, in the attention)
@@ -34,7 +36,7 @@ Embedding::Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split)
 }
 
 Embedding::Record Embedding::make_record(int max_batch, Allocator& alloc) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  const int64_t BT = max_batch * rows_per_sequence_;
   Record r;
   r.tokens = Tensor::zeros({BT}, DType::I32, MemCategory::Activations, "tokens", &alloc);
   if (cfg_.dropout > 0.0f && !cfg_.llama())

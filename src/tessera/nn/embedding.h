@@ -43,8 +43,11 @@ class Embedding {
     std::vector<int64_t> positions;
   };
 
-  // Registers wte ([V, C], this rank's rows under `split`) and wpe ([block_size, C]).
-  Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split);
+  // Registers wte ([V, C], this rank's rows under `split`) and wpe ([block_size, C]). Records hold
+  // rows_per_sequence rows of each sequence (0: block_size; a context-parallel rank's share:
+  // ContextSplit::rows_per_sequence).
+  Embedding(ParameterSet& ps, const GPTConfig& cfg, TensorSplit split,
+            int64_t rows_per_sequence = 0);
   Record make_record(int max_batch, Allocator& alloc) const;
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }  // -1: none (the Llama family)
@@ -67,6 +70,7 @@ class Embedding {
   GPTConfig cfg_;
   TensorSplit split_;
   VocabRange rows_;
+  int64_t rows_per_sequence_;
   int wte_ = -1, wpe_ = -1;
   uint64_t site_;
 };

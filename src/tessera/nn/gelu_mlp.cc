@@ -15,13 +15,14 @@ namespace tessera::nn {
 namespace k = tessera::kernels;
 
 GeluMlp::GeluMlp(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-                 Recompute recompute, bool bf16_gemm_inputs)
+                 const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs)
     : ps_(ps),
       cfg_(cfg),
       layer_(layer),
       split_(split),
       recompute_(recompute),
-      bf16_gemm_inputs_(bf16_gemm_inputs) {
+      bf16_gemm_inputs_(bf16_gemm_inputs),
+      rows_per_sequence_(context.rows_per_sequence(cfg.block_size)) {
   const int t = split.size(), r = split.rank();
   const int64_t C = cfg.n_embd;
   TESSERA_CHECK_AS(ConfigError, (4 * C) % t == 0, "the tensor-parallel size ", t,
@@ -53,7 +54,7 @@ GeluMlp::GeluMlp(ParameterSet& ps, const GPTConfig& cfg, int layer, const Tensor
 
 void GeluMlp::allocate(GeluMlpRecord& r, int max_batch, Allocator& alloc,
                        std::vector<NamedActivation>* list, DType gemm_inputs) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size, C = cfg_.n_embd;
+  const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
   ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
   const std::string h = "h." + std::to_string(layer_) + ".";

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/linear.h"
 #include "tessera/nn/mlp.h"
 
@@ -33,8 +34,9 @@ struct GeluMlpRecord final : MlpRecord {
 
 class GeluMlp final : public Mlp {
  public:
+  // `context`: its records hold context.rows_per_sequence(block_size) rows of each sequence.
   GeluMlp(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-          Recompute recompute, bool bf16_gemm_inputs);
+          const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs);
 
   const char* kind() const override { return "gelu"; }
   std::unique_ptr<MlpRecord> make_record(int max_batch, Allocator& alloc,
@@ -68,6 +70,7 @@ class GeluMlp final : public Mlp {
   TensorSplit split_;
   Recompute recompute_;
   bool bf16_gemm_inputs_;
+  int64_t rows_per_sequence_;  // of a record (ContextSplit::rows_per_sequence)
   int64_t hidden_local_;
   int ln_w_ = -1, ln_b_ = -1;
   Linear c_fc_, c_proj_;

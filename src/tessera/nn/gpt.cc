@@ -81,7 +81,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   unit_begin_.push_back(0);
   expert_unit_begin_.push_back(0);
   if (first_unit_ == 0) {
-    embedding_.emplace(params_, cfg_, tp);
+    embedding_.emplace(params_, cfg_, tp, rows_per_sequence());
     end_unit();
   }
   blocks_.reserve(static_cast<size_t>(std::max(0, last_block - first_block_ + 1)));
@@ -95,7 +95,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
     end_unit();
   }
   if (last_unit_ == L + 1) {
-    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1, tp);
+    head_.emplace(params_, cfg_, embedding_ ? embedding_->wte() : -1, tp, rows_per_sequence());
     end_unit();
   }
   // Parameter groups: replicated tensor-parallel copies count in the norm once; the two copies of
@@ -129,7 +129,7 @@ GPT::GPT(const GPTConfig& cfg, int max_batch, Allocator& alloc, const GPTLayout&
   params_.materialize(alloc_, layout.full_params, layout.full_grads, bf16_copies);
   expert_params_.materialize(alloc_, layout.full_params, layout.full_grads, bf16_copies);
 
-  const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
+  const TokenRange rows = token_range(tp, max_batch_ * rows_per_sequence());
   if (!blocks_.empty()) {
     ws_ = blocks_.front().make_workspace(max_batch_, alloc_);
     for (const Block& b : blocks_) b.complete_workspace(ws_, max_batch_, alloc_);
@@ -177,7 +177,7 @@ void GPT::hook_reverse(void (UnitHooks::*f)(int), int unit) {
 std::unique_ptr<StageRecord> GPT::make_record() {
   auto rec = std::make_unique<Record>();
   const TensorSplit& tp = tp_;
-  const TokenRange rows = token_range(tp, static_cast<int64_t>(max_batch_) * cfg_.block_size);
+  const TokenRange rows = token_range(tp, max_batch_ * rows_per_sequence());
   ActivationAllocator a(alloc_, rows.per, 0, &rec->named, tp.sequence_parallel());
   if (embedding_) rec->embedding = embedding_->make_record(max_batch_, alloc_);
   rec->hidden.push_back(a(has_embedding() ? "x0" : "stage_input", cfg_.n_embd));
@@ -194,6 +194,12 @@ std::unique_ptr<StageRecord> GPT::make_record() {
 void GPT::check_batch(const Batch& b) const {
   TESSERA_CHECK_AS(ShapeError, b.B > 0 && b.B <= max_batch_, "batch size B=", b.B,
                    " must be in [1, ", max_batch_, "] (the model's max_batch)");
+  // Records hold max_batch sequences of rows_per_sequence rows (a cp rank's share of block_size).
+  TESSERA_CHECK_AS(ShapeError, int64_t{b.B} * b.T <= int64_t{max_batch_} * rows_per_sequence(),
+                   "a batch of ", b.B, " x ", b.T, " rows does not fit the model's records of ",
+                   max_batch_, " x ", rows_per_sequence(),
+                   " rows (max_batch sequences of the block_size / cp rows a context-parallel "
+                   "rank holds); whole sequences of a context-parallel model need max_batch >= cp");
   TESSERA_CHECK_AS(ShapeError, b.T > 0 && b.length() <= cfg_.block_size,
                    "sequence length T=", b.length(), " must be in [1, ", cfg_.block_size,
                    "] (block_size)");
@@ -433,22 +439,29 @@ void GPT::run_decode(const int32_t* tokens, int n, KvCache& cache, float* logits
                      tokens[i], " at position ", cache.length() + i,
                      " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
   kernels::GemmModeScope precision(layout_.gemm);
-  const DecodeStep step{n, cache.length()};
-  float* x = cache.hidden_[0].f32();
-  float* y = cache.hidden_[1].f32();
-  embedding_->decode(tokens, n, step.pos0, x);
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    blocks_[i].decode(step, x, y, cache.layers_[i], cache.scratch_, ws_);
-    std::swap(x, y);
+  // In pieces of at most the rows a record of one sequence holds (the MLPs' decode scratch, and
+  // the workspace: all of block_size, or a context-parallel rank's share of it).
+  const int piece = static_cast<int>(rows_per_sequence());
+  for (int at = 0; at < n; at += piece) {
+    const int m = std::min(piece, n - at);
+    const DecodeStep step{m, cache.length()};
+    float* x = cache.hidden_[0].f32();
+    float* y = cache.hidden_[1].f32();
+    embedding_->decode(tokens + at, m, step.pos0, x);
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      blocks_[i].decode(step, x, y, cache.layers_[i], cache.scratch_, ws_);
+      std::swap(x, y);
+    }
+    DecodeScratch& s = cache.scratch_;
+    const int64_t C = cfg_.n_embd;
+    if (logits)
+      head_->decode(x, m, logits + static_cast<int64_t>(at) * cfg_.vocab_size, s.norm.f32(),
+                    s.mean.f32(), s.rstd.f32());
+    else if (at + m == n)  // the last row only
+      head_->decode(x + (m - 1) * C, 1, cache.logits_.f32(), s.norm.f32(), s.mean.f32(),
+                    s.rstd.f32());
+    cache.length_ += m;
   }
-  DecodeScratch& s = cache.scratch_;
-  const int64_t C = cfg_.n_embd;
-  if (logits)
-    head_->decode(x, n, logits, s.norm.f32(), s.mean.f32(), s.rstd.f32());
-  else  // the last row only
-    head_->decode(x + (n - 1) * C, 1, cache.logits_.f32(), s.norm.f32(), s.mean.f32(),
-                  s.rstd.f32());
-  cache.length_ += n;
 }
 
 int64_t GPT::num_params_without_wpe() const {

@@ -204,6 +204,9 @@ class GPT : public StageModel {
   const GPTLayout& layout() const { return layout_; }
   const TensorSplit& tensor_split() const { return tp_; }
   int max_batch() const { return max_batch_; }
+  // The rows of each sequence this model's records and workspace hold: block_size, or a
+  // context-parallel rank's share of it (ContextSplit::rows_per_sequence; activations / cp).
+  int64_t rows_per_sequence() const { return cp_.rows_per_sequence(cfg_.block_size); }
   ParameterSet& params() override { return params_; }
   const ParameterSet& params() const override { return params_; }
   ParameterSet& params(ParamGroup g) { return g == ParamGroup::Model ? params_ : expert_params_; }

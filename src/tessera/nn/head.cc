@@ -13,11 +13,13 @@ namespace tessera::nn {
 
 namespace k = tessera::kernels;
 
-Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
+Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split,
+           int64_t rows_per_sequence)
     : ps_(ps),
       cfg_(cfg),
       split_(split),
       vocab_(vocab_range(split, cfg.vocab_size)),
+      rows_per_sequence_(rows_per_sequence > 0 ? rows_per_sequence : cfg.block_size),
       wte_(cfg.tie_embeddings ? wte : -1),
       tied_(cfg.tie_embeddings),
       owns_wte_(cfg.tie_embeddings && wte < 0) {
@@ -44,7 +46,7 @@ Head::Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split)
 
 Head::Record Head::make_record(int max_batch, Allocator& alloc,
                                std::vector<NamedActivation>* list) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  const int64_t BT = max_batch * rows_per_sequence_;
   const TokenRange rows = token_range(split_, BT);
   ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator mine(alloc, rows.per, 0, list, split_.sequence_parallel());

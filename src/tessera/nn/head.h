@@ -50,7 +50,10 @@ class Head {
   // Registers the norm; `wte` is the index of the embedding in `ps`, or -1 to register a copy
   // (ignored when cfg.tie_embeddings is false: the head registers lm_head.weight).
   // With a split, wte must be this rank's rows (vocab_shard).
-  Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split);
+  // Records hold rows_per_sequence rows of each sequence (0: block_size; a context-parallel rank's
+  // share: ContextSplit::rows_per_sequence).
+  Head(ParameterSet& ps, const GPTConfig& cfg, int wte, TensorSplit split,
+       int64_t rows_per_sequence = 0);
   Record make_record(int max_batch, Allocator& alloc,
                      std::vector<NamedActivation>* list = nullptr) const;
   int wte() const { return wte_; }  // the output projection (tied wte, or lm_head)
@@ -81,6 +84,7 @@ class Head {
   GPTConfig cfg_;
   TensorSplit split_;
   VocabRange vocab_;
+  int64_t rows_per_sequence_;
   int wte_, lnf_w_ = -1, lnf_b_ = -1;  // lnf_b_ -1: an RMSNorm
   bool tied_, owns_wte_;
 };

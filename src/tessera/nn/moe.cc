@@ -84,7 +84,7 @@ void MixtureOfExperts::reset_stats() const {
 }
 
 MixtureOfExperts::Record MixtureOfExperts::make_record(int max_batch, Allocator& alloc) const {
-  const int64_t N = static_cast<int64_t>(max_batch) * cfg_.block_size, E = m_.experts;
+  const int64_t N = max_batch * context_.rows_per_sequence(cfg_.block_size), E = m_.experts;
   Record r;
   r.alloc = &alloc;
   const std::string& h = names_.prefix;

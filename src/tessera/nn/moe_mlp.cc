@@ -26,6 +26,7 @@ MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, in
       layer_(layer),
       split_(split),
       recompute_(recompute),
+      rows_per_sequence_(context.rows_per_sequence(cfg.block_size)),
       ln_w_(add_ln2(ps, cfg, layer, "weight")),
       ln_b_(add_ln2(ps, cfg, layer, "bias")),
       moe_(ps, experts, cfg, layer, expert_split, context) {
@@ -36,7 +37,7 @@ MoeMlp::MoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTConfig& cfg, in
 
 void MoeMlp::allocate(MoeMlpRecord& r, int max_batch, Allocator& alloc,
                       std::vector<NamedActivation>* list) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size, C = cfg_.n_embd;
+  const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
   const TokenRange rows_of = token_range(split_, BT);
   ActivationAllocator rows(alloc, rows_of.per, 0, list, split_.sequence_parallel());
   const std::string h = "h." + std::to_string(layer_) + ".";

@@ -64,6 +64,7 @@ class MoeMlp final : public Mlp {
   int layer_;
   TensorSplit split_;
   Recompute recompute_;
+  int64_t rows_per_sequence_;  // of a record (ContextSplit::rows_per_sequence)
   int ln_w_ = -1, ln_b_ = -1;
   MixtureOfExperts moe_;
   uint64_t site_drop_;

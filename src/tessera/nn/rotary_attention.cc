@@ -78,7 +78,7 @@ RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int lay
   core_.head_offset = r * heads_.q;
   core_.n_head = Hq;
   core_.drop_site = stable_hash(h + "self_attn.attention_dropout");
-  core_.block_size = static_cast<int>(cfg.block_size);
+  core_.rows_per_sequence = context.rows_per_sequence(cfg.block_size);
   core_.bf16_gemm_inputs = bf16_gemm_inputs;
   core_.prefix = h;
   check_context_heads(context.comm, context.size(), core_.heads);  // Ulysses' rule
@@ -86,7 +86,7 @@ RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int lay
 
 void RotaryAttention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
                                     std::vector<NamedActivation>* list, DType gemm_inputs) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size;
+  const int64_t BT = max_batch * core_.rows_per_sequence;
   ActivationAllocator a(alloc, BT, 0, list);
   ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
   const std::string h = "model.layers." + std::to_string(layer_) + ".";

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/nn/context_parallel.h"
 #include "tessera/nn/linear.h"
 #include "tessera/nn/mlp.h"
 
@@ -35,8 +36,9 @@ struct SwigluMlpRecord final : MlpRecord {
 
 class SwigluMlp final : public Mlp {
  public:
+  // `context`: its records hold context.rows_per_sequence(block_size) rows of each sequence.
   SwigluMlp(ParameterSet& ps, const GPTConfig& cfg, int layer, const TensorSplit& split,
-            Recompute recompute, bool bf16_gemm_inputs);
+            const ContextSplit& context, Recompute recompute, bool bf16_gemm_inputs);
 
   const char* kind() const override { return "swiglu"; }
   std::unique_ptr<MlpRecord> make_record(int max_batch, Allocator& alloc,
@@ -69,6 +71,7 @@ class SwigluMlp final : public Mlp {
   TensorSplit split_;
   Recompute recompute_;
   bool bf16_gemm_inputs_;
+  int64_t rows_per_sequence_;  // of a record (ContextSplit::rows_per_sequence)
   int64_t hidden_local_;
   int norm_ = -1;
   Linear gate_, up_, down_;

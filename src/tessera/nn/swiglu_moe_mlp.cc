@@ -36,6 +36,7 @@ SwigluMoeMlp::SwigluMoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTCon
       layer_(layer),
       split_(split),
       recompute_(recompute),
+      rows_per_sequence_(context.rows_per_sequence(cfg.block_size)),
       norm_(add_norm(ps, cfg, layer)),
       moe_(ps, experts, cfg, layer, expert_split, context) {
   mark_sequence_partial(ps, norm_, split);
@@ -67,7 +68,7 @@ SwigluMoeMlp::SwigluMoeMlp(ParameterSet& ps, ParameterSet& experts, const GPTCon
 
 void SwigluMoeMlp::allocate(SwigluMoeMlpRecord& r, int max_batch, Allocator& alloc,
                             std::vector<NamedActivation>* list) const {
-  const int64_t BT = static_cast<int64_t>(max_batch) * cfg_.block_size, C = cfg_.n_embd;
+  const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
   const TokenRange rows_of = token_range(split_, BT);
   ActivationAllocator rows(alloc, rows_of.per, 0, list, split_.sequence_parallel());
   ActivationAllocator all(alloc, BT, 0, list);

@@ -73,6 +73,7 @@ class SwigluMoeMlp final : public Mlp {
   int layer_;
   TensorSplit split_;
   Recompute recompute_;
+  int64_t rows_per_sequence_;  // of a record (ContextSplit::rows_per_sequence)
   int norm_ = -1;
   MixtureOfExperts moe_;
   int64_t shared_local_ = 0;  // the shared expert's hidden columns on this rank (0: none)

@@ -318,6 +318,22 @@ void RankRun::sample() {
   if (prompt.empty())
     prompt.push_back(static_cast<int32_t>(tokenizer->special_tokens().eos.value_or(10)));
   const SampleOptions so{cfg_.sample_tokens, cfg_.temperature, cfg_.top_k, cfg_.seed};
+  // Generation runs whole sequences on every rank. Under context parallelism the records hold a
+  // rank's share of each sequence: the key/value cache's decode runs in pieces of that, but full
+  // forwards (a pipeline, tensor or expert parallelism, ZeRO-3, a capacity) need a whole one.
+  const nn::GPT* whole = forward_->whole_model();
+  if (cfg_.cp > 1 && !(so.kv_cache && whole && whole->can_decode()) &&
+      int64_t{micro_} * first_model().rows_per_sequence() < plan_.mcfg.block_size) {
+    say(log_, nullptr,
+        detail::concat("sample: skipped; with ", flag_of("cp"), " ", cfg_.cp,
+                       " a rank's activations hold ", micro_, " x ",
+                       first_model().rows_per_sequence(),
+                       " rows, and this layout generates with whole-sequence forwards of up to ",
+                       plan_.mcfg.block_size, " (", flag_of("micro_batch"), " >= ", flag_of("cp"),
+                       " makes room; `tessera sample` generates from the saved "
+                       "checkpoint)"));
+    return;
+  }
   const std::vector<int32_t> outs = generate(*forward_, prompt, so);
   const std::vector<uint32_t> ids(outs.begin(), outs.end());
   result_.sample = tokenizer->decode(ids);
