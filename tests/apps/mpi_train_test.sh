@@ -6,6 +6,7 @@
 # equals the same layout run as threads; recomputation (full at dp=2 ZeRO-3 and in 3D, selective
 # at dp=2 x tp=2); sequence parallelism (tp=2 --sp, and dp=2 x tp=2 --sp with ZeRO-1); a mixture
 # of experts with expert parallelism (ep=2, also with tp=2); the Llama family in 3D with --sp;
+# context parallelism (cp=2, each --cp-comm, with dp=2 ZeRO-1 and tp=2 --sp);
 # bf16 at dp=2 x tp=2 (rank 0's GEMM path in every process); and the error for too few
 # processes.
 set -u
@@ -160,6 +161,34 @@ for name in a:
     assert diff <= 1e-4 * math.sqrt(sum(p * p for p in x)), name
 PY
   then echo "ok   mpirun $name: final parameters (every expert) match one rank"; else failures=$((failures + 1)); fi
+done
+# Context parallelism under mpirun: each sequence split over cp=2 processes, every --cp-comm, with
+# dp=2 (ZeRO-1) and tp=2 --sp: every step's loss within 1e-5 of one rank, the final loss the
+# thread run's.
+for layout in "allgather 1 0 2" "ring 2 1 1" "ulysses 1 0 1"; do
+  read -r comm dp zero tp <<<"$layout"
+  np=$((2 * dp * tp))
+  run="cp-$comm-$dp-$tp"
+  spflag=()
+  [ "$tp" -gt 1 ] && spflag=(--sp)
+  name="cp=2 $comm dp=$dp zero=$zero tp=$tp${spflag[*]:+ sp}"
+  cp=(--cp 2 --cp-comm "$comm" --dp "$dp" --zero "$zero" --tp "$tp" "${spflag[@]}")
+  checks=$((checks + 2))
+  if ! timeout 180 "$mpiexec" --oversubscribe -n $np "$bin" train "${args[@]}" "${cp[@]}" \
+      --metrics "$dir/mpi$run.jsonl" >"$dir/mpi$run.log" 2>&1; then
+    echo "FAIL mpirun -n $np $name"; tail -20 "$dir/mpi$run.log"; failures=$((failures + 2)); continue
+  fi
+  "$bin" train "${args[@]}" "${cp[@]}" --backend inproc --metrics "$dir/thr$run.jsonl" \
+    >"$dir/thr$run.log" 2>&1 || { cat "$dir/thr$run.log"; exit 1; }
+  if python3 - "$(losses "$dir/one.jsonl")" "$(losses "$dir/mpi$run.jsonl")" "$(losses "$dir/thr$run.jsonl")" <<'PY'
+import sys
+a, b, t = ([float(x) for x in s.split()] for s in sys.argv[1:4])
+assert len(a) == len(b) == len(t) == 8, (a, b, t)
+for i, (x, y) in enumerate(zip(a, b)):
+    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: one rank {x}, mpi {y}"
+assert abs(t[-1] - b[-1]) <= 1e-6 * abs(t[-1]), f"final loss: threads {t[-1]}, mpi {b[-1]}"
+PY
+  then echo "ok   mpirun $name: losses match one rank and the thread run"; else failures=$((failures + 2)); fi
 done
 # --precision bf16 under mpirun: rank 0 resolves --bf16-gemm auto and every process takes its
 # path; dp=2 x tp=2 ZeRO-1 (4 processes) records the path its start-up line names and ends at the

@@ -73,7 +73,7 @@ ContextAttention AttentionBranch::context_call(const BlockPass& mb) const {
   if (mb.p > 0.0f)
     a.drop = k::AttentionDropout{
         mb.p, mb.seed, mix_stream(mb.step, core_.drop_site), mb.first_sample, 0, 0, 0};
-  a.label = core_.prefix;
+  a.label = core_.prefix.substr(0, core_.prefix.size() - 1);  // "h.3"
   return a;
 }
 

@@ -161,7 +161,7 @@ void ring_forward(const ContextAttention& a, const float* qkv, float* atty, floa
     PendingExchange kv;
     if (i + 1 < n) kv = pass_on(a, cur.f32(), next.f32(), R * KV2, kKvTag, "k/v");
     {
-      TraceSpan span("ring attention " + a.label + std::to_string(i), "forward");
+      TraceSpan span("ring attention " + a.label + " block " + std::to_string(i), "forward");
       k::flash_attention_forward(
           local_queries(a, qkv, cur.f32(), a.T, KV2, pos.data() + int64_t{src} * a.T), atty, Qw,
           lse, i > 0);
@@ -195,7 +195,8 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
     if (i + 1 < n) kv = pass_on(a, cur.f32(), next.f32(), R * KV2, kKvTag, "k/v (backward)");
     std::memset(part.f32(), 0, sizeof(float) * static_cast<size_t>(R * KV2));
     {
-      TraceSpan span("ring attention backward " + a.label + std::to_string(i), "backward");
+      TraceSpan span("ring attention backward " + a.label + " block " + std::to_string(i),
+                     "backward");
       k::flash_attention_backward(
           local_queries(a, qkv, cur.f32(), a.T, KV2, pos.data() + int64_t{src} * a.T), datty, Qw,
           lse, delta.f32(), dqkv, W, part.f32(), part.f32() + KV, KV2);

@@ -59,7 +59,7 @@ struct ContextAttention {
   kernels::AttentionHeads heads;
   int head_offset = 0, n_head = 0;
   kernels::AttentionDropout drop;  // head_offset, n_head_global and seq_len are filled here
-  std::string label;               // the layer, for the timeline ("h.3.")
+  std::string label;               // the layer, for the timeline ("h.3")
 };
 
 // ConfigError unless the variant can split these heads over n ranks (Ulysses' rule above).
