@@ -1,4 +1,4 @@
-// Context parallelism (--cp, docs/ARCHITECTURE.md decision 41): the token map (each rank's
+// Context parallelism (--cp, docs/ARCHITECTURE.md decision 42): the token map (each rank's
 // load-balanced positions, the tokens and targets sliced by them), the row map every token-wise
 // kernel keys by (dropout masks, learned positions), and that every layout with context
 // parallelism trains what one rank trains.

@@ -1,4 +1,4 @@
-// Context parallelism (docs/ARCHITECTURE.md decision 41): the sequence of every micro-batch split
+// Context parallelism (docs/ARCHITECTURE.md decision 42): the sequence of every micro-batch split
 // over the n ranks of a context-parallel group. This header holds the group a model is built with
 // (ContextSplit) and the token map every token-wise site follows: which rows of each sequence a
 // rank holds and at which global positions.

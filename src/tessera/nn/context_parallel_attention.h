@@ -1,5 +1,5 @@
 // The attention core of a micro-batch whose sequences are split over a context-parallel group
-// (nn/context_parallel.h; docs/ARCHITECTURE.md decision 41): the one place where the cp ranks of a
+// (nn/context_parallel.h; docs/ARCHITECTURE.md decision 42): the one place where the cp ranks of a
 // sequence meet. Each rank holds its T rows of every sequence (its load-balanced chunks, at global
 // positions) with their q, k and v columns (qkv rows [q heads | kv heads | kv heads], as the
 // attention modules keep them); the result is exactly the single-rank attention of those rows over

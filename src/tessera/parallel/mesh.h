@@ -3,7 +3,7 @@
 // group is a run of neighbouring ranks (one machine), the context-parallel ranks of a sequence are
 // next, and
 //   world rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank.
-// Context parallelism (cp, docs/ARCHITECTURE.md decision 41) splits every sequence over cp ranks
+// Context parallelism (cp, docs/ARCHITECTURE.md decision 42) splits every sequence over cp ranks
 // that hold the same parameters and see different tokens: for the gradients, ZeRO's shards and the
 // optimizer they are more data-parallel replicas, so the parameters' engines run over the dp x cp
 // group (gradient_group(); Megatron's "dp_cp"), the experts' over edp x cp, while the data sampler

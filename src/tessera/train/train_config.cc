@@ -337,20 +337,22 @@ void parallel_fields(std::vector<ConfigField>& f) {
   f.push_back(value(par, "cp", &T::cp,
                     "Context-parallel ranks per replica: every sequence split over cp ranks (2 x "
                     "cp chunks, rank r holding chunks r and 2cp-1-r for causal balance; --seq a "
-                    "multiple of 2 x cp), the attention exchanging keys and values (--cp-comm); "
+                    "multiple of 2 x cp), the attention exchanging keys and values (--cp-comm), "
+                    "activation memory divided by cp; "
                     "for gradients and ZeRO the cp ranks are more data-parallel replicas. "
                     "Validation runs split the same way; the end-of-run sample runs whole on "
                     "every rank",
                     at_least(1, " (1 = no context parallelism)")));
   f.push_back(choice(par, "cp_comm", &T::cp_comm,
-                     "How the context-parallel attention meets the sequence's keys: allgather "
-                     "(default, Llama 3's: K and V all-gathered, one kernel call, dK/dV "
-                     "reduce-scattered; 16 KV R (cp-1) bytes per layer, R the rank's rows, KV its "
-                     "key/value width), ring (K/V blocks passed around while computing, merged by "
-                     "log-sum-exp; transfers hide behind compute and only two blocks are held; "
-                     "8 KV R (3cp-2)), ulysses (all-to-all to head-split and back; cp must divide "
-                     "the heads of a tensor-parallel rank; fewer bytes when KV is small relative "
-                     "to the query width)",
+                     "How the context-parallel attention meets the rest of each sequence (bytes "
+                     "a rank sends per layer and micro-batch, R its rows, KV its key/value width): "
+                     "allgather (default, Llama 3's: K and V all-gathered, one kernel call, "
+                     "dK/dV reduce-scattered; 16 KV R (cp-1)), ring (K/V blocks passed to the "
+                     "next rank while computing with the held one, merged by log-sum-exp; "
+                     "transfers hide behind compute and only two blocks are held; "
+                     "8 KV R (3cp-2)), ulysses (all-to-all to head-split and back; bytes per "
+                     "rank fall as 1/cp; cp must divide a tensor-parallel rank's query heads and "
+                     "divide or be a multiple of its key/value heads)",
                      {{nn::CpComm::AllGather, "allgather"},
                       {nn::CpComm::Ring, "ring"},
                       {nn::CpComm::Ulysses, "ulysses"}}));
