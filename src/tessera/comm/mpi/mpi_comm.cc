@@ -2,14 +2,18 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tessera/comm/reduce.h"
@@ -211,13 +215,23 @@ class KeepIfAbandoned {
   std::tuple<Buffers&...> buffers_;
 };
 
+// The host of every world rank (MPI_Get_processor_name), gathered once when the world
+// communicator is made, so that an error about a peer can say where that peer runs: on a job that
+// spans hosts, "rank 1 (world rank 3 on host h2)". A job on one host keeps the shorter messages.
+struct Hosts {
+  std::vector<std::string> of_world_rank;
+  bool several = false;  // more than one distinct host
+};
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, CommOptions opts) : Communicator(std::move(opts)), comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, CommOptions opts, std::shared_ptr<const Hosts> hosts)
+      : Communicator(std::move(opts)), comm_(comm), hosts_(std::move(hosts)) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    world_of_ = world_ranks(comm_, size_);
     // Blocking collectives with no deadline of their own (a rank that left would hang them).
     const Watchdog watchdog(options().timeout, [this] {
       return "creating communicator '" + name() + "' rank " + std::to_string(rank_) + "/" +
@@ -269,9 +283,9 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // Polls `reqs` until all complete or the deadline passes. On timeout, cancels what MPI allows
-  // (point to point) and throws TimeoutError naming `missing(reqs)`.
+  // (point to point) and throws TimeoutError naming `waiting_for` (empty: others()).
   void wait_all(std::span<MPI_Request> reqs, Clock::time_point deadline, const OpDesc& d,
-                std::string_view waiting_for, bool cancellable = false);
+                std::string_view waiting_for = {}, bool cancellable = false);
   void exchange_fingerprints(const OpDesc& d, Clock::time_point deadline);
   void ring_all_reduce(const OpDesc& d, Clock::time_point deadline);
   void all_to_allv(const OpDesc& d, Clock::time_point deadline, const Where& w);
@@ -284,6 +298,16 @@ class MpiCommunicator final : public Communicator {
   // a receive that cannot be cancelled in that time, or a send (Open MPI cannot cancel sends),
   // is abandoned.
   void cancel_or_abandon(MPI_Request& req, bool is_send);
+  // Peers as the errors name them: "rank 1", or on a job that spans hosts "rank 1 (world rank 3
+  // on host h2)"; peer_list({1, 2}): "1,2", or "1 (world rank 3 on host h2), 2 (...)".
+  std::string peer(int r) const;
+  std::string peer_list(const std::vector<int>& ranks) const;
+  // Whom a collective that timed out was waiting for, when MPI does not say which peer was
+  // missing: the other ranks; on a job across hosts, the other rank of a pair by name, or the
+  // hosts the group's ranks run on.
+  std::string others() const;
+  // The world rank of each rank of `comm` (of `size` ranks).
+  static std::vector<int> world_ranks(MPI_Comm comm, int size);
 
   // Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
   // the requests finish in the background (progressed by later MPI calls) and are reaped here.
@@ -300,6 +324,8 @@ class MpiCommunicator final : public Communicator {
   // The messages of the collectives this backend runs itself over point to point (ring_all_reduce,
   // all_to_allv), never mixed with user send/recv.
   MPI_Comm data_;
+  std::shared_ptr<const Hosts> hosts_;
+  std::vector<int> world_of_;  // the world rank of each rank of this communicator
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   bool abandoned_ = false;
 };
@@ -321,8 +347,59 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
         } else {
           abandoned_ = true;
         }
-        return std::string(waiting_for);
+        return waiting_for.empty() ? others() : std::string(waiting_for);
       });
+}
+
+std::vector<int> MpiCommunicator::world_ranks(MPI_Comm comm, int size) {
+  std::vector<int> mine(size), world(size);
+  for (int r = 0; r < size; ++r) mine[r] = r;
+  MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &wg);
+  MPI_Group_translate_ranks(g, size, mine.data(), wg, world.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  return world;
+}
+
+std::string MpiCommunicator::peer(int r) const {
+  std::string s = detail::concat("rank ", r);
+  if (!hosts_->several || r < 0 || r >= size_) return s;
+  const int w = world_of_[r];
+  return detail::concat(s, " (world rank ", w, " on host ", hosts_->of_world_rank[w], ")");
+}
+
+std::string MpiCommunicator::peer_list(const std::vector<int>& ranks) const {
+  std::string s;
+  for (const int r : ranks) {
+    if (!s.empty()) s += hosts_->several ? ", " : ",";
+    s += peer(r).substr(5);  // without "rank "
+  }
+  return s;
+}
+
+std::string MpiCommunicator::others() const {
+  constexpr std::string_view plain = "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
+  if (!hosts_->several) return std::string(plain);
+  if (size_ == 2) return peer(1 - rank_);
+  // Hosts in order of first appearance, with their ranks of this communicator.
+  std::vector<std::pair<std::string, std::string>> by_host;
+  for (int r = 0; r < size_; ++r) {
+    const std::string& h = hosts_->of_world_rank[world_of_[r]];
+    auto it = std::find_if(by_host.begin(), by_host.end(), [&](auto& e) { return e.first == h; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {h, ""});
+    if (!it->second.empty()) it->second += ',';
+    it->second += std::to_string(r);
+  }
+  std::string where;
+  constexpr size_t kMaxHosts = 8;
+  for (size_t i = 0; i < by_host.size() && i < kMaxHosts; ++i)
+    where += detail::concat(i ? ", " : "", by_host[i].first, " (rank(s) ", by_host[i].second, ")");
+  if (by_host.size() > kMaxHosts)
+    where += detail::concat(" and ", by_host.size() - kMaxHosts, " more");
+  return detail::concat("the other ranks (set TESSERA_COMM_DEBUG=1 to learn which; the ranks of '",
+                        name(), "' run on host(s) ", where, ")");
 }
 
 // Large all-reduces run as a ring over point-to-point messages: ReduceScatter (n-1 steps: send
@@ -353,8 +430,8 @@ void MpiCommunicator::ring_all_reduce(const OpDesc& d, Clock::time_point deadlin
   const KeepIfAbandoned keep(abandoned_, tmp);
   // Posted ring messages cannot be taken back: a timeout abandons them.
   const std::string neighbours =
-      left == right ? detail::concat("ring neighbour rank ", left)
-                    : detail::concat("ring neighbour rank ", left, " or rank ", right);
+      left == right ? detail::concat("ring neighbour ", peer(left))
+                    : detail::concat("ring neighbour ", peer(left), " or ", peer(right));
   auto wait_one = [&](MPI_Request& req) { wait_all({&req, 1}, deadline, d, neighbours); };
   std::vector<MPI_Request> sends, recvs;
   for (int step = 0; step < 2 * (n - 1); ++step) {
@@ -438,9 +515,9 @@ void MpiCommunicator::all_to_allv(const OpDesc& d, Clock::time_point deadline, c
   const int m = n - 1;
   std::vector<MPI_Request> reqs(4 * static_cast<size_t>(m), MPI_REQUEST_NULL);
   std::vector<MPI_Status> st(reqs.size());
-  auto others = [&](int k) { return k < me ? k : k + 1; };  // the k-th other rank
+  auto other = [&](int k) { return k < me ? k : k + 1; };  // the k-th other rank
   for (int k = 0; k < m; ++k) {
-    const int p = others(k);
+    const int p = other(k);
     check_mpi(MPI_Irecv(&counts[2 * static_cast<size_t>(n) * p], 2 * n, MPI_INT64_T, p, kCountsTag,
                         data_, &reqs[k]),
               w);
@@ -449,7 +526,7 @@ void MpiCommunicator::all_to_allv(const OpDesc& d, Clock::time_point deadline, c
               w);
   }
   for (int k = 0; k < m; ++k) {
-    const int p = others(k);
+    const int p = other(k);
     check_mpi(MPI_Isend(mine, 2 * n, MPI_INT64_T, p, kCountsTag, data_, &reqs[2 * m + k]), w);
     check_mpi(MPI_Isend(in + send_at[p] * es, static_cast<int>(d.send_counts[p]), type, p,
                         kBlocksTag, data_, &reqs[3 * m + k]),
@@ -489,24 +566,22 @@ void MpiCommunicator::all_to_allv(const OpDesc& d, Clock::time_point deadline, c
           if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
             r = MPI_REQUEST_NULL;  // completed in error (freed)
         }
-        std::string recv_from, send_to;
+        std::vector<int> recv_from, send_to;
         for (int k = 0; k < m; ++k) {
-          const int p = others(k);
-          auto add = [p](std::string& s) {
-            if (!s.empty()) s += ',';
-            s += std::to_string(p);
-          };
-          if (reqs[k] != MPI_REQUEST_NULL || reqs[m + k] != MPI_REQUEST_NULL) add(recv_from);
+          const int p = other(k);
+          if (reqs[k] != MPI_REQUEST_NULL || reqs[m + k] != MPI_REQUEST_NULL)
+            recv_from.push_back(p);
           if (reqs[2 * m + k] != MPI_REQUEST_NULL || reqs[3 * m + k] != MPI_REQUEST_NULL)
-            add(send_to);
+            send_to.push_back(p);
         }
         for (int i = 0; i < 2 * m; ++i) cancel_or_abandon(reqs[i], false);
         for (size_t i = 2 * m; i < reqs.size(); ++i) cancel_or_abandon(reqs[i], true);
         std::string missing;
-        if (!recv_from.empty()) missing = detail::concat("rank(s) ", recv_from, " to send");
+        if (!recv_from.empty())
+          missing = detail::concat("rank(s) ", peer_list(recv_from), " to send");
         if (!send_to.empty())
-          missing += detail::concat(missing.empty() ? "" : " and for ", "rank(s) ", send_to,
-                                    " to receive this rank's counts and block");
+          missing += detail::concat(missing.empty() ? "" : " and for ", "rank(s) ",
+                                    peer_list(send_to), " to receive this rank's counts and block");
         return missing;
       });
   // Every pair, on every rank: rank i's send_counts[j] against rank j's recv_counts[i].
@@ -595,9 +670,9 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
       [&] {
         if (recv_error) std::rethrow_exception(recv_error);
         std::string missing;
-        if (reqs[0] != MPI_REQUEST_NULL) missing = detail::concat("rank ", d.recv_peer, " to send");
+        if (reqs[0] != MPI_REQUEST_NULL) missing = detail::concat(peer(d.recv_peer), " to send");
         if (reqs[1] != MPI_REQUEST_NULL)
-          missing += detail::concat(missing.empty() ? "" : " and for ", "rank ", d.peer,
+          missing += detail::concat(missing.empty() ? "" : " and for ", peer(d.peer),
                                     " to receive this rank's message");
         cancel_or_abandon(reqs[0], false);
         cancel_or_abandon(reqs[1], true);
@@ -630,21 +705,18 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
         return flag != 0;
       },
       [&] {
-        std::string missing;
+        std::vector<int> missing;
         int k = 0;
         for (int p = 0; p < size_; ++p) {
           if (p == rank_) continue;
           int done = 0;
           if (recvs[k] != MPI_REQUEST_NULL) MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE);
-          if (recvs[k] != MPI_REQUEST_NULL) {
-            if (!missing.empty()) missing += ',';
-            missing += std::to_string(p);
-          }
+          if (recvs[k] != MPI_REQUEST_NULL) missing.push_back(p);
           ++k;
         }
         for (auto& r : recvs) cancel_or_abandon(r, false);
         for (auto& r : sends) cancel_or_abandon(r, true);
-        return detail::concat("rank(s) ", missing, " to reach this collective");
+        return detail::concat("rank(s) ", peer_list(missing), " to reach this collective");
       });
   wait_all(sends, deadline, d, "fingerprint sends", true);
   detail::check_fingerprints(all, name(), rank_);
@@ -668,8 +740,6 @@ void MpiCommunicator::execute(const OpDesc& d) {
   const int count = to_int(d.count, w);
   const MPI_Datatype type = mpi_type(d.dtype);
   const size_t es = dtype_size(d.dtype);
-  constexpr std::string_view all_peers =
-      "the other ranks (set TESSERA_COMM_DEBUG=1 to learn which)";
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
   std::vector<unsigned char> tmp;
   const KeepIfAbandoned keep(abandoned_, tmp);
@@ -682,7 +752,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       }
       const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
       check_mpi(MPI_Iallreduce(in, d.recv, count, type, mpi_op(d.op, d.dtype), comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, all_peers);
+      wait_all(reqs, deadline, d);
       if (d.op == ReduceOp::Mean) detail::divide(d.recv, d.count, d.dtype, size_);
       return;
     }
@@ -691,7 +761,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
                            ? MPI_IN_PLACE
                            : d.send;
       check_mpi(MPI_Iallgather(in, count, type, d.recv, count, type, comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, all_peers);
+      wait_all(reqs, deadline, d);
       return;
     }
     case OpType::ReduceScatter: {
@@ -706,14 +776,14 @@ void MpiCommunicator::execute(const OpDesc& d) {
       check_mpi(MPI_Ireduce_scatter_block(d.send, out, count, type, mpi_op(d.op, d.dtype), comm_,
                                           &reqs[0]),
                 w);
-      wait_all(reqs, deadline, d, all_peers);
+      wait_all(reqs, deadline, d);
       if (in_place && d.count) std::memcpy(d.recv, tmp.data(), d.count * es);
       if (d.op == ReduceOp::Mean) detail::divide(d.recv, d.count, d.dtype, size_);
       return;
     }
     case OpType::Broadcast:
       check_mpi(MPI_Ibcast(d.recv, count, type, d.root, comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, detail::concat("root rank ", d.root, " or the other ranks"));
+      wait_all(reqs, deadline, d, detail::concat("root ", peer(d.root), " or the other ranks"));
       return;
     case OpType::AllToAll: {
       const void* in = d.send;
@@ -723,7 +793,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
         in = tmp.data();
       }
       check_mpi(MPI_Ialltoall(in, count, type, d.recv, count, type, comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, all_peers);
+      wait_all(reqs, deadline, d);
       return;
     }
     case OpType::AllToAllV:
@@ -731,7 +801,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
       return;
     case OpType::Barrier:
       check_mpi(MPI_Ibarrier(comm_, &reqs[0]), w);
-      wait_all(reqs, deadline, d, all_peers);
+      wait_all(reqs, deadline, d);
       return;
     case OpType::Send: {
       PendingSend p;
@@ -756,7 +826,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
           },
           [&] {
             cancel_or_abandon(reqs[0], false);
-            return detail::concat("rank ", d.peer, " to send");
+            return detail::concat(peer(d.peer), " to send");
           });
       check_received(MPI_SUCCESS, st, d, d.peer, d.count, w);
       return;
@@ -784,7 +854,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
   int ck[2] = {color, key};
   std::vector<int> all(2 * size_);
   check_mpi(MPI_Iallgather(ck, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &reqs[0]), where(d));
-  wait_all(reqs, deadline, d, "the other ranks");
+  wait_all(reqs, deadline, d);
   // Every rank reached the split, but one may have given up since (its deadline passed after it
   // had posted its part) and left; MPI_Comm_split, which blocks without a deadline, would then
   // wait for it forever. A watchdog ends this process if the split overruns another deadline.
@@ -800,7 +870,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
   if (out == MPI_COMM_NULL) return nullptr;
   CommOptions o = options();
   o.name = child_name;
-  return std::make_unique<MpiCommunicator>(out, std::move(o));
+  return std::make_unique<MpiCommunicator>(out, std::move(o), hosts_);
 }
 
 }  // namespace
@@ -808,15 +878,31 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key,
 std::unique_ptr<Communicator> make_world(const CommOptions& opts) {
   runtime();
   MPI_Comm c;
+  auto hosts = std::make_shared<Hosts>();
   {
     const Timeout timeout = opts.timeout;  // resolved (launch.cc)
     const Watchdog watchdog(timeout, [timeout] {
       return "creating the world communicator: timed out after " + std::to_string(timeout.count()) +
-             " ms in MPI_Comm_dup(MPI_COMM_WORLD) (a process has left or never started)";
+             " ms in MPI_Comm_dup(MPI_COMM_WORLD) or gathering the host names (a process has left "
+             "or never started)";
     });
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup(MPI_COMM_WORLD)");
+    // Every rank's host, for the errors that name a peer.
+    int size = 1, len = 0;
+    MPI_Comm_size(c, &size);
+    std::vector<char> name(MPI_MAX_PROCESSOR_NAME, '\0');
+    std::vector<char> all(name.size() * static_cast<size_t>(size), '\0');
+    check_mpi(MPI_Get_processor_name(name.data(), &len), "MPI_Get_processor_name");
+    check_mpi(MPI_Allgather(name.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, c),
+              "gathering the host names (MPI_Allgather)");
+    for (int r = 0; r < size; ++r) {
+      const char* h = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+      hosts->of_world_rank.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+      hosts->several = hosts->several || hosts->of_world_rank.back() != hosts->of_world_rank[0];
+    }
   }
-  return std::make_unique<MpiCommunicator>(c, opts);
+  return std::make_unique<MpiCommunicator>(c, opts, std::move(hosts));
 }
 
 }  // namespace tessera::comm::mpi

@@ -13,6 +13,12 @@
 // Sends are eager, as on the inproc backend: the data is copied and the call completes at once;
 // the MPI requests finish in the background and are reaped by later calls and the destructor.
 //
+// Peers in errors: when the job's ranks run on more than one host (MPI_Get_processor_name,
+// gathered once by make_world), an error that names a peer names its world rank and host too
+// ("waiting for rank 1 (world rank 3 on host h2) to send"); a collective that timed out without
+// knowing which peer it waited for lists the hosts of its communicator's ranks. On one host the
+// messages stay as they were.
+//
 // Debug mode (CommOptions::debug or TESSERA_COMM_DEBUG=1): before each collective every rank
 // sends its fingerprint to every other rank on a private duplicate communicator. Mismatches fail
 // on every rank with a MismatchError naming the ranks; a timeout names the ranks whose
