@@ -18,7 +18,7 @@ namespace k = tessera::kernels;
 namespace {
 
 // Transient buffers of one call (the current allocator's Buffers).
-Tensor buffer(int64_t n, const char* name) {
+Tensor cp_buffer(int64_t n, const char* name) {
   return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, MemCategory::Buffers, name);
 }
 
@@ -45,7 +45,7 @@ std::vector<int64_t> positions_of_all(const ContextAttention& a) {
 }
 
 // The kernel's dropout for heads starting at global head `first_head`.
-k::AttentionDropout dropout(const ContextAttention& a, int first_head) {
+k::AttentionDropout heads_dropout(const ContextAttention& a, int first_head) {
   k::AttentionDropout d = a.drop;
   d.head_offset = first_head;
   d.n_head_global = a.n_head;
@@ -67,7 +67,7 @@ k::FlashAttention local_queries(const ContextAttention& a, const float* qkv, con
   f.q_pos = a.positions;
   f.k_pos = k_pos;
   f.causal = true;
-  f.drop = dropout(a, a.head_offset);
+  f.drop = heads_dropout(a, a.head_offset);
   return f;
 }
 
@@ -79,11 +79,11 @@ Tensor gather_kv(const ContextAttention& a, const float* qkv) {
   const int64_t R = int64_t{a.B} * a.T, W = a.heads.row_width(),
                 Qw = int64_t{a.heads.q} * a.heads.size,
                 KV2 = 2 * int64_t{a.heads.kv} * a.heads.size;
-  Tensor mine = buffer(R * KV2, "cp.kv"), all = buffer(n * R * KV2, "cp.kv_gathered");
+  Tensor mine = cp_buffer(R * KV2, "cp.kv"), all = cp_buffer(n * R * KV2, "cp.kv_gathered");
   for (int64_t i = 0; i < R; ++i) copy_floats(mine.f32() + i * KV2, qkv + i * W + Qw, KV2);
   a.cp->group.all_gather(mine.f32(), all.f32(), static_cast<size_t>(R * KV2), DType::F32).wait();
   if (a.B == 1) return all;  // [n, T] is [1, n T] already
-  Tensor full = buffer(n * R * KV2, "cp.kv_whole");
+  Tensor full = cp_buffer(n * R * KV2, "cp.kv_whole");
   for (int s = 0; s < n; ++s)
     for (int b = 0; b < a.B; ++b)
       copy_floats(full.f32() + (int64_t{b} * n + s) * a.T * KV2,
@@ -108,23 +108,23 @@ void allgather_backward(const ContextAttention& a, const float* qkv, const float
                 KV2 = 2 * int64_t{a.heads.kv} * a.heads.size;
   const std::vector<int64_t> pos = positions_of_all(a);
   const Tensor kv = gather_kv(a, qkv);  // again: the forward kept nothing of it
-  Tensor delta = buffer(R * a.heads.q, "cp.delta");
+  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta");
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(R * W));
-  Tensor dkv = buffer(n * R * KV2, "cp.dkv_whole");
+  Tensor dkv = cp_buffer(n * R * KV2, "cp.dkv_whole");
   k::flash_attention_backward(local_queries(a, qkv, kv.f32(), n * a.T, KV2, pos.data()), datty, Qw,
                               lse, delta.f32(), dqkv, W, dkv.f32(),
                               dkv.f32() + int64_t{a.heads.kv} * a.heads.size, KV2);
   // Back to rank order, then each rank's rows summed over the group to their owner.
   Tensor by_rank = dkv;
   if (a.B > 1) {
-    by_rank = buffer(n * R * KV2, "cp.dkv_gathered");
+    by_rank = cp_buffer(n * R * KV2, "cp.dkv_gathered");
     for (int s = 0; s < n; ++s)
       for (int b = 0; b < a.B; ++b)
         copy_floats(by_rank.f32() + (s * R + int64_t{b} * a.T) * KV2,
                     dkv.f32() + (int64_t{b} * n + s) * a.T * KV2, a.T * KV2);
   }
-  Tensor mine = buffer(R * KV2, "cp.dkv");
+  Tensor mine = cp_buffer(R * KV2, "cp.dkv");
   a.cp->group.reduce_scatter(by_rank.f32(), mine.f32(), static_cast<size_t>(R * KV2), DType::F32)
       .wait();
   for (int64_t i = 0; i < R; ++i) copy_floats(dqkv + i * W + Qw, mine.f32() + i * KV2, KV2);
@@ -154,7 +154,7 @@ void ring_forward(const ContextAttention& a, const float* qkv, float* atty, floa
                 Qw = int64_t{a.heads.q} * a.heads.size,
                 KV2 = 2 * int64_t{a.heads.kv} * a.heads.size;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor cur = buffer(R * KV2, "cp.kv_block"), next = buffer(R * KV2, "cp.kv_block");
+  Tensor cur = cp_buffer(R * KV2, "cp.kv_block"), next = cp_buffer(R * KV2, "cp.kv_block");
   for (int64_t i = 0; i < R; ++i) copy_floats(cur.f32() + i * KV2, qkv + i * W + Qw, KV2);
   for (int i = 0; i < n; ++i) {
     const int src = (r - i + n) % n;  // whose keys this rank holds now
@@ -178,12 +178,12 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
                 Qw = int64_t{a.heads.q} * a.heads.size, KV = int64_t{a.heads.kv} * a.heads.size,
                 KV2 = 2 * KV;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor delta = buffer(R * a.heads.q, "cp.delta");
+  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta");
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(R * W));
-  Tensor cur = buffer(R * KV2, "cp.kv_block"), next = buffer(R * KV2, "cp.kv_block");
-  Tensor part = buffer(R * KV2, "cp.dkv_part");
-  Tensor acc = buffer(R * KV2, "cp.dkv_acc"), acc_in = buffer(R * KV2, "cp.dkv_acc");
+  Tensor cur = cp_buffer(R * KV2, "cp.kv_block"), next = cp_buffer(R * KV2, "cp.kv_block");
+  Tensor part = cp_buffer(R * KV2, "cp.dkv_part");
+  Tensor acc = cp_buffer(R * KV2, "cp.dkv_acc"), acc_in = cp_buffer(R * KV2, "cp.dkv_acc");
   for (int64_t i = 0; i < R; ++i) copy_floats(cur.f32() + i * KV2, qkv + i * W + Qw, KV2);
   // Step i: this rank holds the keys of rank r - i; their dK, dV accumulator arrives from the
   // previous rank (which added its part at step i - 1), gets this rank's part and moves on. After
@@ -274,7 +274,8 @@ void to_heads(const ContextAttention& a, const float* src, int64_t ld, const Col
               float* out) {
   const int n = a.cp->size();
   const int64_t R = int64_t{a.B} * a.T;
-  Tensor send = buffer(n * R * w, "cp.ulysses_send"), recv = buffer(n * R * w, "cp.ulysses_recv");
+  Tensor send = cp_buffer(n * R * w, "cp.ulysses_send"),
+         recv = cp_buffer(n * R * w, "cp.ulysses_recv");
   for (int j = 0; j < n; ++j) {
     const Runs c = cols(j);
     for (int64_t i = 0; i < R; ++i) {
@@ -299,7 +300,8 @@ void from_heads(const ContextAttention& a, const float* in, int64_t w, const Col
                 int64_t ld, bool add) {
   const int n = a.cp->size();
   const int64_t R = int64_t{a.B} * a.T;
-  Tensor send = buffer(n * R * w, "cp.ulysses_send"), recv = buffer(n * R * w, "cp.ulysses_recv");
+  Tensor send = cp_buffer(n * R * w, "cp.ulysses_send"),
+         recv = cp_buffer(n * R * w, "cp.ulysses_recv");
   for (int s = 0; s < n; ++s)
     for (int b = 0; b < a.B; ++b)
       copy_floats(send.f32() + (s * R + int64_t{b} * a.T) * w, in + (int64_t{b} * n + s) * a.T * w,
@@ -333,7 +335,7 @@ k::FlashAttention head_split_call(const ContextAttention& a, const HeadSplit& h,
   f.v = f.k + int64_t{h.kvh} * h.D;
   f.q_pos = f.k_pos = pos.data();
   f.causal = true;
-  f.drop = dropout(a, a.head_offset + a.cp->rank() * h.qh);
+  f.drop = heads_dropout(a, a.head_offset + a.cp->rank() * h.qh);
   return f;
 }
 
@@ -342,10 +344,10 @@ void ulysses_forward(const ContextAttention& a, const float* qkv, float* atty, f
   const int64_t Rn = int64_t{a.B} * a.T * h.n, W = a.heads.row_width(), Wh = h.width(),
                 Qh = int64_t{h.qh} * h.D;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor qkv_h = buffer(Rn * Wh, "cp.ulysses_qkv");
+  Tensor qkv_h = cp_buffer(Rn * Wh, "cp.ulysses_qkv");
   to_heads(
       a, qkv, W, [&](int j) { return qkv_columns(a, h, j); }, Wh, qkv_h.f32());
-  Tensor out_h = buffer(Rn * Qh, "cp.ulysses_out");
+  Tensor out_h = cp_buffer(Rn * Qh, "cp.ulysses_out");
   k::flash_attention_forward(head_split_call(a, h, qkv_h.f32(), pos), out_h.f32(), Qh, lse);
   from_heads(
       a, out_h.f32(), Qh, [&](int j) { return q_columns(h, j); }, atty, int64_t{a.heads.q} * h.D,
@@ -359,19 +361,21 @@ void ulysses_backward(const ContextAttention& a, const float* qkv, const float* 
   const int64_t R = int64_t{a.B} * a.T, Rn = R * n, W = a.heads.row_width(), Wh = h.width(),
                 Qw = int64_t{a.heads.q} * h.D, Qh = int64_t{h.qh} * h.D;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor qkv_h = buffer(Rn * Wh, "cp.ulysses_qkv");
+  Tensor qkv_h = cp_buffer(Rn * Wh, "cp.ulysses_qkv");
   to_heads(
       a, qkv, W, [&](int j) { return qkv_columns(a, h, j); }, Wh, qkv_h.f32());
-  Tensor dout_h = buffer(Rn * Qh, "cp.ulysses_dout");
+  Tensor dout_h = cp_buffer(Rn * Qh, "cp.ulysses_dout");
   to_heads(
       a, datty, Qw, [&](int j) { return q_columns(h, j); }, Qh, dout_h.f32());
   // The softmax row term, on this rank's rows (it needs only a row's own out and dout), then to
   // the head split: [B, heads, T] -> [B, qh, n T].
-  Tensor delta = buffer(R * a.heads.q, "cp.delta"), delta_h = buffer(Rn * h.qh, "cp.delta_heads");
+  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta"),
+         delta_h = cp_buffer(Rn * h.qh, "cp.delta_heads");
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   {
     const int64_t per = int64_t{a.B} * h.qh * a.T;  // one rank's block
-    Tensor send = buffer(n * per, "cp.ulysses_send"), recv = buffer(n * per, "cp.ulysses_recv");
+    Tensor send = cp_buffer(n * per, "cp.ulysses_send"),
+           recv = cp_buffer(n * per, "cp.ulysses_recv");
     for (int j = 0; j < n; ++j)
       for (int b = 0; b < a.B; ++b)
         copy_floats(send.f32() + j * per + int64_t{b} * h.qh * a.T,
@@ -384,7 +388,7 @@ void ulysses_backward(const ContextAttention& a, const float* qkv, const float* 
           copy_floats(delta_h.f32() + (int64_t{b} * h.qh + hh) * n * a.T + int64_t{s} * a.T,
                       recv.f32() + s * per + (int64_t{b} * h.qh + hh) * a.T, a.T);
   }
-  Tensor dqkv_h = buffer(Rn * Wh, "cp.ulysses_dqkv");
+  Tensor dqkv_h = cp_buffer(Rn * Wh, "cp.ulysses_dqkv");
   float* dk = dqkv_h.f32() + Qh;
   k::flash_attention_backward(head_split_call(a, h, qkv_h.f32(), pos), dout_h.f32(), Qh, lse,
                               delta_h.f32(), dqkv_h.f32(), Wh, dk, dk + int64_t{h.kvh} * h.D, Wh);
