@@ -45,7 +45,7 @@ cluster_up() {
 
 # Bytes into all hosts through their links (the host-side veth counters): every byte that one
 # host sends another crosses the sender's link and the receiver's; counted once, on the way in.
-bytes_in() { cluster bytes | awk '{s += $2} END {print s + 0}'; }
+bytes_in() { cluster bytes | awk '{s += $2} END {printf "%.0f\n", s}'; }
 
 # The tessera processes (ranks) running in the cluster's hosts: "host:pid ...".
 ranks_running() {
