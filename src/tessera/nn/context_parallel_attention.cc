@@ -39,8 +39,10 @@ std::vector<int64_t> positions_of_all(const ContextAttention& a) {
     all.insert(all.end(), p.begin(), p.end());
   }
   const int64_t* mine = all.data() + static_cast<size_t>(a.cp->rank()) * a.T;
-  TESSERA_ASSERT(std::equal(mine, mine + a.T, a.positions),
-                 "the batch's positions are not this cp rank's load-balanced ones");
+  TESSERA_CHECK_AS(ShapeError, std::equal(mine, mine + a.T, a.positions),
+                   "a context-parallel batch's positions must be its cp rank's load-balanced ones "
+                   "(nn::context_positions(seq_len, cp, cp_rank)): every rank places the others' "
+                   "keys by them");
   return all;
 }
 

@@ -48,7 +48,8 @@
 
 namespace tessera::nn {
 
-// One core call: this rank's B x T rows of sequences of seq_len tokens at `positions`, its heads
+// One core call: this rank's B x T rows of sequences of seq_len tokens at `positions` (its
+// load-balanced ones, context_positions(seq_len, n, rank): a ShapeError otherwise), its heads
 // (the global index of the first and the global count: dropout coordinates), dropout (p = 0: none;
 // seed, stream, first_sample as kernels::AttentionDropout).
 struct ContextAttention {
