@@ -150,8 +150,8 @@ Result bench_gpt(const char* name, const tessera::nn::GPTConfig& cfg, int B, int
 // (none, selective, full, none, ...) so machine drift hits every mode alike. Prints each mode's
 // median step time and its ratio to none, and the activation bytes per block measured by the
 // allocator against the fp32 formula (tests/nn/modules_test.cc derives it):
-//   none       b s (64 h + 16 + 2 h [masks]) + 4 a s^2 b (x2 with dropout)
-//   selective  b s (64 h + 16 + 2 h [masks])
+//   none       b s (64 h + 16 + 2 h [masks] + 4 a [the fused attention's log-sum-exp])
+//   selective  b s (60 h + 16 + 2 h [masks]) (the attention output and log-sum-exp recomputed)
 //   full       4 b s h
 void bench_recompute(const tessera::nn::GPTConfig& cfg, int B, int warmup, int steps) {
   using tessera::nn::Recompute;
@@ -203,8 +203,7 @@ void bench_recompute(const tessera::nn::GPTConfig& cfg, int B, int warmup, int s
   }
   const double b = B, sq = T, h = cfg.n_embd, a = cfg.n_head;
   const double masks = cfg.dropout > 0 ? 2 * b * sq * h : 0;
-  const double att = 4 * a * sq * sq * b * (cfg.dropout > 0 ? 2 : 1);
-  const double formula[3] = {b * sq * (64 * h + 16) + masks + att, b * sq * (64 * h + 16) + masks,
+  const double formula[3] = {b * sq * (64 * h + 16 + 4 * a) + masks, b * sq * (60 * h + 16) + masks,
                              4 * b * sq * h};
   std::printf(
       "\nrecompute (L%d C%d H%d T%d V%d B%d, dropout %.2f; forward + backward, steps "
