@@ -4,8 +4,11 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "tessera/core/error.h"
+#include "tessera/io/hf_config.h"
+#include "tessera/train/model_io.h"
 #include "tessera/train/train_config.h"
 
 namespace tessera::train {
@@ -223,6 +226,31 @@ TEST(ConfigError, RendersMarkedKeysForEachReader) {
   EXPECT_STREQ(e.what(), "micro_batch 3 must divide batch 8");
   EXPECT_EQ(e.render(flag_of), "--micro-batch 3 must divide --batch 8");
   EXPECT_STREQ(ConfigError("no keys {here}").what(), "no keys {here}");
+}
+
+}  // namespace
+}  // namespace tessera::train
+
+namespace tessera::train {
+namespace {
+
+// A Llama-family model's config.json reads back as the model that wrote it: biases on q, k and v
+// alone are Qwen2's (Llama's attention_bias would add one on o_proj too, and a resume would then
+// look for o_proj.bias).
+TEST(HfExport, BiasesReadBackAsTheyWereBuilt) {
+  for (const auto& [qkv, o, type] :
+       {std::tuple{false, false, "llama"}, std::tuple{true, false, "qwen2"},
+        std::tuple{true, true, "llama"}}) {
+    nn::GPTConfig c;
+    c.arch = nn::Arch::Llama;
+    c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = 2, c.block_size = 16;
+    c.vocab_size = 64, c.qkv_bias = qkv, c.o_bias = o;
+    const nlohmann::json j = io::hf_config_to_json(to_hf_config(c));
+    EXPECT_EQ(j["model_type"], type);
+    const nn::GPTConfig back = from_hf_config(io::parse_hf_config(j, "config.json"), 0.0f);
+    EXPECT_EQ(back.qkv_bias, qkv) << type;
+    EXPECT_EQ(back.o_bias, o) << type;
+  }
 }
 
 }  // namespace

@@ -127,7 +127,9 @@ std::string llama_moe_type(const GPTConfig& c) {
 std::string GPTConfig::hf_type() const {
   if (!llama()) return "gpt2";
   if (moe.enabled()) return llama_moe_type(*this);
-  return hf_model_type.empty() ? "llama" : hf_model_type;
+  if (!hf_model_type.empty()) return hf_model_type;
+  // Llama's attention_bias puts a bias on q, k, v and o; biases on q, k and v alone are Qwen2's.
+  return qkv_bias && !o_bias ? "qwen2" : "llama";
 }
 
 int GPTConfig::moe_hidden() const {
