@@ -93,7 +93,8 @@ struct GPTConfig {
   // An expert's hidden width: 4C for GPT-2; moe.ffn_dim, or mlp_hidden(), for the Llama family.
   int moe_hidden() const;
   // The Hugging Face model type an export writes and whose parameter names the modules take:
-  // "gpt2"; for the Llama family hf_model_type ("llama" when empty), except that a mixture of
+  // "gpt2"; for the Llama family hf_model_type (when empty: "qwen2" for biases on q, k and v
+  // alone, else "llama"), except that a mixture of
   // experts is "mixtral" or "qwen2_moe" (llama_moe_type).
   std::string hf_type() const;
 };
