@@ -6,8 +6,10 @@
 // out and the gradients, allocated and touched first), which counts what the kernel itself needs
 // (lse and delta, or the probabilities and scratch; tile scratch; OpenBLAS's buffers).
 // Usage: bench_attention flash|materialising T [heads (12)] [head size (64)] [repeats (3)]
-// Prints one JSON line: the seconds of each repeat (after one warm-up) and their median.
+// Prints one JSON line: the seconds of each repeat (after one warm-up) and their median, wall
+// clock and the process's CPU time (the latter is what a loaded machine disturbs least).
 #include <cblas.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +37,18 @@ long long peak_rss() {
   while (std::getline(f, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
   return 0;
+}
+
+double cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : (v[(n - 1) / 2] + v[n / 2]) / 2;
 }
 
 std::vector<float> random_values(size_t n, unsigned seed) {
@@ -73,7 +87,7 @@ int main(int argc, char** argv) {
   std::vector<float> out(static_cast<size_t>(T) * C, 0.0f), dqkv(qkv.size(), 0.0f);
   const long long base = peak_rss();
 
-  std::vector<double> seconds;
+  std::vector<double> seconds, cpu;
   if (impl == "flash") {
     std::vector<float> lse(static_cast<size_t>(NH) * T), delta(lse.size());
     k::FlashAttention a;
@@ -87,34 +101,40 @@ int main(int argc, char** argv) {
     a.ldkv = W;
     for (int r = 0; r <= repeats; ++r) {
       const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
       k::flash_attention_forward(a, out.data(), C, lse.data());
       k::flash_attention_delta(delta.data(), out.data(), C, dout.data(), C, 1, T, heads);
       std::fill(dqkv.begin(), dqkv.end(), 0.0f);
       k::flash_attention_backward(a, dout.data(), C, lse.data(), delta.data(), dqkv.data(), W,
                                   dqkv.data() + C, dqkv.data() + 2 * C, W);
-      if (r > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (r > 0) {
+        seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        cpu.push_back(cpu_seconds() - c0);
+      }
     }
   } else {
     std::vector<float> att(static_cast<size_t>(NH) * T * T), scratch(static_cast<size_t>(T) * T);
     for (int r = 0; r <= repeats; ++r) {
       const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
       k::attention_forward(out.data(), att.data(), nullptr, qkv.data(), 1, T, heads);
       k::attention_backward(dqkv.data(), scratch.data(), dout.data(), att.data(), nullptr,
                             qkv.data(), 1, T, heads);
-      if (r > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (r > 0) {
+        seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        cpu.push_back(cpu_seconds() - c0);
+      }
     }
   }
   const long long extra = peak_rss() - base;
-  std::vector<double> sorted = seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  const double median = n == 0 ? 0.0 : (sorted[(n - 1) / 2] + sorted[n / 2]) / 2;
   double checksum = 0;
   for (size_t i = 0; i < dqkv.size(); i += 97) checksum += dqkv[i];
   std::printf("{\"impl\": \"%s\", \"T\": %d, \"heads\": %d, \"head_size\": %d, \"seconds\": [",
               impl.c_str(), T, NH, hs);
   for (size_t i = 0; i < seconds.size(); ++i) std::printf("%s%.4f", i ? ", " : "", seconds[i]);
-  std::printf("], \"median_s\": %.4f, \"extra_mib\": %.1f, \"checksum\": %.6g}\n", median,
-              static_cast<double>(extra) / (1 << 20), checksum);
+  std::printf(
+      "], \"median_s\": %.4f, \"median_cpu_s\": %.4f, \"extra_mib\": %.1f, "
+      "\"checksum\": %.6g}\n",
+      median(seconds), median(cpu), static_cast<double>(extra) / (1 << 20), checksum);
   return 0;
 }

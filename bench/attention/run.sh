@@ -9,7 +9,8 @@
 # round's own figure is the median of its repeats) and each round's PyTorch / fused time ratio.
 #
 # Usage: bench/attention/run.sh [build dir (build)] [python with torch (/work/pyref/bin/python)]
-#   env: ROUNDS (3), REPEATS (3; 2 at 16K), TS ("1024 4096 16384"), MAT16K_HEADS (2)
+#   env: ROUNDS (3), REPEATS (3; 2 at 16K), TS ("1024 4096 16384"), MAT16K_HEADS (2),
+#        IMPLS ("flash materialising torch")
 # Takes ~10 minutes on 2 cores at the defaults; wants a quiet machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +29,7 @@ for r in $(seq 1 "$rounds"); do
     [ "$T" -ge 16384 ] && reps=${REPEATS:-2}
     mat_heads=12
     [ "$T" -ge 16384 ] && mat_heads=$mat16k
-    for impl in flash materialising torch; do
+    for impl in ${IMPLS:-flash materialising torch}; do
       if [ "$impl" = torch ]; then
         line=$(OMP_NUM_THREADS=1 "$py" "$here/torch_sdpa.py" "$T" 12 64 "$reps")
       elif [ "$impl" = materialising ]; then
@@ -47,14 +48,22 @@ for line in open(sys.argv[1]):
     r = int(line.split()[1])
     j = json.loads(line[line.index("{"):line.rindex("}") + 1])
     runs.setdefault((j["T"], j["impl"]), {})[r] = j
-print("T      fused s  MiB   | materialising s (heads)  MiB  | torch s   MiB  | torch / fused per round")
+print("medians over the rounds of each round's median, wall clock (CPU time); extra memory MiB")
+print("T      fused s         MiB | materialising s (heads)     MiB | torch s          MiB | "
+      "torch / fused, wall (CPU) per round")
 for T in sorted({t for t, _ in runs}):
     f, m, t = (runs.get((T, i), {}) for i in ("flash", "materialising", "torch"))
-    med = lambda d: statistics.median(x["median_s"] for x in d.values()) if d else float("nan")
+    if not f:
+        continue
+    med = lambda d, k: statistics.median(x[k] for x in d.values()) if d else float("nan")
     mib = lambda d: max(x["extra_mib"] for x in d.values()) if d else float("nan")
     heads = next(iter(m.values()))["heads"] if m else 0
-    ratios = [t[r]["median_s"] / f[r]["median_s"] for r in sorted(f) if r in t]
-    print(f"{T:<6} {med(f):7.3f} {mib(f):6.1f} | {med(m):7.3f} ({heads:2d}) {mib(m):13.1f} | "
-          f"{med(t):7.3f} {mib(t):6.1f} | {' '.join(f'{x:.2f}' for x in ratios)}"
-          f" (median {statistics.median(ratios):.2f}x)" if ratios else "")
+    col = lambda d: f"{med(d, 'median_s'):7.3f} ({med(d, 'median_cpu_s'):7.3f}) {mib(d):7.1f}"
+    ratios = [(t[r]["median_s"] / f[r]["median_s"], t[r]["median_cpu_s"] / f[r]["median_cpu_s"])
+              for r in sorted(f) if r in t]
+    text = " ".join(f"{w:.2f} ({c:.2f})" for w, c in ratios)
+    if ratios:
+        text += (f"; median {statistics.median(w for w, _ in ratios):.2f}x"
+                 f" ({statistics.median(c for _, c in ratios):.2f}x)")
+    print(f"{T:<6} {col(f)} | {col(m)} ({heads:2d}) | {col(t)} | {text}")
 PY
