@@ -13,6 +13,12 @@
 // single-device mask. The tile GEMMs run in the calling thread's GEMM mode (kernels/precision.h):
 // fp32, or bf16 inputs with fp32 accumulation. The materialising kernel (kernels/attention.h) is
 // the reference the tests hold this one to.
+//
+// Each call spreads its work over the calling rank's compute threads (openblas_get_num_threads, as
+// kernels/parallel_rows.h): the forward in pieces of (sequence, head, 512 query rows), the backward
+// in pieces of (sequence, key/value head) with all of that head's query heads. A piece writes its
+// outputs alone and sums in a fixed order, so results are bitwise the same on any number of
+// threads. Tile scratch: under 1 MB a thread at head size 64, outside the allocator's accounting.
 #pragma once
 
 #include <cstdint>
