@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: install what is needed, build with warnings as errors, run the whole suite, then
 # rerun it under AddressSanitizer + UndefinedBehaviorSanitizer (MPI tests included, without leak
-# checking) and the in-process communicator's tests under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
+# checking) the in-process communicator's tests and the threaded kernels under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -28,7 +28,12 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   echo "== ThreadSanitizer on the in-process communicator"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
     -DTESSERA_SANITIZE=thread -DTESSERA_BENCH=OFF >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_comm test_comm_faults
+  cmake --build build-tsan -j"$jobs" --target test_comm test_comm_faults test_kernels
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
     --timeout 900 -L inproc)
+  echo "== ThreadSanitizer on the threaded kernels (fused attention, parallel rows)"
+  # Not the bf16 test: oneDNN's OpenMP runtime is not instrumented (reports inside libdnnl).
+  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/kernels/test_kernels \
+    --gtest_filter='FlashAttention.*:ParallelRows*:-FlashAttention.Bf16GemmModeIsClose'
+
 fi
