@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: install what is needed, build with warnings as errors, run the whole suite, then
 # rerun it under AddressSanitizer + UndefinedBehaviorSanitizer (MPI tests included, without leak
-# checking) the in-process communicator's tests and the threaded kernels under ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
+# checking), and the in-process communicator's tests and the threaded kernels under
+# ThreadSanitizer. Set TESSERA_TEST_QUICK=1 to skip the sanitizer builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
