@@ -33,6 +33,8 @@ struct PlanFlags {
   int kv_heads = 0, ffn_dim = 0;
   bool tie_embeddings = true, qkv_bias = false;
   int dp = 1, tp = 1, pp = 1, ep = 1, zero = 0, virtual_stages = 1, micro_batch = 0;
+  int cp = 1, max_cp = 1;
+  std::string cp_comm = "allgather";
   bool sp = false;
   int devices = 0, top = 20, simulate_top = 32, calibrate_ranks = 2;
   double bucket_mb = 25, dp_overlap = -1;
@@ -162,6 +164,8 @@ void run(PlanFlags& f, int& exit_code) {
   set("tp", layout.tp, f.tp);
   set("pp", layout.pp, f.pp);
   set("ep", layout.ep, f.ep);
+  set("cp", layout.cp, f.cp);
+  if (f.has("cp_comm")) layout.cp_comm = nn::parse_cp_comm(f.cp_comm);
   if (f.has("zero")) layout.zero = parallel::zero_stage(f.zero);
   set("sp", layout.sp, f.sp);
   if (f.has("schedule")) layout.schedule = parallel::parse_schedule(f.schedule);
@@ -189,6 +193,11 @@ void run(PlanFlags& f, int& exit_code) {
   if (f.has("tp")) space.tp = layout.tp;
   if (f.has("pp")) space.pp = layout.pp;
   if (f.has("ep")) space.ep = layout.ep;
+  // Context parallelism only when asked: --cp holds it fixed, --max-cp enumerates it (a --config's
+  // cp is held too, as its other keys are not).
+  if (f.has("cp") || layout.cp > 1) space.cp = layout.cp;
+  if (f.has("cp_comm")) space.cp_comm = layout.cp_comm;
+  if (f.has("max_cp")) space.max_cp = f.max_cp;
   if (f.has("zero")) space.zero = layout.zero;
   if (f.has("sp")) space.sp = layout.sp;
   if (f.has("schedule")) space.schedule = layout.schedule;
@@ -255,6 +264,14 @@ void register_plan(CLI::App& root, int& exit_code) {
   opt("tp", f->tp, "Tensor-parallel ranks");
   opt("pp", f->pp, "Pipeline stages");
   opt("ep", f->ep, "Expert-parallel ranks (a divisor of --dp)");
+  opt("cp", f->cp,
+      "Context-parallel ranks: every sequence split over them (--seq a multiple of 2 x cp; a "
+      "ranking holds it fixed)");
+  opt("cp_comm", f->cp_comm,
+      "allgather, ring or ulysses: how the cp ranks' attention exchanges keys and values");
+  opt("max_cp", f->max_cp,
+      "Rankings: also try context parallelism, every cp up to this dividing the devices (each "
+      "--cp-comm unless given; default 1: none)");
   opt("zero", f->zero, "ZeRO stage 0-3");
   // A bare switch, as in `tessera train`: --sp (or --sp=false).
   f->given["sp"] =

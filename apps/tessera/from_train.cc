@@ -46,6 +46,8 @@ Layout layout_of(const train::TrainConfig& c) {
   l.tp = c.tp;
   l.pp = c.pp;
   l.ep = c.ep;
+  l.cp = c.cp;
+  l.cp_comm = c.cp_comm;
   l.sp = c.sp;
   l.zero = parallel::zero_stage(c.zero);
   l.schedule = c.schedule;

@@ -13,7 +13,8 @@ namespace tessera::plan {
 
 // layers, dim, heads (0: 4), seq, vocab (the BPE size trained on text), dropout.
 ModelSpec model_of(const train::TrainConfig& c);
-// dp, tp, pp, zero, schedule, virtual_stages, micro_batch (0: batch / dp), recompute.
+// dp, tp, pp, ep, cp, cp_comm, sp, zero, schedule, virtual_stages, micro_batch (0: batch / dp),
+// recompute.
 Layout layout_of(const train::TrainConfig& c);
 // bucket_mb, optimizer, and the bytes per element of the traffic that may travel in bf16.
 EngineOptions engine_options_of(const train::TrainConfig& c);

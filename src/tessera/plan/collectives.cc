@@ -59,28 +59,51 @@ Group strided(const ClusterSpec& c, int size, int stride) {
   g.per_node = stride >= D ? 1 : std::max(1, std::min(size, D / stride));
   return g;
 }
+// `outer` groups of `inner` ranks `inner_stride` apart, the groups `outer_stride` apart
+// (outer_stride
+// >= inner x inner_stride): dp x cp. An inner group spanning nodes puts every outer member on
+// other nodes; one inside a node takes as many outer members along as fit.
+Group nested(const ClusterSpec& c, int inner, int inner_stride, int outer, int outer_stride) {
+  const Group in = strided(c, inner, inner_stride);
+  Group g;
+  g.size = inner * outer;
+  g.per_node = in.per_node < inner ? in.per_node : inner * strided(c, outer, outer_stride).per_node;
+  return g;
+}
 }  // namespace
 
 Group tp_group(const ClusterSpec& c, const Layout& l) {
   return strided(c, l.tp, 1);
 }
+Group cp_group(const ClusterSpec& c, const Layout& l) {
+  return strided(c, l.cp, l.tp);
+}
 Group dp_group(const ClusterSpec& c, const Layout& l) {
-  return strided(c, l.dp, l.tp);
+  return strided(c, l.dp, l.tp * l.cp);
+}
+Group gradient_group(const ClusterSpec& c, const Layout& l) {
+  return nested(c, l.cp, l.tp, l.dp, l.tp * l.cp);
 }
 Group expert_group(const ClusterSpec& c, const Layout& l) {
-  return strided(c, l.ep, l.tp);
+  return strided(c, l.ep, l.tp * l.cp);
 }
 Group expert_replica_group(const ClusterSpec& c, const Layout& l) {
-  return strided(c, l.dp / l.ep, l.tp * l.ep);
+  return strided(c, l.dp / l.ep, l.tp * l.cp * l.ep);
+}
+Group expert_gradient_group(const ClusterSpec& c, const Layout& l) {
+  return nested(c, l.cp, l.tp, l.dp / l.ep, l.tp * l.cp * l.ep);
 }
 Group embedding_group(const ClusterSpec& c, const Layout& l) {
-  Group g = dp_group(c, l);
-  g.size = 2 * l.dp;  // the same dp ranks of the first and the last stage: two nodes or more
-  if (l.pp > 1 && l.tp * l.dp * l.pp > c.devices_per_node) g.per_node = std::min(g.per_node, l.dp);
+  Group g = gradient_group(c, l);
+  const int replicas = l.dp * l.cp;
+  g.size = 2 * replicas;  // the same ranks of the first and the last stage: two nodes or more
+  if (l.pp > 1 && l.tp * replicas * l.pp > c.devices_per_node)
+    g.per_node = std::min(g.per_node, replicas);
   return g;
 }
 bool pipeline_neighbours_share_node(const ClusterSpec& c, const Layout& l) {
-  return l.tp * l.dp * l.pp <= c.devices_per_node || l.tp * l.dp < c.devices_per_node;
+  const int stage = l.tp * l.cp * l.dp;  // the ranks of one pipeline stage
+  return stage * l.pp <= c.devices_per_node || stage < c.devices_per_node;
 }
 
 }  // namespace tessera::plan

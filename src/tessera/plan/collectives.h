@@ -28,12 +28,19 @@ double all_to_all_seconds(const ClusterSpec& c, const Group& g, double bytes);
 double p2p_seconds(const ClusterSpec& c, bool same_node, double bytes);
 
 // Where a layout's groups fall with Megatron's rank order (tensor-parallel ranks adjacent, then
-// data-parallel, then pipeline) on nodes of c.devices_per_node devices.
+// context-parallel, then data-parallel, then pipeline; parallel/mesh.h) on nodes of
+// c.devices_per_node devices.
 Group tp_group(const ClusterSpec& c, const Layout& l);
+Group cp_group(const ClusterSpec& c, const Layout& l);  // the cp ranks of a sequence
 Group dp_group(const ClusterSpec& c, const Layout& l);
+// The parameters' gradient group, dp x cp (Mesh::gradient_group; dp itself at cp = 1).
+Group gradient_group(const ClusterSpec& c, const Layout& l);
 Group expert_group(const ClusterSpec& c, const Layout& l);          // ep ranks, runs of dp ranks
 Group expert_replica_group(const ClusterSpec& c, const Layout& l);  // dp / ep holders of an expert
-Group embedding_group(const ClusterSpec& c, const Layout& l);       // the first and last stages' dp
+// The experts' gradient group: the dp / ep holders of an expert x cp.
+Group expert_gradient_group(const ClusterSpec& c, const Layout& l);
+// The first and last stages' dp x cp ranks.
+Group embedding_group(const ClusterSpec& c, const Layout& l);
 bool pipeline_neighbours_share_node(const ClusterSpec& c, const Layout& l);
 
 }  // namespace tessera::plan

@@ -48,8 +48,8 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
   const double c = n.comm, m = micro_batches;
   double bytes = 0;
   for (const StageSheet& s : chunks) {
-    for (const auto& [elems, group] :
-         {std::pair<double, int>{s.dense_elems, l.dp}, {s.expert_elems, l.dp / l.ep}}) {
+    for (const auto& [elems, group] : {std::pair<double, int>{s.dense_elems, l.gradient_ranks()},
+                                       {s.expert_elems, l.expert_gradient_ranks()}}) {
       if (group <= 1 || elems == 0) continue;
       // One reduce-scatter or all-gather of the elements, at `dtype_bytes` each.
       auto ring = [&](double dtype_bytes) { return (group - 1.0) / group * dtype_bytes * elems; };
@@ -64,12 +64,12 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
       else if (z.sharded())
         bytes += ring(n.param);  // all-gather of the parameters after the step
     }
-    if (l.sp && l.tp > 1 && s.sequence_partial_elems > 0) {  // one all-reduce over dp x tp
-      const double g = static_cast<double>(l.dp) * l.tp;
+    if (l.sp && l.tp > 1 && s.sequence_partial_elems > 0) {  // one all-reduce over dp x cp x tp
+      const double g = static_cast<double>(l.gradient_ranks()) * l.tp;
       bytes += 2 * (g - 1) / g * n.grad * s.sequence_partial_elems;
     }
-    if (s.tied_wte_elems > 0) {  // the embedding group: both stages' data-parallel ranks
-      const double g = 2.0 * l.dp;
+    if (s.tied_wte_elems > 0) {  // the embedding group: both stages' dp x cp ranks
+      const double g = 2.0 * l.gradient_ranks();
       bytes += 2 * (g - 1) / g * n.grad * s.tied_wte_elems;  // the gradients as held
     }
   }
@@ -77,8 +77,9 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
 }
 
 void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n) {
-  for (const MemoryTerms& z : {zero_model_states(s.dense_elems, l.zero, l.dp, n),
-                               zero_model_states(s.expert_elems, l.zero, l.dp / l.ep, n)}) {
+  for (const MemoryTerms& z :
+       {zero_model_states(s.dense_elems, l.zero, l.gradient_ranks(), n),
+        zero_model_states(s.expert_elems, l.zero, l.expert_gradient_ranks(), n)}) {
     total.parameters += z.parameters;
     total.gradients += z.gradients;
     total.optimizer_state += z.optimizer_state;
@@ -92,7 +93,16 @@ nn::BlockPart part_of(const parallel::UnitRange& units, int u) {
   return nn::BlockPart::Whole;
 }
 
-void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r) {
+double StageSheet::cp_bytes(const ModelSpec& m, const Layout& l) const {
+  if (l.cp <= 1) return 0;
+  const CpBytes core = cp_layer_bytes(cp);
+  const double routing = (l.cp - 1) * cp_routing_chunk_bytes(m, l);  // an all-gather
+  return cp_cores * (core.fwd + core.bwd) + cp_core_recomputes * core.fwd +
+         (cp_routers + cp_router_recomputes) * routing;
+}
+
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r,
+                   double cp_elem_bytes) {
   UnitWork w;
   for (int u = s.units.first; u <= s.units.last; ++u)
     w += unit_work(m, l, u, r, part_of(s.units, u));
@@ -114,6 +124,19 @@ void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const Wor
   s.a2a_fwd = w.a2a_fwd;
   s.a2a_bwd = w.a2a_bwd;
   s.a2a_bytes = w.a2a_bytes;
+  s.core_fwd_flops = w.core_fwd_flops;
+  s.core_bwd_flops = w.core_bwd_flops;
+  s.core_fwd_cost = w.core_fwd_cost;
+  s.core_bwd_cost = w.core_bwd_cost;
+  if (l.cp > 1) {
+    s.cp = cp_shape(m, l, cp_elem_bytes);
+    s.cp_cores = w.attention_cores;
+    s.cp_routers = w.moe_routers;
+    // Both recomputations rerun the core's forward (selective: only it); a full one reruns the
+    // routing too.
+    s.cp_core_recomputes = l.recompute == nn::Recompute::None ? 0 : w.attention_cores;
+    s.cp_router_recomputes = l.recompute == nn::Recompute::Full ? w.moe_routers : 0;
+  }
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& name, const EngineOptions& o) {

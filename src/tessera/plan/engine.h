@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessera/parallel/pipeline/pipeline_split.h"
+#include "tessera/plan/context_parallel.h"
 #include "tessera/plan/gemm_efficiency.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
@@ -30,7 +31,8 @@ struct Numerics {
 };
 
 // One model stage (a chunk of consecutive units on one pipeline rank), seen from one device of its
-// tensor-parallel group, per micro-batch of `micro_batch` sequences.
+// tensor- and context-parallel groups, per micro-batch of `micro_batch` sequences (that device's
+// micro_batch x seq / cp tokens of it).
 struct StageSheet {
   parallel::UnitRange units;
   int blocks = 0;
@@ -66,6 +68,19 @@ struct StageSheet {
   int a2a_fwd = 0, a2a_bwd = 0;
   double a2a_bytes = 0;
   double boundary_bytes = 0;  // what one device sends the next stage per micro-batch
+  // Context parallelism (plan/context_parallel.h), per micro-batch: one attention core's exchange
+  // (its shape, with the engine's element size), the attention cores and MoE routers the stage
+  // runs forward (each exchanging once per forward, recomputations included, and each core once
+  // per backward), the cores' own work (what a ring's transfers hide behind), and the most
+  // transient bytes a core's call holds (tessera).
+  CpShape cp;
+  int cp_cores = 0, cp_routers = 0;
+  int cp_core_recomputes = 0, cp_router_recomputes = 0;
+  double core_fwd_flops = 0, core_bwd_flops = 0, core_fwd_cost = 0, core_bwd_cost = 0;
+  CpTransient cp_transient;
+  // Bytes one device sends its cp ranks per micro-batch (attention and routing, recomputation
+  // included).
+  double cp_bytes(const ModelSpec& m, const Layout& l) const;
   double params() const { return dense_elems + expert_elems; }
 };
 
@@ -129,13 +144,15 @@ class Engine {
 };
 
 // Adds the model states of chunk `s` under l's ZeRO stage: its dense parameters sharded over the
-// data-parallel group, its experts over the dp / ep ranks holding the same experts.
+// gradient group (dp x cp), its experts over the dp / ep x cp ranks holding the same experts.
 void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n);
 
 struct WorkRules;
-// Fills the work fields of `s` (FLOPs, elementwise bytes, collectives) with the sum of
-// unit_work over its units (plan/work.h).
-void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r);
+// Fills the work fields of `s` (FLOPs, elementwise bytes, collectives, context parallelism's
+// exchanges with `cp_elem_bytes` per element) with the sum of unit_work over its units
+// (plan/work.h).
+void add_unit_work(StageSheet& s, const ModelSpec& m, const Layout& l, const WorkRules& r,
+                   double cp_elem_bytes);
 // Which part of unit u a stage holds (a half where the stage boundary cuts the block).
 nn::BlockPart part_of(const parallel::UnitRange& units, int u);
 

@@ -5,7 +5,9 @@
 // output layer's terms on the last; a full recomputation also needs one layer's activations while
 // it recomputes. Stages hold equal numbers of layers (the embedding on the first, the head and a
 // copy of the word embedding on the last); activations are sent split over the tensor-parallel
-// ranks (the scatter/gather optimisation of Narayanan et al. 2021).
+// ranks (the scatter/gather optimisation of Narayanan et al. 2021). Context parallelism: a device
+// holds s / cp tokens of every sequence, so each of Korthikanti's terms is / cp, and its keys and
+// values travel in bf16 (plan/context_parallel.h); the variants' transient buffers are not counted.
 #include <algorithm>
 
 #include "tessera/core/error.h"
@@ -81,6 +83,8 @@ class MegatronEngine final : public Engine {
     x.t = l.tp;
     x.sp = l.sp;
     x.dropout = m.dropout > 0;
+    x.cp = l.cp;
+    const double s_local = x.s / l.cp;  // a cp rank's tokens of each sequence
 
     for (int u = units.first; u <= units.last; ++u) {
       double dense = 0, experts = 0;
@@ -112,11 +116,11 @@ class MegatronEngine final : public Engine {
       s.workspace_bytes = layer_activation_bytes(x, nn::Recompute::None);
     if (parallel::traits(l.schedule_kind())
             .splits_backward)  // the matmuls' output gradients wait for W
-      s.deferred_bytes = s.blocks * 2 * x.s * x.b * (C + 4 * C / t + C + 3 * C / t);
+      s.deferred_bytes = s.blocks * 2 * s_local * x.b * (C + 4 * C / t + C + 3 * C / t);
 
-    add_unit_work(s, m, l, megatron_rules());
-    s.tp_bytes = 2 * x.s * x.b * C;
-    s.boundary_bytes = 2 * x.s * x.b * C / t;
+    add_unit_work(s, m, l, megatron_rules(), 2);  // bf16 keys and values
+    s.tp_bytes = 2 * s_local * x.b * C;
+    s.boundary_bytes = 2 * s_local * x.b * C / t;
     return s;
   }
 

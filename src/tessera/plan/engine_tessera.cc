@@ -5,7 +5,12 @@
 // Each model chunk keeps the records of its most micro-batches in flight (the executor's pool
 // never shrinks). Transients: ZeRO-2/3 gradient buckets and ZeRO-3 gathered buckets
 // (data_parallel.cc keeps at most two reductions pending and prefetches one bucket), the
-// embedding group's gradient copy, the head's statistics.
+// embedding group's gradient copy, the head's statistics, and under context parallelism the
+// attention's transient buffers (plan/context_parallel.h: the whole sequence's keys and values for
+// allgather, two blocks and the accumulators for ring, the head-split rows for ulysses), whose
+// backward's coexist with the ZeRO buckets of that backward. A stage built over a cp group of n
+// sizes its records and workspace for s / n rows of each sequence, so the measurement divides
+// them by n itself.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -86,10 +91,11 @@ class TesseraEngine final : public Engine {
       if (!options.attention_efficiency.empty()) rules.attention = &options.attention_efficiency;
       rules.moe_skew = options.moe_skew;
     }
-    add_unit_work(s, m, l, rules);
-    s.tp_bytes = options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;
+    add_unit_work(s, m, l, rules, 4);  // keys, values and their gradients travel in fp32
+    if (s.cp_cores > 0) s.cp_transient = cp_transient_bytes(s.cp);
+    const double tokens = local_tokens(m, l);
+    s.tp_bytes = options.activation_comm_bytes * tokens * m.hidden;
     // A hidden state passed between stages: this rank's rows under sequence parallelism.
-    const double tokens = static_cast<double>(l.micro_batch) * m.seq;
     const double rows = l.sp && l.tp > 1 ? std::ceil(tokens / l.tp) : tokens;
     s.boundary_bytes = options.activation_comm_bytes * rows * m.hidden;
     return s;
@@ -104,7 +110,7 @@ class TesseraEngine final : public Engine {
     double transient = 0;
     std::vector<BucketPeaks> zero(chunks.size());
     for (size_t c = 0; c < chunks.size(); ++c)
-      zero[c] = zero_transient(chunks[c], l, micro_batches);
+      zero[c] = zero_transient(chunks[c], m, l, micro_batches);
     double pending = 0;
     for (const BucketPeaks& z : zero) pending += z.pending;
     bool receives_gradients = false;
@@ -112,10 +118,11 @@ class TesseraEngine final : public Engine {
       const StageSheet& s = chunks[c];
       add_model_states(total, s, l, n);
       total.activations += s.workspace_bytes + chunk_peaks[c] * (s.record_bytes + s.deferred_bytes);
-      // This chunk's buckets at their peak, the other chunks' reductions still pending.
+      // This chunk's buckets (and context-parallel buffers) at their peak, the other chunks'
+      // reductions still pending.
       transient = std::max(transient, zero[c].peak + pending - zero[c].pending);
       transient = std::max(transient, 4 * s.tied_wte_elems);  // embedding-group gradient copy
-      if (s.has_head && l.tp > 1) transient = std::max(transient, 8.0 * l.micro_batch * m.seq);
+      if (s.has_head && l.tp > 1) transient = std::max(transient, 8.0 * local_tokens(m, l));
       if (!s.has_head) receives_gradients = true;
     }
     if (l.pp > 1) {  // pipeline/step_executor.cc's buffers: the fp32 output-gradient buffer (an
@@ -127,7 +134,7 @@ class TesseraEngine final : public Engine {
     // A bf16 tensor-parallel collective's wire (nn/wire.h: [B*T, C] rounded to bf16) exists while
     // the collective runs, on top of whatever else is alive then.
     if (l.tp > 1 && options.activation_comm_bytes < 4)
-      total.buffers += options.activation_comm_bytes * l.micro_batch * m.seq * m.hidden;
+      total.buffers += options.activation_comm_bytes * local_tokens(m, l) * m.hidden;
     return total;
   }
 
@@ -138,7 +145,8 @@ class TesseraEngine final : public Engine {
     if (!(m == measured_model_)) measures_.clear(), measured_model_ = m;
     // What a measurement depends on; dp and the ZeRO stage are applied to it (pad_units).
     const auto key = std::make_tuple(u.first, u.last, u.starts_mid_block, u.ends_mid_block, l.tp,
-                                     l.sp, l.ep, l.micro_batch, static_cast<int>(l.recompute));
+                                     l.sp, l.ep, l.micro_batch, static_cast<int>(l.recompute), l.cp,
+                                     static_cast<int>(l.cp_comm));
     auto it = measures_.find(key);
     if (it == measures_.end()) {
       Layout unsharded = l;
@@ -156,8 +164,9 @@ class TesseraEngine final : public Engine {
   // recomputation), plus the exchange scratch the stage's MoE blocks share.
   void add_routed_rows(StageSheet& s, const ModelSpec& m, const Layout& l, int moe_blocks) const {
     const double C = m.hidden, F = 4.0 * C, E = m.moe.experts, ep = l.ep, grow = 1.25;
-    const double BT = static_cast<double>(l.micro_batch) * m.block_size();
-    const double Bs = static_cast<double>(l.micro_batch) * m.seq;
+    // A cp rank's rows: the records hold ceil(block_size / cp) of each sequence, a pass s / cp.
+    const double BT = static_cast<double>(l.micro_batch) * ((m.block_size() + l.cp - 1) / l.cp);
+    const double Bs = local_tokens(m, l);
     const double kept = m.moe.capacity_factor > 0 ? std::min(1.0, m.moe.capacity_factor) : 1.0;
     // The busiest rank runs (and receives) skew x the balanced rows; it sends its own K.
     const double skew = l.ep > 1 ? options.moe_skew : 1.0;
@@ -172,7 +181,8 @@ class TesseraEngine final : public Engine {
 
   mutable GemmEfficiencyCache gemm_;  // options.gemm_efficiency's lookups
   mutable ModelSpec measured_model_;
-  mutable std::map<std::tuple<int, int, bool, bool, int, bool, int, int, int>, StageMeasure>
+  mutable std::map<std::tuple<int, int, bool, bool, int, bool, int, int, int, int, int>,
+                   StageMeasure>
       measures_;
 
   struct BucketPeaks {
@@ -188,9 +198,14 @@ class TesseraEngine final : public Engine {
   // bucket's, forward and backward. The embedding's bucket, read by the tied head, keeps its
   // gradient buffer from the head's backward to its own, and its parameters gathered throughout.
   // Under bf16 a pending reduction holds only its bf16 wire, and a prefetched bucket its bf16
-  // gather buffer (widened into the fp32 working copy when acquired).
-  BucketPeaks zero_transient(const StageSheet& s, const Layout& l, int micro_batches) const {
-    if (!parallel::traits(l.zero).shards_gradients || l.dp < 1) return {};
+  // gather buffer (widened into the fp32 working copy when acquired). A context-parallel
+  // attention's buffers (s.cp_transient) exist during the forward and backward of a bucket whose
+  // units run an attention core, on top of that bucket's state then (a later micro-batch's forward
+  // runs with the last backward's reductions pending).
+  BucketPeaks zero_transient(const StageSheet& s, const ModelSpec& m, const Layout& l,
+                             int micro_batches) const {
+    if (!parallel::traits(l.zero).shards_gradients || l.dp < 1)
+      return {std::max(s.cp_transient.fwd, s.cp_transient.bwd), 0};
     // Buckets in backward order (parallel/buckets.cc): whole units, grown until >= the target.
     const double target = std::floor(options.bucket_mb * 1024 * 1024 / 4);
     std::vector<double> size;
@@ -206,6 +221,13 @@ class TesseraEngine final : public Engine {
       hi = lo - 1;
     }
     const int n = static_cast<int>(size.size());
+    std::vector<bool> has_core(static_cast<size_t>(n), false);  // a bucket's units run a core
+    for (size_t i = 0; i < bucket_of.size(); ++i) {
+      const int u = s.units.first + static_cast<int>(i);
+      if (u >= 1 && u <= m.layers && part_of(s.units, u) != nn::BlockPart::Mlp)
+        has_core[static_cast<size_t>(bucket_of[i])] = true;
+    }
+    auto core = [&](int b, double bytes) { return has_core[static_cast<size_t>(b)] ? bytes : 0.0; };
     auto bytes = [&](int b) { return 4 * size[static_cast<size_t>(b)]; };
     auto pending = [&](int b) { return options.grad_comm_bytes * size[static_cast<size_t>(b)]; };
     auto prefetched = [&](int b) {
@@ -233,13 +255,14 @@ class TesseraEngine final : public Engine {
       if (emb >= 0 && k != emb) grads += bytes(emb);
       const double params =
           parallel::traits(l.zero).shards_parameters ? gathered(k, std::min(k + 1, n - 1)) : 0;
-      peak = std::max(peak, grads + params);
+      peak = std::max(peak, grads + params + core(k, s.cp_transient.bwd));
     }
-    if (parallel::traits(l.zero).shards_parameters) {  // a forward: bucket j gathered, j - 1
-                                                       // prefetched, the last backward's left
-      for (int j = n - 1; j >= 0; --j)
-        peak =
-            std::max(peak, (later_micro_batches ? leftover : 0) + gathered(j, std::max(j - 1, 0)));
+    // A forward: bucket j gathered, j - 1 prefetched (ZeRO-3), the last backward's left.
+    for (int j = n - 1; j >= 0; --j) {
+      const double params =
+          parallel::traits(l.zero).shards_parameters ? gathered(j, std::max(j - 1, 0)) : 0;
+      peak = std::max(peak, (later_micro_batches ? leftover : 0) + params +
+                                core(j, s.cp_transient.fwd));
     }
     return {peak, leftover};
   }

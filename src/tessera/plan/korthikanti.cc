@@ -3,11 +3,11 @@
 namespace tessera::plan {
 
 double layer_activation_bytes(const LayerShape& x, nn::Recompute r) {
-  const double sbh = x.s * x.b * x.h, t = x.t;
+  const double sbh = x.s * x.b * x.h / x.cp, t = x.t;
   const double rep = x.sp ? 1.0 / t : 1.0;    // replicated over tp unless sequence-parallel
   const double mask = x.dropout ? 1.0 : 0.0;  // bytes per element of a dropout mask
   if (r == nn::Recompute::Full) return 2 * sbh * rep;
-  const double as2b = x.a * x.s * x.s * x.b;
+  const double as2b = x.a * x.s * x.s * x.b / x.cp;
   // Attention.
   double attention = 2 * sbh * rep        // QKV input (the LayerNorm's output)
                      + 4 * sbh / t        // Q and K
@@ -35,12 +35,12 @@ double table2_bytes(const LayerShape& x, nn::Recompute r) {
 }
 
 double embedding_activation_bytes(const LayerShape& x) {
-  return x.dropout ? x.s * x.b * x.h * (x.sp ? 1.0 / x.t : 1.0) : 0.0;
+  return x.dropout ? x.s * x.b * x.h / x.cp * (x.sp ? 1.0 / x.t : 1.0) : 0.0;
 }
 
 double output_activation_bytes(const LayerShape& x, double vocab) {
-  const double sbh = x.s * x.b * x.h, rep = x.sp ? 1.0 / x.t : 1.0;
-  return 2 * sbh * rep + 2 * sbh * rep + 4 * x.s * x.b * vocab / x.t;
+  const double sb = x.s * x.b / x.cp, sbh = sb * x.h, rep = x.sp ? 1.0 / x.t : 1.0;
+  return 2 * sbh * rep + 2 * sbh * rep + 4 * sb * vocab / x.t;
 }
 
 }  // namespace tessera::plan

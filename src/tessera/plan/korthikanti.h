@@ -14,6 +14,9 @@ struct LayerShape {
   int t = 1;
   bool sp = false;      // sequence parallelism: the replicated parts are split over t too
   bool dropout = true;  // the paper always keeps the dropout masks
+  // Context parallelism (not in the paper): a device holds s / cp tokens of each sequence, whose
+  // queries meet all s keys, so every term, the a s^2 b score terms too, is / cp.
+  int cp = 1;
 };
 
 // Bytes one device keeps for one layer's backward, term by term (section 4.1): attention
@@ -23,7 +26,7 @@ struct LayerShape {
 // recomputation keeps only the layer's input.
 double layer_activation_bytes(const LayerShape& x, nn::Recompute r);
 
-// The paper's table 2 (per layer, bytes):
+// The paper's table 2 (per layer, bytes; cp = 1, as the paper):
 //   no parallelism                              s b h (34 + 5 a s / h)
 //   tensor parallel                             s b h (10 + 24 / t + 5 a s / (h t))
 //   tensor + sequence parallel                  s b h (34 / t + 5 a s / (h t))

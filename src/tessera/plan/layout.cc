@@ -4,12 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/nn/context_parallel_attention.h"
 
 namespace tessera::plan {
 
 std::string Layout::str() const {
   std::string s =
       "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+  if (cp > 1) s += " cp=" + std::to_string(cp) + " " + nn::to_string(cp_comm);
   if (ep > 1) s += " ep=" + std::to_string(ep);
   s += " zero=" + std::to_string(parallel::to_int(zero));
   if (sp) s += " sp";
@@ -25,11 +27,29 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
                                          bool uneven_stages) {
   std::vector<std::string> p;
   auto add = [&](auto&&... parts) { p.push_back(detail::concat(parts...)); };
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.micro_batch < 1 || l.virtual_stages < 1) {
-    add("every degree (dp, tp, pp, ep), the micro-batch and the virtual stages must be positive");
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.cp < 1 || l.micro_batch < 1 ||
+      l.virtual_stages < 1) {
+    add("every degree (dp, tp, pp, ep, cp), the micro-batch and the virtual stages must be "
+        "positive");
     return p;
   }
   if (m.heads % l.tp != 0) add("tp=", l.tp, " must divide the ", m.heads, " attention heads");
+  if (l.cp > 1) {
+    if (m.seq % (2 * l.cp) != 0)
+      add("cp=", l.cp, " cuts each sequence into 2 x cp = ", 2 * l.cp,
+          " chunks (rank r holding chunks r and 2cp-1-r): it must divide the sequence length ",
+          m.seq);
+    const nn::GPTConfig c = to_gpt_config(m);
+    if (c.n_head % l.tp == 0 && c.kv_heads() % l.tp == 0) {
+      try {  // Ulysses' head rule, as the trainer checks it (train/run_plan.cc)
+        nn::check_context_heads(
+            l.cp_comm, l.cp,
+            kernels::AttentionHeads{c.n_head / l.tp, c.kv_heads() / l.tp, c.head_dim()});
+      } catch (const ConfigError& e) {
+        add(e.what());
+      }
+    }
+  }
   if (l.sp && l.tp == 1)
     add("sequence parallelism splits the tensor-parallel group's sequence: it needs tp > 1");
   if (l.sp && m.seq % l.tp != 0)
@@ -78,6 +98,8 @@ nlohmann::json to_json(const Layout& l) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"ep", l.ep},
+          {"cp", l.cp},
+          {"cp_comm", nn::to_string(l.cp_comm)},
           {"zero", parallel::to_int(l.zero)},
           {"sp", l.sp},
           {"schedule", parallel::to_string(l.schedule_kind())},
@@ -103,6 +125,8 @@ Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
       l.pp = integer();
     else if (k == "ep")
       l.ep = integer();
+    else if (k == "cp")
+      l.cp = integer();
     else if (k == "zero")
       l.zero = parallel::zero_stage(integer());
     else if (k == "virtual_stages")
@@ -117,6 +141,9 @@ Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
       const std::string name = v.get<std::string>();
       l.schedule =
           name == "single" ? parallel::ScheduleKind::OneFOneB : parallel::parse_schedule(name);
+    } else if (k == "cp_comm") {
+      TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'cp_comm' must be a string");
+      l.cp_comm = nn::parse_cp_comm(v.get<std::string>());
     } else if (k == "recompute") {
       TESSERA_CHECK_AS(ConfigError, v.is_string(), source, ": 'recompute' must be a string");
       l.recompute = nn::parse_recompute(v.get<std::string>());

@@ -1,7 +1,8 @@
 // One way to lay a training job out on devices: the parallel degrees, the ZeRO stage, the
 // pipeline schedule, the micro-batch and the recomputation mode. Ranks are ordered as
-// Megatron-LM (and parallel/mesh.h) order them: tensor-parallel ranks adjacent, then data-
-// parallel, then pipeline; expert-parallel groups are runs of data-parallel ranks.
+// Megatron-LM (and parallel/mesh.h) order them: tensor-parallel ranks adjacent, then context-
+// parallel, then data-parallel, then pipeline; expert-parallel groups are runs of data-parallel
+// ranks.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -19,6 +20,11 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1;
   int ep =
       1;  // expert-parallel ranks (a divisor of dp): each holds experts / ep of every MoE layer
+  // Context parallelism (docs/ARCHITECTURE.md decision 42): every sequence split over cp ranks
+  // whose attention exchanges keys and values by cp_comm; for gradients and ZeRO the cp ranks are
+  // more data-parallel replicas (the gradient group is dp x cp).
+  int cp = 1;
+  nn::CpComm cp_comm = nn::CpComm::AllGather;
   parallel::ZeroStage zero = parallel::ZeroStage::None;
   bool sp = false;  // sequence parallelism (Korthikanti et al. 2022; needs tp > 1)
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
@@ -26,14 +32,19 @@ struct Layout {
   int micro_batch = 1;     // sequences per micro-batch
   nn::Recompute recompute = nn::Recompute::None;
 
-  int devices() const { return dp * tp * pp; }
+  int devices() const { return dp * tp * pp * cp; }
+  // The ranks that sum the parameters' gradients and share their ZeRO shards (dp x cp), and the
+  // experts' (dp / ep x cp).
+  int gradient_ranks() const { return dp * cp; }
+  int expert_gradient_ranks() const { return dp / ep * cp; }
   // Micro-batches per optimizer step on each pipeline (global batch / (dp * micro_batch)).
   int micro_batches(int global_batch) const { return global_batch / (dp * micro_batch); }
   // The schedule a run of this layout executes: Single without pipeline parallelism.
   parallel::ScheduleKind schedule_kind() const {
     return pp == 1 ? parallel::ScheduleKind::Single : schedule;
   }
-  std::string str() const;  // "dp=4 tp=2 pp=2 zero=1 1f1b mb=1 recompute=none"
+  // "dp=4 tp=2 pp=2 zero=1 1f1b mb=1 recompute=none" ("cp=2 ring" after pp when cp > 1)
+  std::string str() const;
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 
@@ -45,8 +56,8 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
                                          bool uneven_stages);
 
 nlohmann::json to_json(const Layout& l);
-// Keys as train's flags: dp, tp, pp, ep, zero, sp, schedule, virtual_stages, micro_batch,
-// recompute. Missing keys keep the defaults above. ConfigError on unknown keys.
+// Keys as train's flags: dp, tp, pp, ep, cp, cp_comm, zero, sp, schedule, virtual_stages,
+// micro_batch, recompute. Missing keys keep the defaults above. ConfigError on unknown keys.
 Layout layout_from_json(const nlohmann::json& j, const std::string& source);
 
 }  // namespace tessera::plan

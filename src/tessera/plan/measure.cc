@@ -22,6 +22,7 @@ nn::GPTLayout stage_layout(const Layout& l, const parallel::UnitRange& units,
   base.ends_mid_block = units.ends_mid_block;
   base.recompute = l.recompute;
   base.sequence_parallel = l.sp;
+  base.cp_comm = l.cp_comm;
   if (o.bf16_gemm_inputs) {  // --precision bf16 (the emulated path: nothing is measured at start)
     base.gemm = {kernels::Precision::BF16, kernels::Bf16Gemm::Emulated};
     base.bf16_weight_copies =
@@ -29,7 +30,7 @@ nn::GPTLayout stage_layout(const Layout& l, const parallel::UnitRange& units,
   }
   parallel::DataParallelOptions dpo;
   dpo.zero = l.zero;
-  return parallel::gpt_layout_for(dpo, l.dp, base, l.dp / l.ep);
+  return parallel::gpt_layout_for(dpo, l.gradient_ranks(), base, l.expert_gradient_ranks());
 }
 
 }  // namespace
@@ -37,13 +38,15 @@ nn::GPTLayout stage_layout(const Layout& l, const parallel::UnitRange& units,
 StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::UnitRange& units,
                            const EngineOptions& o, Backing backing) {
   const nn::GPTConfig cfg = to_gpt_config(m);
-  // Rank 0 of the tensor- and expert-parallel groups: the largest vocabulary shard.
+  // Rank 0 of the tensor-, expert- and context-parallel groups: the largest vocabulary shard. A
+  // context group of cp sizes the records and workspace for a cp rank's rows.
   const std::unique_ptr<comm::Communicator> tp = comm::placeholder_group(l.tp);
   const std::unique_ptr<comm::Communicator> ep = comm::placeholder_group(l.ep);
+  const std::unique_ptr<comm::Communicator> cp = comm::placeholder_group(l.cp);
   Allocator counting("plan", 0, backing);
   Layout unsharded = l;  // 16-float units and resident weights (pad_units does the rest)
   unsharded.zero = parallel::ZeroStage::None;
-  nn::GPT model(cfg, l.micro_batch, counting, stage_layout(unsharded, units, o), *tp, *ep);
+  nn::GPT model(cfg, l.micro_batch, counting, stage_layout(unsharded, units, o), *tp, *ep, *cp);
 
   StageMeasure s;
   auto span = [&](int u, nn::ParamGroup g) {
@@ -68,7 +71,7 @@ StageMeasure measure_stage(const ModelSpec& m, const Layout& l, const parallel::
     s.record_bytes =
         static_cast<double>(counting.in_use(MemCategory::Activations)) - s.workspace_bytes;
   }
-  s.deferred_bytes = static_cast<double>(model.deferred_bytes(l.micro_batch, m.seq));
+  s.deferred_bytes = static_cast<double>(model.deferred_bytes(l.micro_batch, m.seq / l.cp));
   return pad_units(std::move(s), l);
 }
 
@@ -77,10 +80,10 @@ StageMeasure pad_units(StageMeasure s, const Layout& l) {
   if (z.shards_parameters) s.bf16_copy_bytes = 0;  // ZeRO-3 keeps no resident weights to copy
   // A unit's parameters lie the same way after a start aligned to any multiple of 16 floats, so
   // ZeRO's alignment (parallel::flat_layout_for: 16 x the group's size) only moves its end. The
-  // model's set is sharded over dp, the experts' over dp / ep.
+  // model's set is sharded over dp x cp, the experts' over dp / ep x cp.
   auto pad = [](double n, double multiple) { return std::ceil(n / multiple) * multiple; };
-  const double dense_align = 16.0 * (z.sharded() ? l.dp : 1);
-  const double expert_align = 16.0 * (z.sharded() ? l.dp / l.ep : 1);
+  const double dense_align = 16.0 * (z.sharded() ? l.gradient_ranks() : 1);
+  const double expert_align = 16.0 * (z.sharded() ? l.expert_gradient_ranks() : 1);
   s.unit_elems.clear();
   s.dense_elems = s.expert_elems = 0;
   for (size_t u = 0; u < s.unit_dense.size(); ++u) {

@@ -1,12 +1,13 @@
 // What one rank of a model stage allocates, measured rather than mirrored: the stage is built as
-// the trainer builds it (nn::GPT with the engine's layout, tensor- and expert-parallel groups of
-// the layout's sizes) against an allocator of address space only (core/allocator.h) and
+// the trainer builds it (nn::GPT with the engine's layout, tensor-, expert- and context-parallel
+// groups of the layout's sizes) against an allocator of address space only (core/allocator.h) and
 // placeholder groups (comm/launch.h), and its parameters, records, workspace and zero-bubble
 // copies are read off. So the tessera engine's memory prediction follows the code by construction:
 // a module that keeps one more tensor is planned with it.
 //
 // What depends on the data is not measured: a mixture of experts' routed rows (their buffers grow
-// to the largest routing seen) are modelled by the engine (engine_tessera.cc).
+// to the largest routing seen) are modelled by the engine (engine_tessera.cc). Nor what exists
+// only during a call: a context-parallel attention's buffers (plan/context_parallel.h).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,7 @@ struct StageMeasure {
   double bf16_copy_bytes = 0;         // bf16 copies of the GEMM weights
   // Bytes of one micro-batch's record, of the stage's scratch (the blocks' workspace and the
   // residual gradient), and of what a zero-bubble BI keeps for W (a micro-batch of
-  // micro_batch x seq tokens).
+  // micro_batch x seq / cp tokens).
   double record_bytes = 0, workspace_bytes = 0, deferred_bytes = 0;
   int moe_blocks = 0;  // MoE blocks (or MLP halves) of the stage
 };

@@ -12,6 +12,7 @@
 #include "tessera/parallel/pipeline/schedule_generators.h"
 #include "tessera/parallel/pipeline/schedule_simulate.h"
 #include "tessera/plan/collectives.h"
+#include "tessera/plan/context_parallel.h"
 
 namespace tessera::plan {
 
@@ -160,12 +161,42 @@ class Evaluator {
     return s;
   }
 
+  // Context parallelism's exchanges of stage x per micro-batch: what the forward and the backward
+  // (with its recomputation) wait for, and all of it (plan/context_parallel.h). A ring hides
+  // behind the attention core's compute on this rank.
+  struct CpSeconds {
+    double fwd = 0, bwd = 0, comm = 0;
+  };
+  CpSeconds cp_seconds(const Layout& l, const StageSheet& x) const {
+    if (l.cp <= 1 || (x.cp_cores == 0 && x.cp_routers == 0)) return {};
+    const ClusterSpec& c = r_.cluster;
+    const Group g = cp_group(c, l);
+    const double cores = std::max(1, x.cp_cores);
+    const bool gc = x.gemm_costed;
+    const CpTime t = cp_layer_seconds(
+        c, g, x.cp, compute_seconds(gc, x.core_fwd_flops, x.core_fwd_cost, 0) / cores,
+        compute_seconds(gc, x.core_bwd_flops, x.core_bwd_cost, 0) / cores);
+    const double route = all_gather_seconds(c, g, l.cp * cp_routing_chunk_bytes(r_.model, l));
+    CpSeconds s;
+    s.fwd = x.cp_cores * t.fwd_exposed + x.cp_routers * route;
+    s.bwd = x.cp_cores * t.bwd_exposed + x.cp_core_recomputes * t.fwd_exposed +
+            x.cp_router_recomputes * route;
+    s.comm = x.cp_cores * (t.fwd_comm + t.bwd_comm) + x.cp_core_recomputes * t.fwd_comm +
+             (x.cp_routers + x.cp_router_recomputes) * route;
+    return s;
+  }
+
+  // Per model stage and micro-batch: the in-line collectives' seconds (in the costs too).
+  struct StageComm {
+    std::vector<double> tp, ep, cp, cp_exposed;
+    explicit StageComm(size_t n) : tp(n), ep(n), cp(n), cp_exposed(n) {}
+  };
+
   // Each model stage's forward, backward and W per micro-batch (compute with the tensor-parallel
-  // all-reduces and expert all-to-alls in line); the collectives' share in tp_/ep_per_mb.
+  // all-reduces, expert all-to-alls and the context-parallel exchanges' exposed part in line).
   std::vector<parallel::ActionCosts> action_costs(const Layout& l,
                                                   const std::vector<StageSheet>& sheets,
-                                                  std::vector<double>& tp_per_mb,
-                                                  std::vector<double>& ep_per_mb) const {
+                                                  StageComm& comm) const {
     const ClusterSpec& c = r_.cluster;
     const double t_ar = all_reduce_seconds(c, tp_group(c, l), sheets.front().tp_bytes);
     std::vector<parallel::ActionCosts> costs;
@@ -174,27 +205,30 @@ class Evaluator {
       const double tp_f = x.tp_fwd * t_ar, tp_b = (x.tp_bwd + x.tp_recompute) * t_ar;
       const double t_a2a = all_to_all_seconds(c, expert_group(c, l), x.a2a_bytes);
       const double ep_f = x.a2a_fwd * t_a2a, ep_b = x.a2a_bwd * t_a2a;
+      const CpSeconds cp = cp_seconds(l, x);
       parallel::ActionCosts k;
       const bool g = x.gemm_costed;
-      k.forward =
-          std::max(1e-12, compute_seconds(g, x.fwd_flops, x.fwd_cost, x.fwd_bytes) + tp_f + ep_f);
+      k.forward = std::max(
+          1e-12, compute_seconds(g, x.fwd_flops, x.fwd_cost, x.fwd_bytes) + tp_f + ep_f + cp.fwd);
       k.backward = std::max(
           2e-12, compute_seconds(g, x.bwd_flops + x.recompute_flops, x.bwd_cost + x.recompute_cost,
                                  x.bwd_bytes + x.recompute_bytes) +
-                     tp_b + ep_b);
+                     tp_b + ep_b + cp.bwd);
       k.weight = std::min(compute_seconds(g, x.wgrad_flops, x.wgrad_cost, 0), 0.5 * k.backward);
       costs.push_back(k);
-      tp_per_mb[s] = tp_f + tp_b;
-      ep_per_mb[s] = ep_f + ep_b;
+      comm.tp[s] = tp_f + tp_b;
+      comm.ep[s] = ep_f + ep_b;
+      comm.cp[s] = cp.comm;
+      comm.cp_exposed[s] = cp.fwd + cp.bwd;
     }
     return costs;
   }
 
-  // Bytes per step of pipeline rank 0: tensor-parallel and point to point.
+  // Bytes per step of pipeline rank 0: tensor-parallel, point to point and context-parallel.
   void rank0_bytes(Prediction& p, const std::vector<StageSheet>& sheets) const {
     const Layout& l = p.layout;
     const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
-    double tp_bytes = 0, p2p = 0;
+    double tp_bytes = 0, p2p = 0, cp = 0;
     const int last = pp * v - 1;
     for (int ch = 0; ch < v; ++ch) {
       const size_t s = static_cast<size_t>(ch * pp);
@@ -203,8 +237,10 @@ class Evaluator {
         tp_bytes += m * (x.tp_fwd + x.tp_bwd + x.tp_recompute) * x.tp_bytes * 2 * (l.tp - 1) / l.tp;
       if (static_cast<int>(s) != last) p2p += m * x.boundary_bytes;
       if (s != 0) p2p += m * x.boundary_bytes;
+      cp += m * x.cp_bytes(r_.model, l);
     }
     p.tp_bytes = tp_bytes;
+    p.cp_bytes = cp;
     p.p2p_bytes = pp > 1 ? p2p : 0;
   }
 
@@ -214,7 +250,8 @@ class Evaluator {
                    double fwd, double bwd) const {
     const ClusterSpec& c = r_.cluster;
     const Numerics n = engine_->numerics();
-    const Group gd = dp_group(c, l), ge = expert_replica_group(c, l);
+    // The gradient groups: dp x cp, and the experts' holders x cp.
+    const Group gd = gradient_group(c, l), ge = expert_gradient_group(c, l);
     auto rs = [&]() {
       return reduce_scatter_seconds(c, gd, n.comm * dense) +
              reduce_scatter_seconds(c, ge, n.comm * expert);
@@ -248,8 +285,8 @@ class Evaluator {
     const ClusterSpec& c = r_.cluster;
     const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
 
-    std::vector<double> tp_per_mb(sheets.size()), ep_per_mb(sheets.size());
-    const std::vector<parallel::ActionCosts> costs = action_costs(l, sheets, tp_per_mb, ep_per_mb);
+    StageComm comm(sheets.size());
+    const std::vector<parallel::ActionCosts> costs = action_costs(l, sheets, comm);
     const double boundary = sheets.front().boundary_bytes;
     p.p2p_seconds = pp > 1 ? p2p_seconds(c, pipeline_neighbours_share_node(c, l), boundary) : 0;
 
@@ -294,15 +331,17 @@ class Evaluator {
         dense += sheets[s].dense_elems;
         expert += sheets[s].expert_elems;
         tied += sheets[s].tied_wte_elems;
-        rt.tp_comm += m * tp_per_mb[s];
-        rt.ep_comm += m * ep_per_mb[s];
+        rt.tp_comm += m * comm.tp[s];
+        rt.ep_comm += m * comm.ep[s];
+        rt.cp_comm += m * comm.cp[s];
+        rt.cp_exposed += m * comm.cp_exposed[s];
       }
       rt.compute = m * (fwd[rank] + bwd[rank]);
       rt.end_of_backward = end[rank];
       add_dp_comm(rt, l, m, dense, expert, tied, fwd[rank], bwd[rank]);
       const bool sharded_state = parallel::traits(l.zero).shards_optimizer_state;
-      const double updated = (sharded_state ? dense / l.dp : dense) +
-                             (sharded_state ? expert / (l.dp / l.ep) : expert);
+      const double updated = (sharded_state ? dense / l.gradient_ranks() : dense) +
+                             (sharded_state ? expert / l.expert_gradient_ranks() : expert);
       rt.optimizer = share_ * n.optimizer_traffic * updated / mem_bw_;
       const double done = rt.end_of_backward + rt.dp_exposed + rt.optimizer;
       if (done > step) {
@@ -317,7 +356,7 @@ class Evaluator {
     p.tokens_per_second = tokens / step;
     double hw = 0;
     for (const StageSheet& x : sheets) hw += x.fwd_flops + x.bwd_flops + x.recompute_flops;
-    p.hardware_flops_per_step = hw * l.tp * l.dp * m;
+    p.hardware_flops_per_step = hw * l.tp * l.cp * l.dp * m;
     p.model_flops_per_step = r_.model.model_flops_per_token() * tokens;
     const double devices = std::min(l.devices(), c.devices());
     p.mfu = p.model_flops_per_step / (step * devices * peak_);
@@ -371,6 +410,40 @@ std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
+// The parallel degrees of a ranking's layouts (and cp's variant), tensor parallelism first.
+struct Degrees {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+  nn::CpComm cp_comm = nn::CpComm::AllGather;
+};
+
+std::vector<Degrees> degrees_of(const PlanRequest& r, int devices, const LayoutSpace& space) {
+  std::vector<int> cps = {1};  // context parallelism only when asked (LayoutSpace)
+  if (space.cp)
+    cps = {*space.cp};
+  else
+    for (int cp : divisors(devices))
+      if (cp > 1 && cp <= space.max_cp) cps.push_back(cp);
+  std::vector<Degrees> out;
+  for (int tp : choices(space.tp, divisors(devices))) {
+    if (space.tp_within_node && !space.tp && tp > r.cluster.devices_per_node) continue;
+    for (int cp : cps) {
+      if (cp < 1 || devices % (tp * cp) != 0) continue;
+      const std::vector<nn::CpComm> comms =
+          cp > 1 && !space.cp_comm
+              ? std::vector<nn::CpComm>{nn::CpComm::AllGather, nn::CpComm::Ring,
+                                        nn::CpComm::Ulysses}
+              : std::vector<nn::CpComm>{space.cp_comm.value_or(nn::CpComm::AllGather)};
+      for (int pp : choices(space.pp, divisors(devices / (tp * cp)))) {
+        if (devices % (tp * cp * pp) != 0) continue;
+        const int dp = devices / (tp * cp * pp);
+        if (space.dp && *space.dp != dp) continue;
+        for (nn::CpComm c : comms) out.push_back({tp, cp, pp, dp, c});
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Prediction plan_layout(const PlanRequest& r, const Layout& l) {
@@ -384,67 +457,63 @@ Ranking rank_layouts(const PlanRequest& r, int devices, const LayoutSpace& space
   Ranking out;
   out.devices = devices;
   const ModelSpec& m = r.model;
-  const int per_node = r.cluster.devices_per_node;
-  for (int tp : choices(space.tp, divisors(devices))) {
-    if (space.tp_within_node && !space.tp && tp > per_node) continue;
-    for (int pp : choices(space.pp, divisors(devices / std::max(1, tp)))) {
-      if (devices % (tp * pp) != 0) continue;
-      const int dp = devices / (tp * pp);
-      if (space.dp && *space.dp != dp) continue;
-      std::vector<int> eps = {1};
-      if (m.moe.enabled()) eps = divisors(dp);
-      for (int ep : choices(space.ep, eps))
-        for (parallel::ZeroStage zero :
-             choices(space.zero,
-                     dp > 1 ? std::vector<parallel::ZeroStage>{parallel::ZeroStage::None,
-                                                               parallel::ZeroStage::OptimizerState,
-                                                               parallel::ZeroStage::Gradients,
-                                                               parallel::ZeroStage::Parameters}
-                            : std::vector<parallel::ZeroStage>{parallel::ZeroStage::None}))
-          for (bool sp : choices(
-                   space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
-            for (int mb : choices(space.micro_batch, space.micro_batch_sizes))
-              for (nn::Recompute rc :
-                   choices(space.recompute,
-                           {nn::Recompute::None, nn::Recompute::Selective, nn::Recompute::Full})) {
-                std::vector<std::pair<parallel::ScheduleKind, int>> schedules;
-                if (pp == 1) {
-                  schedules.push_back({parallel::ScheduleKind::OneFOneB, 1});
-                } else {
-                  for (parallel::ScheduleKind s : parallel::pipeline_schedules()) {
-                    if (space.schedule && *space.schedule != s) continue;
-                    if (!parallel::traits(s).interleaved) {
-                      if (!space.virtual_stages || *space.virtual_stages == 1)
-                        schedules.push_back({s, 1});
-                      continue;
-                    }
-                    for (int vs = 2; vs <= space.max_virtual_stages; ++vs)
-                      if (!space.virtual_stages || *space.virtual_stages == vs)
-                        schedules.push_back({s, vs});
-                  }
-                }
-                for (const auto& [sched, vs] : schedules) {
-                  Layout l;
-                  l.dp = dp;
-                  l.tp = tp;
-                  l.pp = pp;
-                  l.ep = ep;
-                  l.zero = zero;
-                  l.sp = sp;
-                  l.schedule = sched;
-                  l.virtual_stages = vs;
-                  l.micro_batch = mb;
-                  l.recompute = rc;
-                  Prediction p = e.evaluate(l, Timing::EstimateIfFits);
-                  if (!p.ok()) {
-                    ++out.skipped;
+  for (const Degrees& d : degrees_of(r, devices, space)) {
+    const int tp = d.tp, pp = d.pp, dp = d.dp;
+    std::vector<int> eps = {1};
+    if (m.moe.enabled()) eps = divisors(dp);
+    for (int ep : choices(space.ep, eps))
+      for (parallel::ZeroStage zero :
+           choices(space.zero,
+                   dp > 1 ? std::vector<parallel::ZeroStage>{parallel::ZeroStage::None,
+                                                             parallel::ZeroStage::OptimizerState,
+                                                             parallel::ZeroStage::Gradients,
+                                                             parallel::ZeroStage::Parameters}
+                          : std::vector<parallel::ZeroStage>{parallel::ZeroStage::None}))
+        for (bool sp :
+             choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+          for (int mb : choices(space.micro_batch, space.micro_batch_sizes))
+            for (nn::Recompute rc :
+                 choices(space.recompute,
+                         {nn::Recompute::None, nn::Recompute::Selective, nn::Recompute::Full})) {
+              std::vector<std::pair<parallel::ScheduleKind, int>> schedules;
+              if (pp == 1) {
+                schedules.push_back({parallel::ScheduleKind::OneFOneB, 1});
+              } else {
+                for (parallel::ScheduleKind s : parallel::pipeline_schedules()) {
+                  if (space.schedule && *space.schedule != s) continue;
+                  if (!parallel::traits(s).interleaved) {
+                    if (!space.virtual_stages || *space.virtual_stages == 1)
+                      schedules.push_back({s, 1});
                     continue;
                   }
-                  ++out.considered;
-                  (p.fits ? out.fitting : out.not_fitting).push_back(std::move(p));
+                  for (int vs = 2; vs <= space.max_virtual_stages; ++vs)
+                    if (!space.virtual_stages || *space.virtual_stages == vs)
+                      schedules.push_back({s, vs});
                 }
               }
-    }
+              for (const auto& [sched, vs] : schedules) {
+                Layout l;
+                l.dp = dp;
+                l.tp = tp;
+                l.pp = pp;
+                l.cp = d.cp;
+                l.cp_comm = d.cp_comm;
+                l.ep = ep;
+                l.zero = zero;
+                l.sp = sp;
+                l.schedule = sched;
+                l.virtual_stages = vs;
+                l.micro_batch = mb;
+                l.recompute = rc;
+                Prediction p = e.evaluate(l, Timing::EstimateIfFits);
+                if (!p.ok()) {
+                  ++out.skipped;
+                  continue;
+                }
+                ++out.considered;
+                (p.fits ? out.fitting : out.not_fitting).push_back(std::move(p));
+              }
+            }
   }
   auto faster = [](const Prediction& a, const Prediction& b) {
     return a.step_seconds < b.step_seconds;

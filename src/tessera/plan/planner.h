@@ -1,16 +1,17 @@
 // `tessera plan`: what a layout of a training job will cost before it is launched. For one layout:
 // memory per device by term (parameters, gradients, optimizer state, activations of the
 // micro-batches the schedule keeps in flight, communication buffers) on every pipeline rank, and
-// the step time (compute, exposed tensor-parallel, pipeline and data-parallel communication, the
-// bubble), tokens/s and MFU. Without a layout: every layout of the device count, ranked
-// (docs/PLANNER.md).
+// the step time (compute, exposed tensor-parallel, context-parallel, pipeline and data-parallel
+// communication, the bubble), tokens/s and MFU. Without a layout: every layout of the device
+// count, ranked (docs/PLANNER.md).
 //
 // The step: each model stage's forward, backward and weight-gradient times per micro-batch (its
 // matmul FLOPs at the cluster's achievable rate, its elementwise traffic at the memory bandwidth,
-// and its tensor-parallel and expert-parallel collectives, which run in line) and the transfer
-// time between stages are given to the schedule simulator (parallel/schedule_simulate.h), which
-// plays the schedule; each rank then adds what follows its last backward: the data-parallel
-// reduction that did not overlap, the optimizer step and ZeRO's parameter gathers.
+// its tensor-parallel and expert-parallel collectives, which run in line, and what its
+// context-parallel exchanges do not hide behind the attention: plan/context_parallel.h) and the
+// transfer time between stages are given to the schedule simulator (parallel/schedule_simulate.h),
+// which plays the schedule; each rank then adds what follows its last backward: the data-parallel
+// (dp x cp) reduction that did not overlap, the optimizer step and ZeRO's parameter gathers.
 #pragma once
 
 #include <optional>
@@ -39,9 +40,13 @@ struct PlanRequest {
 
 // Where one pipeline rank's step goes (seconds).
 struct RankTime {
-  double compute = 0;          // forward, backward, recomputation (incl. in-line tp/ep comm)
-  double tp_comm = 0;          // of which tensor-parallel collectives
-  double ep_comm = 0;          // of which expert-parallel all-to-alls
+  double compute = 0;  // forward, backward, recomputation (incl. in-line tp/ep comm)
+  double tp_comm = 0;  // of which tensor-parallel collectives
+  double ep_comm = 0;  // of which expert-parallel all-to-alls
+  // Context parallelism's exchanges (keys and values, MoE routing) of the step, and the part of
+  // them in `compute`: what the attention core does not hide (ring) or all of it (allgather,
+  // ulysses).
+  double cp_comm = 0, cp_exposed = 0;
   double end_of_backward = 0;  // in the simulated step
   double dp_comm = 0;          // data-parallel communication of the step
   double dp_exposed = 0;       // the part that does not overlap the backward
@@ -74,17 +79,23 @@ struct Prediction {
   double mfu = 0, hfu = 0;             // of the devices' peak
   double tflops_per_device = 0;        // hardware FLOP/s per device
   // Bytes one rank sends per step (ring accounting): data-parallel (as TrainResult's
-  // comm_bytes_per_step counts them, pipeline rank 0), tensor-parallel, point to point.
-  double dp_bytes = 0, tp_bytes = 0, p2p_bytes = 0;
+  // comm_bytes_per_step counts them, pipeline rank 0), tensor-parallel, point to point, and to its
+  // context-parallel ranks (TrainResult's cp_bytes_per_step).
+  double dp_bytes = 0, tp_bytes = 0, p2p_bytes = 0, cp_bytes = 0;
   bool ok() const { return problems.empty(); }
 };
 
 // One layout. ConfigError when the request itself is unusable (model, batch, devices).
 Prediction plan_layout(const PlanRequest& r, const Layout& l);
 
-// Which layouts a ranking considers: a set field is held fixed, an unset one enumerated.
+// Which layouts a ranking considers: a set field is held fixed, an unset one enumerated. Context
+// parallelism is enumerated only up to max_cp (1: none, so a ranking without --cp or --max-cp is
+// what it was before cp existed): every cp dividing the devices up to it, each with every
+// cp_comm unless that is set.
 struct LayoutSpace {
-  std::optional<int> dp, tp, pp, ep, virtual_stages, micro_batch;
+  std::optional<int> dp, tp, pp, ep, cp, virtual_stages, micro_batch;
+  std::optional<nn::CpComm> cp_comm;
+  int max_cp = 1;
   std::optional<parallel::ZeroStage> zero;
   std::optional<bool> sp;
   std::optional<parallel::ScheduleKind> schedule;

@@ -96,6 +96,7 @@ std::string format_prediction(const PlanRequest& r, const Prediction& p) {
        std::to_string(p.critical_rank) + ", which ends last: compute " + seconds(rt.compute) +
        " of which tp comm " + seconds(rt.tp_comm);
   if (rt.ep_comm > 0) s += " and ep all-to-all " + seconds(rt.ep_comm);
+  if (p.layout.cp > 1) s += " and cp exposed " + seconds(rt.cp_exposed);
   s += ", dp comm " + seconds(rt.dp_comm) + " of which exposed " + seconds(rt.dp_exposed) +
        ", optimizer " + seconds(rt.optimizer) + ")\n";
   if (p.layout.pp > 1)
@@ -105,9 +106,15 @@ std::string format_prediction(const PlanRequest& r, const Prediction& p) {
   s += "throughput: " + fmt("%.4g", p.tokens_per_second) + " tokens/s, MFU " + pct(p.mfu) +
        ", HFU " + pct(p.hfu) + ", " + fmt("%.4g", p.tflops_per_device) +
        " TFLOP/s per device (recomputation included)\n";
+  if (p.layout.cp > 1)
+    s += "context parallelism: cp=" + std::to_string(p.layout.cp) + " " +
+         nn::to_string(p.layout.cp_comm) + ", exchanges " + seconds(rt.cp_comm) + " per step, " +
+         seconds(rt.cp_exposed) + " exposed" +
+         (p.layout.cp_comm == nn::CpComm::Ring ? " (the rest hidden behind the attention)" : "") +
+         "\n";
   s += "bytes sent per step by rank 0: data-parallel " + format_bytes(p.dp_bytes) +
        ", tensor-parallel " + format_bytes(p.tp_bytes) + ", pipeline " + format_bytes(p.p2p_bytes) +
-       "\n";
+       (p.layout.cp > 1 ? ", context-parallel " + format_bytes(p.cp_bytes) : std::string()) + "\n";
   return s;
 }
 
@@ -165,9 +172,10 @@ nlohmann::json to_json(const Prediction& p, bool per_rank) {
     rj["in_flight"] = p.in_flight[i];
     if (i < p.rank_time.size()) {
       const RankTime& t = p.rank_time[i];
-      rj["time"] = {{"compute", t.compute},    {"tp_comm", t.tp_comm},
-                    {"ep_comm", t.ep_comm},    {"end_of_backward", t.end_of_backward},
-                    {"dp_comm", t.dp_comm},    {"dp_exposed", t.dp_exposed},
+      rj["time"] = {{"compute", t.compute},       {"tp_comm", t.tp_comm},
+                    {"ep_comm", t.ep_comm},       {"cp_comm", t.cp_comm},
+                    {"cp_exposed", t.cp_exposed}, {"end_of_backward", t.end_of_backward},
+                    {"dp_comm", t.dp_comm},       {"dp_exposed", t.dp_exposed},
                     {"optimizer", t.optimizer}};
     }
     ranks.push_back(rj);
@@ -187,8 +195,10 @@ nlohmann::json to_json(const Prediction& p, bool per_rank) {
     j["model_flops_per_step"] = p.model_flops_per_step;
     j["hardware_flops_per_step"] = p.hardware_flops_per_step;
   }
-  j["bytes_per_step"] = {
-      {"data_parallel", p.dp_bytes}, {"tensor_parallel", p.tp_bytes}, {"pipeline", p.p2p_bytes}};
+  j["bytes_per_step"] = {{"data_parallel", p.dp_bytes},
+                         {"tensor_parallel", p.tp_bytes},
+                         {"pipeline", p.p2p_bytes},
+                         {"context_parallel", p.cp_bytes}};
   return j;
 }
 

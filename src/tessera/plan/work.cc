@@ -25,6 +25,12 @@ UnitWork& UnitWork::operator+=(const UnitWork& o) {
   a2a_fwd += o.a2a_fwd;
   a2a_bwd += o.a2a_bwd;
   a2a_bytes = std::max(a2a_bytes, o.a2a_bytes);
+  core_fwd_flops += o.core_fwd_flops;
+  core_bwd_flops += o.core_bwd_flops;
+  core_fwd_cost += o.core_fwd_cost;
+  core_bwd_cost += o.core_bwd_cost;
+  attention_cores += o.attention_cores;
+  moe_routers += o.moe_routers;
   return *this;
 }
 
@@ -36,6 +42,10 @@ double causal_block_fraction(int T) {
     computed += static_cast<double>(r1 - r0) * r1;
   }
   return computed / (static_cast<double>(T) * T);
+}
+
+double local_tokens(const ModelSpec& m, const Layout& l) {
+  return static_cast<double>(l.micro_batch) * m.seq / l.cp;
 }
 
 int64_t vocab_local(int64_t vocab, int tp) {
@@ -99,7 +109,7 @@ struct BlockFlopParts {
 UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRules& r,
                      const BlockFlopParts& f, bool mlp_half, double k, double mlp_t) {
   const GemmEfficiencyCache& eff = *r.gemm;
-  const double t = l.tp, C = m.hidden, BT = static_cast<double>(l.micro_batch) * m.seq;
+  const double t = l.tp, C = m.hidden, BT = local_tokens(m, l);
   // An MoE block's experts each run their share of the routed rows (balanced routing).
   const double ep = l.ep, E = moe ? m.moe.experts : 1;
   const double rows = moe ? std::max(1.0, k * BT * ep / E) : BT;
@@ -125,6 +135,8 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
   w.fwd_cost = c.fwd;
   w.bwd_cost = c.bwd;
   w.wgrad_cost = c.wgrad;
+  w.core_fwd_cost = core.fwd;
+  w.core_bwd_cost = core.bwd;
   if (l.recompute == nn::Recompute::Selective) {
     w.recompute_cost = core.fwd;
   } else if (l.recompute == nn::Recompute::Full) {
@@ -138,7 +150,7 @@ UnitWork block_costs(const ModelSpec& m, const Layout& l, bool moe, const WorkRu
 // residual branch; the MLP half: ln_2, the MLP or the experts, their residual branch).
 UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRules& r,
                     nn::BlockPart part) {
-  const double t = l.tp, C = m.hidden, s = m.seq, b = l.micro_batch, BT = b * s;
+  const double t = l.tp, C = m.hidden, s = m.seq, BT = local_tokens(m, l);
   const double heads_local = m.heads / t;
   const double causal = r.causal_blocks ? causal_block_fraction(m.seq) : 1.0;
   const bool moe = m.moe.is_moe_layer(layer);
@@ -167,6 +179,10 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
   w.fwd_flops = linear + core;
   w.bwd_flops = 2 * w.fwd_flops + rerun;
   w.wgrad_flops = linear;
+  w.core_fwd_flops = core;
+  w.core_bwd_flops = 2 * core + rerun;
+  w.attention_cores = attn ? 1 : 0;
+  w.moe_routers = moe && mlp ? 1 : 0;
 
   // Elementwise traffic per token: a LayerNorm and a residual branch (bias, dropout, add) per
   // half, the causal softmax (and the probabilities' dropout), GELU; MoE dispatch and combine.
@@ -209,6 +225,8 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
     w.bwd_cost = c.bwd_cost;
     w.wgrad_cost = c.wgrad_cost;
     w.recompute_cost = c.recompute_cost;
+    w.core_fwd_cost = c.core_fwd_cost;
+    w.core_bwd_cost = c.core_bwd_cost;
   }
   if (l.tp > 1) {
     // An MoE half whose experts are whole on every tp rank needs no tp collective (under sp an
@@ -234,7 +252,7 @@ UnitWork block_work(const ModelSpec& m, const Layout& l, int layer, const WorkRu
 
 UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r,
                    nn::BlockPart part) {
-  const double C = m.hidden, BT = static_cast<double>(l.micro_batch) * m.seq, e = r.act_bytes;
+  const double C = m.hidden, BT = local_tokens(m, l), e = r.act_bytes;
   UnitWork w;
   if (unit == 0) {  // a gather forward, a scatter-add backward
     w.fwd_bytes = BT * 3 * C * e;

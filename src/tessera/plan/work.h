@@ -3,7 +3,11 @@
 // collectives it runs. Both engines count FLOPs the same way; they differ in element sizes, in
 // how attention is computed and in what a full recomputation reruns (WorkRules).
 //
-// FLOPs per micro-batch of b sequences of s tokens (BT = b s), width C, t tensor-parallel ranks:
+// FLOPs per micro-batch of b sequences of s tokens, width C, t tensor-parallel ranks, on one of
+// cp context-parallel ranks, which holds BT = b s / cp of the micro-batch's tokens (every
+// token-wise FLOP and byte is / cp; the attention core's too: a rank's queries meet all s keys, and
+// the head-tail chunks give every rank the same causal share, so it runs the one-rank core's
+// FLOPs / cp):
 //   block forward   24 BT C^2 / t (c_attn, attn c_proj, c_fc, mlp c_proj) + 4 b s^2 C f / t
 //                   (Q K^T and P V; f = 1 dense, or the causal share tessera's blocked kernel
 //                   computes), MoE MLPs: top_k x 16 BT C^2 / t x max(capacity factor, 1) + router
@@ -59,6 +63,11 @@ struct UnitWork {
   int tp_fwd = 0, tp_bwd = 0, tp_recompute = 0;
   int a2a_fwd = 0, a2a_bwd = 0;
   double a2a_bytes = 0;
+  // The attention core's share of the above (Q K^T and P V; its backward with the rerun), FLOPs
+  // and costs, and the attention cores and MoE routers the unit runs (context parallelism's
+  // exchanges, plan/context_parallel.h).
+  double core_fwd_flops = 0, core_bwd_flops = 0, core_fwd_cost = 0, core_bwd_cost = 0;
+  int attention_cores = 0, moe_routers = 0;
   UnitWork& operator+=(const UnitWork& o);
 };
 
@@ -72,6 +81,9 @@ double causal_block_fraction(int T);
 // block where a pipeline stage boundary cuts it.
 UnitWork unit_work(const ModelSpec& m, const Layout& l, int unit, const WorkRules& r,
                    nn::BlockPart part = nn::BlockPart::Whole);
+
+// The tokens of a micro-batch one device holds: micro-batch x seq / cp.
+double local_tokens(const ModelSpec& m, const Layout& l);
 
 // Local vocabulary rows of tensor-parallel rank 0 (the largest shard): ceil(V / t).
 int64_t vocab_local(int64_t vocab, int tp);
