@@ -125,6 +125,16 @@ check plan-train-config 0 "layout: dp=2 tp=1 pp=2" -- "$bin" plan --cluster dgx-
 check plan-bad-layout 1 "must divide the 96 attention heads" -- "$bin" plan "${gpt3[@]}" --tp 7
 check plan-bad-cluster 1 "neither a file nor a shipped cluster" -- "$bin" plan --cluster nope --dp 1
 check plan-too-many-ranks 1 "oversubscribe" -- "$bin" plan --cluster dev-vm --dp 64
+check plan-cp 0 "context parallelism: cp=4 ring" -- "$bin" plan --layers 12 --dim 768 \
+  --heads 12 --seq 8192 --vocab 50257 --batch 8 --cluster dgx-h100 --devices 8 --dp 1 --cp 4 \
+  --cp-comm ring --micro-batch 1
+check plan-cp-config 0 "layout: dp=2 tp=1 pp=1 cp=2 ulysses" -- "$bin" plan --cluster dgx-h100 \
+  --config <(echo '{"layers": 4, "dim": 128, "seq": 256, "dp": 2, "cp": 2, "cp_comm": "ulysses",
+  "batch": 8}')
+check plan-cp-rank 0 "cp=2 (allgather|ring|ulysses)" -- "$bin" plan --layers 4 --dim 256 \
+  --heads 8 --seq 4096 --vocab 512 --batch 8 --cluster dgx-h100 --devices 4 --max-cp 2 --top 40
+check plan-bad-cp 1 "cuts each sequence into 2 x cp = 8 chunks" -- "$bin" plan --seq 1020 \
+  --dp 1 --cp 4
 check plan-calibrate-quick 0 '"engine": "tessera"' -- "$bin" plan --calibrate --quick --out -
 
 echo "cli: $pass passed, $failures failed"

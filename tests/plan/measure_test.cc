@@ -30,6 +30,12 @@ Layout layout(int dp, int tp, int pp, int zero, bool sp, nn::Recompute r, int ep
   return l;
 }
 
+Layout with_cp(Layout l, int cp, nn::CpComm c = nn::CpComm::Ulysses) {
+  l.cp = cp;
+  l.cp_comm = c;
+  return l;
+}
+
 TEST(MeasureStage, AddressSpaceOnlyGivesTheNumbersOfTheStageInMemory) {
   EngineOptions bf16;
   bf16.bf16_gemm_inputs = true;
@@ -51,6 +57,11 @@ TEST(MeasureStage, AddressSpaceOnlyGivesTheNumbersOfTheStageInMemory) {
        {0, 5},
        bf16},
       {"moe ep2", layout(2, 1, 1, 1, false, nn::Recompute::None, 2), {0, 5}, {}, 4},
+      {"cp2 ulysses", with_cp(layout(1, 1, 1, 0, false, nn::Recompute::None), 2), {0, 5}, {}},
+      {"cp4 ring tp2 sp selective",
+       with_cp(layout(1, 2, 1, 0, true, nn::Recompute::Selective), 4, nn::CpComm::Ring),
+       {0, 5},
+       {}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -70,6 +81,21 @@ TEST(MeasureStage, AddressSpaceOnlyGivesTheNumbersOfTheStageInMemory) {
     EXPECT_EQ(static_cast<int>(planned.unit_elems.size()), c.units.last - c.units.first + 1);
     EXPECT_EQ(planned.bf16_copy_bytes > 0, c.options.bf16_weight_copies);
     EXPECT_EQ(planned.moe_blocks > 0, c.experts > 0);
+  }
+}
+
+// A stage built over a context group of cp sizes its records and workspace for a cp rank's rows:
+// / cp (the embedding's positions and the head's statistics too), its parameters unchanged.
+TEST(MeasureStage, ContextParallelDividesRecordsAndWorkspace) {
+  ModelSpec m;
+  m.layers = 4, m.hidden = 32, m.heads = 4, m.seq = 64, m.vocab = 70;
+  const Layout one = layout(1, 1, 1, 0, false, nn::Recompute::None);
+  const StageMeasure a = measure_stage(m, one, {0, 5}, {});
+  for (int cp : {2, 4}) {
+    const StageMeasure b = measure_stage(m, with_cp(one, cp), {0, 5}, {});
+    EXPECT_EQ(b.dense_elems, a.dense_elems);
+    EXPECT_DOUBLE_EQ(b.record_bytes * cp, a.record_bytes) << cp;
+    EXPECT_DOUBLE_EQ(b.workspace_bytes * cp, a.workspace_bytes) << cp;
   }
 }
 

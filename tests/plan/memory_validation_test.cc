@@ -7,8 +7,11 @@
 // routing, so its plan is exact; with ep > 1 the rows a rank's experts receive follow the routing,
 // which the planner takes as balanced, while at initialisation (these runs) a rank drew up to
 // 11% more memory than balanced (tp = 2 with full recomputation, whose one recomputed record and
-// exchange scratch are grown to the busiest layer's rows): 15% there. (Step times are noisy on a
-// shared machine; their validation is a benchmark: bench/plan/validate.sh.)
+// exchange scratch are grown to the busiest layer's rows): 15% there. Context parallelism (cp 2,
+// each --cp-comm, GPT-2 and Llama with grouped-query heads, alone and with dp/ZeRO, tp/sp, pp,
+// recomputation and a mixture of experts): the peaks as above, the bytes rank 0 sent its cp ranks
+// are the planner's to the byte. (Step times are noisy on a shared machine; their validation is a
+// benchmark: bench/plan/validate.sh.)
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -40,6 +43,10 @@ struct Case {
   float capacity = 0;
   std::string weight_copies = "auto";  // --bf16-weight-copies (auto: off on the emulated path)
   bool llama = false;  // the Llama family: 4 heads over 2 key/value heads, SwiGLU 96, untied head
+  int cp = 1;
+  std::string cp_comm = "allgather";
+  // Above the run's peak by up to this much (0: the usual bound, both ways; see cp_cases).
+  double over = 0;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -107,6 +114,8 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   c.moe_capacity_factor = k.capacity;
   c.bf16_gemm = kernels::Bf16Gemm::Emulated;  // any CPU
   c.bf16_weight_copies = nn::parse_weight_copies(k.weight_copies);
+  c.cp = k.cp;
+  c.cp_comm = nn::parse_cp_comm(k.cp_comm);
   if (k.llama) {
     c.arch = nn::Arch::Llama;
     c.kv_heads = 2;
@@ -134,13 +143,20 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   ASSERT_TRUE(p.ok()) << p.problems.front();
   ASSERT_EQ(res.memory_peaks.size(), static_cast<size_t>(c.world()));
   for (int w = 0; w < c.world(); ++w) {
-    const int pp_rank = w / (c.dp * c.tp);
+    const int pp_rank = w / (c.dp * c.cp * c.tp);
     const double predicted = p.rank_memory[static_cast<size_t>(pp_rank)].total();
     const double measured = static_cast<double>(res.memory_peaks[static_cast<size_t>(w)]);
     std::printf("%-28s rank %d (stage %d): measured %9.0f B, planned %9.0f B (%+.2f%%)\n",
                 k.name.c_str(), w, pp_rank, measured, predicted, 100 * (predicted / measured - 1));
     const MemoryTerms& t = p.rank_memory[static_cast<size_t>(pp_rank)];
-    EXPECT_NEAR(predicted / measured, 1.0, k.ep > 1 ? 0.15 : 0.10)
+    if (k.over > 0) {
+      EXPECT_GE(predicted, measured) << k.name << " rank " << w;
+      EXPECT_LE(predicted / measured, 1 + k.over) << k.name << " rank " << w;
+    }
+    EXPECT_NEAR(predicted / measured, 1.0,
+                k.over > 0 ? k.over
+                : k.ep > 1 ? 0.15
+                           : 0.10)
         << k.name << " rank " << w << "\n"
         << res.memory_reports[static_cast<size_t>(w)] << "\nplanned: parameters " << t.parameters
         << " B, gradients " << t.gradients << " B, optimizer state " << t.optimizer_state
@@ -150,6 +166,61 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   std::printf("%-28s data-parallel bytes per step: measured %.0f, planned %.0f\n", k.name.c_str(),
               dp_sent, p.dp_bytes);
   EXPECT_NEAR(p.dp_bytes, dp_sent, 1e-9 * dp_sent + 1e-6) << k.name;
+  if (k.cp > 1)
+    std::printf("%-28s context-parallel bytes per step: measured %.0f, planned %.0f\n",
+                k.name.c_str(), res.cp_bytes_per_step, p.cp_bytes);
+  EXPECT_NEAR(p.cp_bytes, res.cp_bytes_per_step, 1e-9 * res.cp_bytes_per_step + 1e-6) << k.name;
+}
+
+// Context-parallel layouts: `base` with cp 2 and each --cp-comm (named "<name>_<comm>").
+std::vector<Case> with_cp(const Case& base) {
+  std::vector<Case> out;
+  for (const char* comm : {"allgather", "ring", "ulysses"}) {
+    Case c = base;
+    c.name += std::string("_") + comm;
+    c.cp = 2;
+    c.cp_comm = comm;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<Case> cp_cases() {
+  std::vector<Case> bases;
+  bases.push_back({"cp2"});  // one replica, micro-batches of 8 sequences
+  Case c;
+  c.name = "cp2_mb1", c.micro_batch = 1;  // one sequence a micro-batch (no reordering copies)
+  bases.push_back(c);
+  c = {};
+  c.name = "llama_cp2", c.llama = true;
+  bases.push_back(c);
+  // ZeRO-3 plans the worst case of the engine's reductions, two in flight at every bucket
+  // (drain(2)); a reduction that has completed is freed at the next bucket's end, and with the
+  // attention's exchanges between buckets the one before last usually has, so at the attention's
+  // peak these runs hold one bucket fewer than planned (seen in the allocator's holders at the
+  // peak: the current bucket, the last one and the embedding's). Activations / cp leave the
+  // buckets a larger share of the total: the plan is an upper bound here, within 20%.
+  c = {};
+  c.name = "llama_cp2_dp2_zero3_full", c.llama = true, c.dp = 2, c.zero = 3, c.recompute = "full";
+  c.over = 0.20;
+  bases.push_back(c);
+  c = {};
+  c.name = "cp2_dp2_zero2_m2_selective", c.dp = 2, c.zero = 2, c.micro_batch = 2;
+  c.recompute = "selective";
+  bases.push_back(c);
+  c = {};
+  c.name = "cp2_tp2_sp", c.tp = 2, c.sp = true;
+  bases.push_back(c);
+  c = {};
+  c.name = "cp2_pp2_zb_h1", c.pp = 2, c.micro_batch = 2, c.schedule = "zb-h1";
+  bases.push_back(c);
+  std::vector<Case> out;
+  for (const Case& b : bases)
+    for (const Case& k : with_cp(b)) out.push_back(k);
+  c = {};  // a mixture of experts' routing, all-gathered over the cp ranks
+  c.name = "moe_cp2_dp2_ep2_ring", c.dp = 2, c.ep = 2, c.experts = 4, c.cp = 2, c.cp_comm = "ring";
+  out.push_back(c);
+  return out;
 }
 
 std::vector<Case> cases() {
@@ -202,6 +273,8 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MemoryValidation, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(ContextParallel, MemoryValidation, ::testing::ValuesIn(cp_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
