@@ -14,7 +14,7 @@
 //              ring convention of comm's traffic counters: 8 KV R (n - 1) bytes), local queries
 //              against every key in one kernel call. Backward: the all-gather again (nothing of
 //              it is kept), then dK and dV of every key reduce-scattered to their owners
-//              (8 KV R (n - 1) bytes). Total 16 KV R (n - 1) bytes; it holds the whole
+//              (8 KV R (n - 1) bytes). Total 24 KV R (n - 1) bytes; it holds the whole
 //              sequence's K and V (2 KV n R floats) during a call.
 //   Ring       forward: n - 1 steps, each passing the K and V block it holds to the next rank
 //              (send/recv, posted asynchronously before computing with the block it has, so the

@@ -347,7 +347,7 @@ void parallel_fields(std::vector<ConfigField>& f) {
                      "How the context-parallel attention meets the rest of each sequence (bytes "
                      "a rank sends per layer and micro-batch, R its rows, KV its key/value width): "
                      "allgather (default, Llama 3's: K and V all-gathered, one kernel call, "
-                     "dK/dV reduce-scattered; 16 KV R (cp-1)), ring (K/V blocks passed to the "
+                     "dK/dV reduce-scattered; 24 KV R (cp-1)), ring (K/V blocks passed to the "
                      "next rank while computing with the held one, merged by log-sum-exp; "
                      "transfers hide behind compute and only two blocks are held; "
                      "8 KV R (3cp-2)), ulysses (all-to-all to head-split and back; bytes per "
