@@ -63,7 +63,7 @@ Group strided(const ClusterSpec& c, int size, int stride) {
 // (outer_stride
 // >= inner x inner_stride): dp x cp. An inner group spanning nodes puts every outer member on
 // other nodes; one inside a node takes as many outer members along as fit.
-Group nested(const ClusterSpec& c, int inner, int inner_stride, int outer, int outer_stride) {
+Group nested_group(const ClusterSpec& c, int inner, int inner_stride, int outer, int outer_stride) {
   const Group in = strided(c, inner, inner_stride);
   Group g;
   g.size = inner * outer;
@@ -82,7 +82,7 @@ Group dp_group(const ClusterSpec& c, const Layout& l) {
   return strided(c, l.dp, l.tp * l.cp);
 }
 Group gradient_group(const ClusterSpec& c, const Layout& l) {
-  return nested(c, l.cp, l.tp, l.dp, l.tp * l.cp);
+  return nested_group(c, l.cp, l.tp, l.dp, l.tp * l.cp);
 }
 Group expert_group(const ClusterSpec& c, const Layout& l) {
   return strided(c, l.ep, l.tp * l.cp);
@@ -91,7 +91,7 @@ Group expert_replica_group(const ClusterSpec& c, const Layout& l) {
   return strided(c, l.dp / l.ep, l.tp * l.cp * l.ep);
 }
 Group expert_gradient_group(const ClusterSpec& c, const Layout& l) {
-  return nested(c, l.cp, l.tp, l.dp / l.ep, l.tp * l.cp * l.ep);
+  return nested_group(c, l.cp, l.tp, l.dp / l.ep, l.tp * l.cp * l.ep);
 }
 Group embedding_group(const ClusterSpec& c, const Layout& l) {
   Group g = gradient_group(c, l);
