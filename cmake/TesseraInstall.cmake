@@ -15,8 +15,8 @@ include(CMakePackageConfigHelpers)
 set(TESSERA_PUBLIC_HEADERS_core allocator.h cpu_time.h dtype.h error.h mapped_file.h philox.h tensor.h
     trace.h)
 set(TESSERA_PUBLIC_HEADERS_kernels
-    attention.h bf16.h blas_setup.h cpu_features.h dropout.h embedding.h gelu.h gemm.h layernorm.h
-    precision.h residual.h rmsnorm.h rope.h row_map.h softmax_xent.h swiglu.h)
+    attention.h bf16.h blas_setup.h cpu_features.h dropout.h embedding.h flash_attention.h gelu.h
+    gemm.h layernorm.h precision.h residual.h rmsnorm.h rope.h row_map.h softmax_xent.h swiglu.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_comm
     bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)

@@ -9,6 +9,7 @@
 #include "tessera/kernels/cpu_features.h"
 #include "tessera/kernels/dropout.h"
 #include "tessera/kernels/embedding.h"
+#include "tessera/kernels/flash_attention.h"
 #include "tessera/kernels/gelu.h"
 #include "tessera/kernels/gemm.h"
 #include "tessera/kernels/layernorm.h"
