@@ -262,7 +262,8 @@ TEST(GPT, ParameterNamesShapesAndFlops) {
   EXPECT_EQ(ps.param("wpe.weight").shape(), (Shape{128, 256}));
   const int64_t per_layer = 12 * 256 * 256 + 13 * 256;
   EXPECT_EQ(m.num_params_without_wpe(), 4 * per_layer + 512 * 256 + 2 * 256);
-  EXPECT_DOUBLE_EQ(m.flops_per_token(128), 6.0 * m.num_params_without_wpe() + 12.0 * 4 * 256 * 128);
+  // 6 N + 6 L C T: causal attention, half of PaLM's dense 12 L C T (nn/gpt_costs.h).
+  EXPECT_DOUBLE_EQ(m.flops_per_token(128), 6.0 * m.num_params_without_wpe() + 6.0 * 4 * 256 * 128);
   EXPECT_FALSE(ps.infos()[ps.index("h.0.ln_1.weight")].weight_decay);
   EXPECT_TRUE(ps.infos()[ps.index("wte.weight")].weight_decay);
 }

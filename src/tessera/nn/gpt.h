@@ -304,7 +304,8 @@ class GPT : public StageModel {
   void decode(const int32_t* tokens, int n, KvCache& cache, float* logits);
 
   int64_t num_params_without_wpe() const;  // whole-model parameter count minus wpe (PaLM's N)
-  // 6 N + 12 L C T (PaLM, forward + backward), N counting the parameters a token uses: k of the
+  // 6 N + 6 L C T (forward + backward, causal attention: nn/gpt_costs.h), N counting the
+  // parameters a token uses: k of the
   // E experts of an MoE block, and its router.
   double flops_per_token(int T) const;
 

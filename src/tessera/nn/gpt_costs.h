@@ -39,8 +39,11 @@ int64_t mlp_half_params(const GPTConfig& c, int layer, int experts);
 // experts and the shared expert of an MoE block), without wpe: PaLM's N.
 int64_t total_params(const GPTConfig& c);
 int64_t active_params_without_wpe(const GPTConfig& c);
-// Model FLOPs per token, forward + backward, no recomputation: 6 N + 12 L C T (PaLM), N without an
-// untied model's input embedding (a lookup). The numerator of MFU.
+// Model FLOPs per token, forward + backward, no recomputation: 6 N + 6 L C T, N without an untied
+// model's input embedding (a lookup). The numerator of MFU. PaLM's 12 L C T counts dense
+// attention; a causal model's query meets only the keys up to it, half of that (as FlashAttention-2
+// counts causal FLOPs, Dao 2023), which the fused kernel's causal tile skipping really saves: with
+// the dense count MFU exceeded 100% at long sequences (126% at T = 8192 on one thread).
 double model_flops_per_token(const GPTConfig& c, int T);
 
 // Forward matmul FLOPs per token of one block's parts at context T (tensor parallelism divides
