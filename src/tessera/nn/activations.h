@@ -14,8 +14,7 @@ namespace tessera::nn {
 struct NamedActivation {
   std::string name;
   Tensor t;
-  // Elements per token (B*T rows); 0 means attention probabilities [B, heads, T, T].
-  int64_t width = 0;
+  int64_t width = 0;  // elements per token (B*T rows)
   // Holds only this rank's rows (token_range: sequence parallelism) instead of all B*T.
   bool sequence_slice = false;
 };
@@ -25,24 +24,19 @@ struct NamedActivation {
 // their names.
 class ActivationAllocator {
  public:
-  ActivationAllocator(Allocator& alloc, int64_t rows, int64_t att_elems,
-                      std::vector<NamedActivation>* list, bool sequence_slice = false)
-      : alloc_(alloc),
-        rows_(rows),
-        att_elems_(att_elems),
-        list_(list),
-        sequence_slice_(sequence_slice) {}
-  // rows * width elements (width 0: att_elems, the attention probabilities).
+  ActivationAllocator(Allocator& alloc, int64_t rows, std::vector<NamedActivation>* list,
+                      bool sequence_slice = false)
+      : alloc_(alloc), rows_(rows), list_(list), sequence_slice_(sequence_slice) {}
+  // rows * width elements.
   Tensor operator()(const std::string& name, int64_t width, DType dt = DType::F32) {
-    const int64_t n = width > 0 ? rows_ * width : att_elems_;
-    Tensor t = Tensor::zeros({n}, dt, MemCategory::Activations, name, &alloc_);
+    Tensor t = Tensor::zeros({rows_ * width}, dt, MemCategory::Activations, name, &alloc_);
     if (list_ && dt == DType::F32) list_->push_back({name, t, width, sequence_slice_});
     return t;
   }
 
  private:
   Allocator& alloc_;
-  int64_t rows_, att_elems_;
+  int64_t rows_;
   std::vector<NamedActivation>* list_;
   bool sequence_slice_;
 };

@@ -60,8 +60,8 @@ void Attention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& allo
                               std::vector<NamedActivation>* list, DType gemm_inputs) const {
   const int64_t BT = max_batch * core_.rows_per_sequence;
   // The tensor-parallel region: every token, this rank's columns. The rest: this rank's rows.
-  ActivationAllocator a(alloc, BT, 0, list);
-  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
+  ActivationAllocator a(alloc, BT, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, list, split_.sequence_parallel());
   const std::string h = "h." + std::to_string(layer_) + ".";
   const int64_t C = cfg_.n_embd;
   r.ln1 = rows(h + "ln_1", C, gemm_inputs);

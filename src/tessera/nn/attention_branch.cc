@@ -39,7 +39,7 @@ k::FlashAttention flash_call(const BlockPass& mb, const float* qkv, const k::Att
 
 void AttentionBranch::allocate_core(AttentionRecord& r, int max_batch, Allocator& alloc,
                                     std::vector<NamedActivation>* list) const {
-  ActivationAllocator a(alloc, max_batch * core_.rows_per_sequence, 0, list);
+  ActivationAllocator a(alloc, max_batch * core_.rows_per_sequence, list);
   r.atty = a(core_.prefix + "atty", atty_width());
   r.lse = a(core_.prefix + "attn.lse", core_.heads.q);  // [B, heads, T]: heads floats per token
 }
@@ -55,7 +55,7 @@ AttentionRecord AttentionBranch::make_record(int max_batch, Allocator& alloc,
 
 void AttentionBranch::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
   if (!ws.delta.defined())
-    ws.delta = ActivationAllocator(alloc, max_batch * core_.rows_per_sequence, 0, nullptr)(
+    ws.delta = ActivationAllocator(alloc, max_batch * core_.rows_per_sequence, nullptr)(
         "block.attention_delta", core_.heads.q);
   if (recompute_ == Recompute::None || ws.attention) return;
   ws.attention = std::make_unique<AttentionRecord>();

@@ -87,7 +87,7 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
   if (attention_) r.attention = attention_->make_record(max_batch, alloc, list);
   if (attention_ && mlp_ && recompute_ != Recompute::Full)
     r.x_attn = ActivationAllocator(alloc, token_range(split_, max_batch * rows_per_sequence_).per,
-                                   0, list, split_.sequence_parallel())(
+                                   list, split_.sequence_parallel())(
         "h." + std::to_string(layer_) + ".x_attn", cfg_.n_embd);
   if (mlp_) r.mlp = mlp_->make_record(max_batch, alloc, list);
   return r;
@@ -96,8 +96,8 @@ Block::Record Block::make_record(int max_batch, Allocator& alloc,
 Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
   const int64_t BT = max_batch * rows_per_sequence_;
   const int64_t C = cfg_.n_embd, t = split_.size();
-  ActivationAllocator a(alloc, BT, 0, nullptr);
-  ActivationAllocator padded(alloc, token_range(split_, BT).padded(), 0, nullptr);
+  ActivationAllocator a(alloc, BT, nullptr);
+  ActivationAllocator padded(alloc, token_range(split_, BT).padded(), nullptr);
   Workspace ws;
   ws.proj = padded("block.proj", C);
   ws.dln = padded("block.d_ln", C);
@@ -112,7 +112,7 @@ Block::Workspace Block::make_workspace(int max_batch, Allocator& alloc) const {
 void Block::complete_workspace(Workspace& ws, int max_batch, Allocator& alloc) const {
   if (recompute_ == Recompute::Full && part_ == BlockPart::Whole && !ws.x_attn.defined())
     ws.x_attn = ActivationAllocator(alloc, token_range(split_, max_batch * rows_per_sequence_).per,
-                                    0, nullptr)("block.recomputed_x_attn", cfg_.n_embd);
+                                    nullptr)("block.recomputed_x_attn", cfg_.n_embd);
   if (attention_) attention_->reserve(ws, max_batch, alloc);
   if (mlp_) mlp_->reserve(ws, max_batch, alloc);
 }

@@ -178,7 +178,7 @@ std::unique_ptr<StageRecord> GPT::make_record() {
   auto rec = std::make_unique<Record>();
   const TensorSplit& tp = tp_;
   const TokenRange rows = token_range(tp, max_batch_ * rows_per_sequence());
-  ActivationAllocator a(alloc_, rows.per, 0, &rec->named, tp.sequence_parallel());
+  ActivationAllocator a(alloc_, rows.per, &rec->named, tp.sequence_parallel());
   if (embedding_) rec->embedding = embedding_->make_record(max_batch_, alloc_);
   rec->hidden.push_back(a(has_embedding() ? "x0" : "stage_input", cfg_.n_embd));
   for (const Block& b : blocks_) {

@@ -48,10 +48,10 @@ Head::Record Head::make_record(int max_batch, Allocator& alloc,
                                std::vector<NamedActivation>* list) const {
   const int64_t BT = max_batch * rows_per_sequence_;
   const TokenRange rows = token_range(split_, BT);
-  ActivationAllocator a(alloc, BT, 0, list);
-  ActivationAllocator mine(alloc, rows.per, 0, list, split_.sequence_parallel());
+  ActivationAllocator a(alloc, BT, list);
+  ActivationAllocator mine(alloc, rows.per, list, split_.sequence_parallel());
   Record r;
-  r.lnf = ActivationAllocator(alloc, rows.padded(), 0, list)("ln_f", cfg_.n_embd);
+  r.lnf = ActivationAllocator(alloc, rows.padded(), list)("ln_f", cfg_.n_embd);
   if (!cfg_.llama()) r.lnf_mean = mine("ln_f.mean", 1);
   r.lnf_rstd = mine("ln_f.rstd", 1);
   r.logits = a("logits", vocab_.size());

@@ -39,10 +39,10 @@ void MoeMlp::allocate(MoeMlpRecord& r, int max_batch, Allocator& alloc,
                       std::vector<NamedActivation>* list) const {
   const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
   const TokenRange rows_of = token_range(split_, BT);
-  ActivationAllocator rows(alloc, rows_of.per, 0, list, split_.sequence_parallel());
+  ActivationAllocator rows(alloc, rows_of.per, list, split_.sequence_parallel());
   const std::string h = "h." + std::to_string(layer_) + ".";
   if (split_.sequence_parallel())  // every rank's rows, gathered (padded)
-    r.ln2 = ActivationAllocator(alloc, rows_of.padded(), 0, nullptr)(h + "ln_2", C);
+    r.ln2 = ActivationAllocator(alloc, rows_of.padded(), nullptr)(h + "ln_2", C);
   else
     r.ln2 = rows(h + "ln_2", C);
   r.ln2_mean = rows(h + "ln_2.mean", 1);

@@ -87,8 +87,8 @@ RotaryAttention::RotaryAttention(ParameterSet& ps, const GPTConfig& cfg, int lay
 void RotaryAttention::allocate_rest(AttentionRecord& r, int max_batch, Allocator& alloc,
                                     std::vector<NamedActivation>* list, DType gemm_inputs) const {
   const int64_t BT = max_batch * core_.rows_per_sequence;
-  ActivationAllocator a(alloc, BT, 0, list);
-  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
+  ActivationAllocator a(alloc, BT, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, list, split_.sequence_parallel());
   const std::string h = "model.layers." + std::to_string(layer_) + ".";
   r.ln1 = rows(h + "input_layernorm", cfg_.n_embd, gemm_inputs);
   r.ln1_rstd = rows(h + "input_layernorm.rstd", 1);

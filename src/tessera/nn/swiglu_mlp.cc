@@ -46,8 +46,8 @@ SwigluMlp::SwigluMlp(ParameterSet& ps, const GPTConfig& cfg, int layer, const Te
 void SwigluMlp::allocate(SwigluMlpRecord& r, int max_batch, Allocator& alloc,
                          std::vector<NamedActivation>* list, DType gemm_inputs) const {
   const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
-  ActivationAllocator a(alloc, BT, 0, list);
-  ActivationAllocator rows(alloc, token_range(split_, BT).per, 0, list, split_.sequence_parallel());
+  ActivationAllocator a(alloc, BT, list);
+  ActivationAllocator rows(alloc, token_range(split_, BT).per, list, split_.sequence_parallel());
   const std::string h = "model.layers." + std::to_string(layer_) + ".";
   r.ln2 = rows(h + "post_attention_layernorm", C, gemm_inputs);
   r.ln2_rstd = rows(h + "post_attention_layernorm.rstd", 1);

@@ -70,12 +70,12 @@ void SwigluMoeMlp::allocate(SwigluMoeMlpRecord& r, int max_batch, Allocator& all
                             std::vector<NamedActivation>* list) const {
   const int64_t BT = max_batch * rows_per_sequence_, C = cfg_.n_embd;
   const TokenRange rows_of = token_range(split_, BT);
-  ActivationAllocator rows(alloc, rows_of.per, 0, list, split_.sequence_parallel());
-  ActivationAllocator all(alloc, BT, 0, list);
+  ActivationAllocator rows(alloc, rows_of.per, list, split_.sequence_parallel());
+  ActivationAllocator all(alloc, BT, list);
   const std::string h = "model.layers." + std::to_string(layer_) + ".";
   if (split_.sequence_parallel())  // every rank's rows, gathered (padded)
     r.ln2 =
-        ActivationAllocator(alloc, rows_of.padded(), 0, nullptr)(h + "post_attention_layernorm", C);
+        ActivationAllocator(alloc, rows_of.padded(), nullptr)(h + "post_attention_layernorm", C);
   else
     r.ln2 = rows(h + "post_attention_layernorm", C);
   r.ln2_rstd = rows(h + "post_attention_layernorm.rstd", 1);
