@@ -224,7 +224,7 @@ std::vector<Case> cp_cases() {
 }
 
 std::vector<Case> cases() {
-  return {
+  std::vector<Case> v = {
       {"one_rank"},
       {"one_rank_selective_m2", 1, 1, 1, 0, 4, 1, "1f1b", "selective"},
       {"dp2_zero0", 2},
@@ -270,6 +270,15 @@ std::vector<Case> cases() {
       {"llama_pp2_dp2_tp2_zero1_bf16", 2, 2, 2, 1, 2, 1, "1f1b", "none", 4, "bf16", false, 1, 0,
        0.0f, "auto", true},
   };
+  // ZeRO-3 on one stage: the plan counts the engine's worst case, two reductions in flight at every
+  // bucket besides the gathered one (as cp_cases explains); how many a run holds at its peak
+  // depends on its threads' timing (dp2_zero3_m2_bf16's buffers measured 655 KiB against 1045 KiB
+  // planned, llama_dp2_zero3_full's 480-620 KiB against 750 KiB). Since the attention is fused
+  // these small models keep no T x T probabilities, which had made the buckets a smaller share of
+  // the peak: the plan is an upper bound here, within 20%.
+  for (Case& c : v)
+    if (c.zero == 3 && c.pp == 1 && c.over == 0) c.over = 0.20;
+  return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MemoryValidation, ::testing::ValuesIn(cases()),
