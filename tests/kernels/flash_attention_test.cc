@@ -6,7 +6,6 @@
 // wider than the heads) so that every stride is honoured.
 #include "tessera/kernels/flash_attention.h"
 
-#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include "compute_threads.h"
 #include "grad_check.h"
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
@@ -27,17 +27,7 @@ using testing::randn;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Sets the compute (BLAS) threads for a scope.
-class ComputeThreads {
- public:
-  explicit ComputeThreads(int n) : saved_(openblas_get_num_threads()) {
-    openblas_set_num_threads(n);
-  }
-  ~ComputeThreads() { openblas_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using tessera::testing::ComputeThreads;
 
 // One attention problem: q[B * Tq, ldq] (query head h at column h * hs), kv[B * Tk, ldkv] (key
 // head g at column g * hs, value head g at KV * hs + g * hs), dout laid out as out[B * Tq, ldo].

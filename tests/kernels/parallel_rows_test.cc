@@ -1,6 +1,5 @@
 #include "tessera/kernels/parallel_rows.h"
 
-#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,22 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include "compute_threads.h"
 #include "tessera/kernels/bf16.h"
 
 namespace tessera::kernels {
 namespace {
 
-// Sets the compute (BLAS) threads for a scope.
-class ComputeThreads {
- public:
-  explicit ComputeThreads(int n) : saved_(openblas_get_num_threads()) {
-    openblas_set_num_threads(n);
-  }
-  ~ComputeThreads() { openblas_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using tessera::testing::ComputeThreads;
 
 // Every row exactly once, in pieces of whole rows; threads only from the threshold on.
 TEST(ParallelRows, CoversEveryRowOnceAndUsesThreadsOnlyForLargeWork) {
