@@ -7,7 +7,8 @@
 #
 # Usage: bench/long_context/longest_sequence.sh [tessera]
 #   env: LIMIT (2GiB), GRAIN (1024), MAX (262144), CONFIGS ("1 2:ring 2:allgather 2:ulysses"),
-#        RECOMPUTE (none)
+#        RECOMPUTE (none), MODEL (extra model flags, e.g. "--arch llama": rotary positions, so no
+#        learned position table that grows with the length and is replicated on every cp rank)
 # Prints per configuration the longest length that trained and the first that did not, then each
 # cp configuration's ratio over one rank.
 set -euo pipefail
@@ -18,13 +19,14 @@ grain=${GRAIN:-1024}
 max=${MAX:-262144}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "longest sequence under --memory-limit $limit: $(date -u +%FT%TZ)" \
+echo "longest sequence under --memory-limit $limit${MODEL:+ ($MODEL)}: $(date -u +%FT%TZ)" \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
 
 fits() {  # cp comm T -> 0 when one step trains
   local cp=$1 comm=$2 T=$3 extra=()
   [ "$cp" -gt 1 ] && extra=(--cp "$cp" --cp-comm "$comm")
-  "$bin" train --layers 4 --dim 256 --heads 4 --seq "$T" --batch 1 --steps 1 --warmup 0 \
+  # shellcheck disable=SC2086 # MODEL is a list of flags
+  "$bin" train --layers 4 --dim 256 --heads 4 ${MODEL:-} --seq "$T" --batch 1 --steps 1 --warmup 0 \
     --memory-limit "$limit" --recompute "${RECOMPUTE:-none}" --val-fraction 0 --eval-every 0 \
     --sample-tokens 0 --threads 1 --cache-dir "$work/cache" "${extra[@]}" >"$work/log" 2>&1
 }
