@@ -261,8 +261,8 @@ class TesseraEngine final : public Engine {
     for (int j = n - 1; j >= 0; --j) {
       const double params =
           parallel::traits(l.zero).shards_parameters ? gathered(j, std::max(j - 1, 0)) : 0;
-      peak = std::max(peak, (later_micro_batches ? leftover : 0) + params +
-                                core(j, s.cp_transient.fwd));
+      peak = std::max(peak,
+                      (later_micro_batches ? leftover : 0) + params + core(j, s.cp_transient.fwd));
     }
     return {peak, leftover};
   }
