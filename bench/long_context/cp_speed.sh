@@ -43,6 +43,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 for v in ${VARIANTS:-allgather ring ulysses}; do
+  # shellcheck disable=SC2086 # ratios[v] holds one ratio per round, one argument each
   python3 -c "import statistics,sys
 x=[float(a) for a in sys.argv[2:]]
 print(f'{sys.argv[1]}: median {statistics.median(x):.2f}x over one rank (rounds: {\" \".join(sys.argv[2:])}); {sum(a >= 1.8 for a in x)} of {len(x)} at >= 1.8x')" \
