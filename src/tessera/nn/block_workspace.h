@@ -116,6 +116,17 @@ size_t allocated_bytes(const Make& make) {
   return counting.in_use();
 }
 
+// Mlp::reserve's common part: under full recomputation, one record R of `kind` in `ws` for every
+// block of the stage, filled by allocate(R&) the first time.
+template <class R, class Allocate>
+void reserve_mlp_record(BlockWorkspace& ws, const std::string& kind, Recompute recompute,
+                        const Allocate& allocate) {
+  if (recompute != Recompute::Full || ws.mlp.count(kind)) return;
+  auto r = std::make_unique<R>();
+  allocate(*r);
+  ws.mlp[kind] = std::move(r);
+}
+
 // The recomputation record an MLP of `kind` reserved in `ws` (Mlp::reserve), as its own type R.
 template <class R>
 R& reserved_mlp_record(BlockWorkspace& ws, const std::string& kind, int layer) {

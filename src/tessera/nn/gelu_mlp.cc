@@ -75,10 +75,10 @@ std::unique_ptr<MlpRecord> GeluMlp::make_record(int max_batch, Allocator& alloc,
 }
 
 void GeluMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
-  if (recompute_ != Recompute::Full || ws.mlp.count(kind())) return;
-  auto r = std::make_unique<GeluMlpRecord>();
-  allocate(*r, max_batch, alloc, nullptr, DType::F32);  // recomputed activations are fp32
-  ws.mlp[kind()] = std::move(r);
+  // recomputed activations are fp32
+  reserve_mlp_record<GeluMlpRecord>(ws, kind(), recompute_, [&](GeluMlpRecord& r) {
+    allocate(r, max_batch, alloc, nullptr, DType::F32);
+  });
 }
 
 GeluMlpRecord& GeluMlp::scratch(BlockWorkspace& ws) const {

@@ -66,10 +66,8 @@ std::unique_ptr<MlpRecord> MoeMlp::make_record(int max_batch, Allocator& alloc,
 void MoeMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
   if (!ws.moe)
     ws.moe = std::make_shared<MixtureOfExperts::Workspace>(MixtureOfExperts::make_workspace(alloc));
-  if (recompute_ != Recompute::Full || ws.mlp.count(kind())) return;
-  auto r = std::make_unique<MoeMlpRecord>();
-  allocate(*r, max_batch, alloc, nullptr);
-  ws.mlp[kind()] = std::move(r);
+  reserve_mlp_record<MoeMlpRecord>(
+      ws, kind(), recompute_, [&](MoeMlpRecord& r) { allocate(r, max_batch, alloc, nullptr); });
 }
 
 MoeMlpRecord& MoeMlp::scratch(BlockWorkspace& ws) const {

@@ -64,10 +64,10 @@ std::unique_ptr<MlpRecord> SwigluMlp::make_record(int max_batch, Allocator& allo
 }
 
 void SwigluMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
-  if (recompute_ != Recompute::Full || ws.mlp.count(kind())) return;
-  auto r = std::make_unique<SwigluMlpRecord>();
-  allocate(*r, max_batch, alloc, nullptr, DType::F32);  // recomputed activations are fp32
-  ws.mlp[kind()] = std::move(r);
+  // recomputed activations are fp32
+  reserve_mlp_record<SwigluMlpRecord>(ws, kind(), recompute_, [&](SwigluMlpRecord& r) {
+    allocate(r, max_batch, alloc, nullptr, DType::F32);
+  });
 }
 
 SwigluMlpRecord& SwigluMlp::scratch(BlockWorkspace& ws) const {

@@ -105,10 +105,9 @@ std::unique_ptr<MlpRecord> SwigluMoeMlp::make_record(int max_batch, Allocator& a
 void SwigluMoeMlp::reserve(BlockWorkspace& ws, int max_batch, Allocator& alloc) const {
   if (!ws.moe)
     ws.moe = std::make_shared<MixtureOfExperts::Workspace>(MixtureOfExperts::make_workspace(alloc));
-  if (recompute_ != Recompute::Full || ws.mlp.count(kind())) return;
-  auto r = std::make_unique<SwigluMoeMlpRecord>();
-  allocate(*r, max_batch, alloc, nullptr);
-  ws.mlp[kind()] = std::move(r);
+  reserve_mlp_record<SwigluMoeMlpRecord>(ws, kind(), recompute_, [&](SwigluMoeMlpRecord& r) {
+    allocate(r, max_batch, alloc, nullptr);
+  });
 }
 
 SwigluMoeMlpRecord& SwigluMoeMlp::scratch(BlockWorkspace& ws) const {
