@@ -83,6 +83,16 @@ foreach(layer ${TESSERA_LAYERS})
   endforeach()
 endforeach()
 list(APPEND tessera_installed_headers tessera/tessera.h)
+# The CUDA path (TESSERA_CUDA), where built: tessera::cuda, exported because tessera_train links it
+# (--device cuda); its headers are not installed (no public API yet), and the package's config
+# then finds the CUDA toolkit for the CUDA libraries it links.
+if(TARGET tessera_cuda)
+  set_target_properties(tessera_cuda PROPERTIES EXPORT_NAME cuda)
+  list(APPEND tessera_exported_targets tessera_cuda)
+  set(TESSERA_CONFIG_WITH_CUDA ON)
+else()
+  set(TESSERA_CONFIG_WITH_CUDA OFF)
+endif()
 install(FILES ${tessera_src}/tessera.h ${PROJECT_BINARY_DIR}/include/tessera/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera)
 

@@ -88,6 +88,22 @@ double evaluate(PipelineForward& model, const data::EvalWindows& windows, int ba
   return count ? sum / static_cast<double>(count) : NAN;
 }
 
+// The same on a --device cuda rank (whole sequences, no context parallelism there).
+double evaluate_on_device(DeviceSteps& device, const data::EvalWindows& windows, int batch,
+                          int64_t windows_wanted, std::vector<int32_t>& in,
+                          std::vector<int32_t>& tgt) {
+  const int64_t n = std::min(windows_wanted, windows.num_windows());
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t first = 0; first < n; first += batch) {
+    const int rows = static_cast<int>(std::min<int64_t>(batch, n - first));
+    windows.fetch(first, rows, in.data(), tgt.data());
+    sum += device.evaluate(nn::Batch{in.data(), tgt.data(), rows, windows.seq_len(), 0});
+    count += int64_t{rows} * windows.seq_len();
+  }
+  return count ? sum / static_cast<double>(count) : NAN;
+}
+
 }  // namespace
 
 RankRun::Chunk::Chunk(const nn::GPTConfig& m, int micro, Allocator& alloc,
@@ -151,8 +167,9 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   for (int c = 0; c < cfg.virtual_stages; ++c) {
     const parallel::UnitRange& units =
         split_[static_cast<size_t>(schedule_.stage_of(mesh_.pp_rank(), c))];
-    chunks_.push_back(
-        std::make_unique<Chunk>(plan.mcfg, micro_, alloc_, model_layout(units), mesh_));
+    // A --device cuda rank's CPU model is the host copy of its parameters: records of one row.
+    const int rows = cfg.device == Device::Cuda ? 1 : micro_;
+    chunks_.push_back(std::make_unique<Chunk>(plan.mcfg, rows, alloc_, model_layout(units), mesh_));
   }
   engines_.emplace(stage_models(), mesh_, dpo_, alloc_,
                    [&](std::vector<optim::Segment> segs, int64_t n) {
@@ -168,7 +185,47 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   if (plan.mcfg.moe.enabled()) moe_bias_.emplace(plan.mcfg, cfg.moe_bias_rate);
   restore_or_initialize();
   if (moe_bias_) moe_bias_->apply(models());
+  if (cfg.device == Device::Cuda) {
+    device_.emplace(first_model(), engines_->engines().front()->optimizer(), micro_, cfg.seq,
+                    cfg.precision, cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit),
+                    mesh_.gradient_group(), "rank " + std::to_string(world.rank()));
+    device_->upload();
+    if (lead_ && device_->peak_flops() > 0) peak_flops_ = device_->peak_flops();
+  }
   result_.first_step = step_;
+}
+
+void RankRun::sync_host() {
+  if (device_) device_->download();
+}
+
+void RankRun::device_train_step() {
+  const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
+  const float lr = sched_.at(step_);
+  device_->begin_step();
+  const data::SamplerPosition pos = sampler_.position();
+  const nn::StepContext ctx{cfg_.seed, static_cast<uint64_t>(step_), true,
+                            1.0f / static_cast<float>(tokens_per_step_)};
+  double local = 0;
+  for (int m = 0; m < n_micro_; ++m) {
+    const int first = mesh_.dp_rank() * per_rank_ + m * micro_;
+    sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
+    local +=
+        device_->forward_backward(nn::Batch{in_.data(), tgt_.data(), micro_, cfg_.seq, first}, ctx);
+  }
+  device_->reduce_gradients();
+  const double loss = global_loss(local);
+  const double norm = device_->grad_norm();
+  if (!std::isfinite(loss) || !std::isfinite(norm))
+    throw NumericError(detail::concat("training diverged at step ", step_ + 1, ": the loss is ",
+                                      loss, " and the gradient norm ", norm,
+                                      " (on the device). Try a lower --lr or --grad-clip 1."));
+  if (cfg_.grad_clip > 0) device_->clip(norm, cfg_.grad_clip);
+  device_->step(lr);
+  sampler_.set_position(sampler_.advance(pos, cfg_.batch));
+  after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
+             process_cpu_seconds() - cpu0, MoeStepStats{});
 }
 
 std::vector<nn::StageModel*> RankRun::stage_models() const {
@@ -225,6 +282,7 @@ nn::Batch RankRun::rank_batch(int B, int T, int64_t first) {
 }
 
 void RankRun::train_step() {
+  if (device_) return device_train_step();
   const auto t0 = Clock::now();
   const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
@@ -290,9 +348,12 @@ void RankRun::validate(int64_t at_step) {
   TraceSpan span("validation", "eval");
   // --eval-batches batches of --batch sequences whatever the layout: every rank evaluates them
   // all, micro-batch by micro-batch.
-  const double v = evaluate(
-      *forward_, *val_, micro_, static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch, in_, tgt_,
-      [&](int rows, int T) { return rank_batch(rows, T, 0); }, mesh_.cp());
+  const int64_t windows = static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch;
+  const double v = device_
+                       ? evaluate_on_device(*device_, *val_, micro_, windows, in_, tgt_)
+                       : evaluate(
+                             *forward_, *val_, micro_, windows, in_, tgt_,
+                             [&](int rows, int T) { return rank_batch(rows, T, 0); }, mesh_.cp());
   result_.last_val_loss = v;
   // With this rank's memory, so that a long run shows whether use and peaks stay flat
   // (scripts/soak.sh).
@@ -309,6 +370,7 @@ void RankRun::validate(int64_t at_step) {
 }
 
 void RankRun::sample() {
+  sync_host();
   const std::shared_ptr<const data::Tokenizer> tokenizer = plan_.pd.text_tokenizer();
   if (!tokenizer || cfg_.sample_tokens <= 0) return;
   // Every rank samples (ZeRO-3 gathers parameters, tensor parallelism the logits' vocabulary

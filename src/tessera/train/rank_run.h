@@ -25,6 +25,7 @@
 #include "tessera/parallel/pipeline/step_executor.h"
 #include "tessera/parallel/rank_engines.h"
 #include "tessera/parallel/unit_timeline.h"
+#include "tessera/train/device_steps.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/moe_bias.h"
 #include "tessera/train/moe_stats.h"
@@ -60,6 +61,12 @@ class RankRun {
   // it: whole, or its cp share (sliced into in_local_/tgt_local_ at positions_).
   nn::Batch rank_batch(int B, int T, int64_t first);
   void train_step();
+  // The step of a --device cuda rank (device_steps.h): its micro-batches on the GPU, gradients
+  // summed over the gradient group through host memory, the update on the GPU.
+  void device_train_step();
+  // Brings the device's parameters and optimizer state to the host model (before a save or a
+  // sample reads them); nothing on a CPU rank.
+  void sync_host();
   double global_loss(double local_loss_sum);
   void optimizer_step(double loss, double norm, float lr);
   std::string first_non_finite() const;
@@ -104,10 +111,11 @@ class RankRun {
   std::optional<parallel::RankEngines> engines_;
   std::optional<parallel::StepExecutor> executor_;
   std::optional<PipelineForward> forward_;
-  std::optional<MoeBias> moe_bias_;  // every MoE layer's selection bias (the same on every rank)
-  int64_t boundary_elems_ = 0;       // hidden-state elements a stage passes on per micro-batch
-  parallel::StepTiming timing_sum_;  // over the steps after the first
-  parallel::StepTraffic traffic_;    // of the last step
+  std::optional<DeviceSteps> device_;  // --device cuda
+  std::optional<MoeBias> moe_bias_;    // every MoE layer's selection bias (the same on every rank)
+  int64_t boundary_elems_ = 0;         // hidden-state elements a stage passes on per micro-batch
+  parallel::StepTiming timing_sum_;    // over the steps after the first
+  parallel::StepTraffic traffic_;      // of the last step
   data::WindowSampler sampler_;
   std::optional<data::EvalWindows> val_;
   std::optional<MetricsWriter> metrics_;

@@ -87,6 +87,7 @@ void RankRun::wait_for_rank0_file_work(const std::string& what) {
 
 void RankRun::save(int64_t at_step) {
   if (cfg_.save.empty()) return;
+  sync_host();
   // Gathered on every rank (collective); rank 0 writes.
   parallel::RankEngines::Gathered gathered = engines_->gather();
   if (moe_bias_) moe_bias_->check_identical(world_);

@@ -94,6 +94,14 @@ void RankRun::print_header() {
 
 std::string RankRun::precision_line() const {
   const nn::GPTLayout& layout = first_model().layout();
+  if (device_)
+    return "device: " + device_->describe() +
+           "; fp32 master weights, gradients and optimizer state; gradients summed through host "
+           "memory" +
+           (peak_flops_ > 0 ? "; MFU against " + format_rate(peak_flops_) +
+                                  "FLOP/s per rank (the device's dense bf16 peak) x " +
+                                  std::to_string(world_.size()) + " ranks"
+                            : std::string());
   const bool gathers = parallel::traits(dpo_.zero).shards_parameters;
   const bool sends_activations = cfg_.tp > 1 || cfg_.pp > 1;
   return std::string("precision: ") + kernels::to_string(layout.gemm.precision) + ", " +
@@ -183,6 +191,14 @@ void RankRun::report_memory() {
   world_.all_gather(&total, peaks.data(), 1, DType::I64).wait();
   result_.memory_peaks.assign(peaks.begin(), peaks.end());
   for (const std::string& r : result_.memory_reports) say(log_, nullptr, "memory: " + r);
+  if (device_) {
+    const int64_t dev = static_cast<int64_t>(device_->peak_bytes());
+    world_.all_gather(&dev, peaks.data(), 1, DType::I64).wait();
+    std::string line = "device memory peaks (GiB):";
+    for (int64_t p : peaks)
+      line += detail::concat(" ", static_cast<double>(p) / (1024.0 * 1024 * 1024));
+    say(log_, nullptr, line);
+  }
 }
 
 void RankRun::report_pipeline() {

@@ -455,6 +455,11 @@ void precision_fields(std::vector<ConfigField>& f) {
 void run_fields(std::vector<ConfigField>& f) {
   using T = TrainConfig;
   const char* run = "Run";
+  f.push_back(choice(run, "device", &T::device,
+                     "Where each rank's model runs: cpu, or cuda (one GPU; ranks of one process "
+                     "share device 0 and sum their gradients through host memory). cuda runs "
+                     "GPT-2 with data parallelism (--dp, ZeRO 0) and adamw so far",
+                     {{Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}));
   f.push_back(value(run, "comm_timeout", &T::comm_timeout,
                     "Seconds a rank waits for its peers in any communication call before the run "
                     "fails with an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)",
@@ -668,6 +673,24 @@ void TrainConfig::validate() const {
     TESSERA_CHECK_AS(ConfigError, !moe_shared_gate || moe_shared_ffn_dim > 0,
                      key("moe_shared_gate"), " gates the shared expert: set ",
                      key("moe_shared_ffn_dim"));
+  }
+  if (device == Device::Cuda) {
+    // What the device path runs so far (train/device_steps.h); the rest says so by name.
+    auto need = [&](bool ok, const std::string& what) {
+      TESSERA_CHECK_AS(ConfigError, ok, key("device"), " cuda does not run ", what, " yet; use ",
+                       key("device"), " cpu for it");
+    };
+    need(tp == 1 && pp == 1 && cp == 1 && ep == 1,
+         detail::concat("tensor, pipeline, context or expert parallelism (", key("tp"), " ", tp,
+                        ", ", key("pp"), " ", pp, ", ", key("cp"), " ", cp, ", ", key("ep"), " ",
+                        ep, ")"));
+    need(zero == 0, detail::concat(key("zero"), " ", zero));
+    need(optimizer == OptimizerKind::AdamW, detail::concat(key("optimizer"), " sgd"));
+    need(arch == nn::Arch::Gpt2, "the Llama family");
+    need(moe_experts == 0, "mixtures of experts");
+    need(recompute == nn::Recompute::None, detail::concat(key("recompute"),
+                                                          " (it keeps every "
+                                                          "activation on the device)"));
   }
 }
 

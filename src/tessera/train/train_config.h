@@ -25,6 +25,9 @@ namespace tessera::train {
 
 enum class OptimizerKind { AdamW, Sgd };
 
+// Where a rank's model runs: its CPU cores, or one CUDA GPU (train/device_steps.h).
+enum class Device { Cpu, Cuda };
+
 // What a kind of traffic travels in: the --precision's dtype (Auto), fp32 or bf16.
 enum class WireDtype { Auto, Fp32, Bf16 };
 DType resolve(WireDtype w, kernels::Precision p);
@@ -126,6 +129,7 @@ struct TrainConfig {
   double io_timeout = 3600;
 
   // Run.
+  Device device = Device::Cpu;
   int threads = 0;           // BLAS threads per rank; 0 = cores / ranks
   std::string memory_limit;  // e.g. "2GiB"; "" = unlimited
   std::string save;          // checkpoint directory

@@ -1,0 +1,163 @@
+#include "tessera/train/device_steps.h"
+
+#include <cmath>
+#include <vector>
+
+#include "tessera/core/error.h"
+
+#ifdef TESSERA_WITH_CUDA
+#include "tessera/cuda/gpt.h"
+#include "tessera/cuda/host_staged.h"
+#endif
+
+namespace tessera::train {
+
+#ifdef TESSERA_WITH_CUDA
+
+std::string device_unavailable_reason() {
+  if (!cuda::available()) return "no CUDA device is visible to this process";
+  return "";
+}
+
+struct DeviceSteps::Impl {
+  nn::GPT& host;
+  optim::Optimizer& opt;
+  cuda::DeviceInfo info;
+  std::unique_ptr<cuda::Gpt> gpu;
+  std::unique_ptr<cuda::HostStagedReducer> reducer;
+  comm::Communicator& group;
+  optim::AdamWConfig adam;
+  float* state(const char* kind) {
+    for (auto& [name, t] : opt.state_buffers())
+      if (name == kind) return t.f32();
+    throw InternalError(detail::concat("the host optimizer has no '", kind, "' state"));
+  }
+};
+
+DeviceSteps::DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int micro, int seq,
+                         kernels::Precision precision, size_t memory_limit,
+                         comm::Communicator& group, const std::string& rank_name) {
+  const std::string why = device_unavailable_reason();
+  TESSERA_CHECK_AS(ConfigError, why.empty(), "--device cuda: ", why);
+  auto* adam = dynamic_cast<optim::AdamW*>(&host_optimizer);
+  TESSERA_CHECK_AS(ConfigError, adam != nullptr, "--device cuda trains with adamw only so far");
+  // The host optimizer's state must be laid out like the flat buffer (whole parameters, ZeRO 0).
+  const nn::ParameterSet& ps = host.params();
+  for (const optim::Segment& s : host_optimizer.segments())
+    TESSERA_ASSERT(s.param_offset == 0 && s.state_offset == ps.infos()[s.param].offset &&
+                       s.n == ps.infos()[s.param].local_numel(),
+                   "--device cuda needs the optimizer state of whole parameters");
+  cuda::GptOptions o;
+  o.precision =
+      precision == kernels::Precision::BF16 ? cuda::Precision::BF16 : cuda::Precision::F32;
+  o.max_batch = micro;
+  o.seq_len = seq;
+  o.memory_limit = memory_limit;
+  o.name = "cuda " + rank_name;
+  impl_.reset(new Impl{host, host_optimizer, cuda::device_info(0), nullptr, nullptr, group,
+                       adam->config()});
+  impl_->gpu = std::make_unique<cuda::Gpt>(host.config(), ps, ps.flat_params().f32(), o);
+  if (group.size() > 1)
+    impl_->reducer = std::make_unique<cuda::HostStagedReducer>(*impl_->gpu, group);
+}
+
+DeviceSteps::~DeviceSteps() = default;
+
+void DeviceSteps::upload() {
+  Impl& m = *impl_;
+  m.gpu->set_params(m.host.params().flat_params().f32());
+  m.gpu->set_optimizer_state(m.state("exp_avg"), m.state("exp_avg_sq"), m.opt.steps());
+}
+
+void DeviceSteps::download() {
+  Impl& m = *impl_;
+  m.gpu->get_params(m.host.params().flat_params().f32());
+  m.gpu->get_optimizer_state(m.state("exp_avg"), m.state("exp_avg_sq"));
+  m.opt.set_steps(m.gpu->steps());
+}
+
+void DeviceSteps::begin_step() {
+  impl_->gpu->zero_grads();
+}
+
+double DeviceSteps::forward_backward(const nn::Batch& b, const nn::StepContext& ctx) {
+  return impl_->gpu->forward_backward(b, ctx);
+}
+
+void DeviceSteps::reduce_gradients() {
+  if (impl_->reducer) impl_->reducer->all_reduce_gradients();
+}
+
+double DeviceSteps::grad_norm() {
+  return std::sqrt(impl_->gpu->grad_sum_squares());
+}
+
+// As optim's clipping: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
+void DeviceSteps::clip(double norm, double max_norm) {
+  if (max_norm > 0 && norm > max_norm)
+    impl_->gpu->scale_grads(static_cast<float>(max_norm / (norm + 1e-6)));
+}
+
+void DeviceSteps::step(float lr) {
+  impl_->gpu->adamw_step(impl_->adam, lr);
+}
+
+double DeviceSteps::evaluate(const nn::Batch& b) {
+  return impl_->gpu->evaluate(b);
+}
+
+std::string DeviceSteps::describe() const {
+  return detail::concat(impl_->info.name, " (cuda:", impl_->info.index, "), ",
+                        cuda::to_string(impl_->gpu->precision()));
+}
+
+size_t DeviceSteps::peak_bytes() const {
+  return impl_->gpu->allocator().peak();
+}
+
+double DeviceSteps::peak_flops() const {
+  return cuda::bf16_peak_flops(impl_->info);
+}
+
+#else  // no CUDA in this build
+
+std::string device_unavailable_reason() {
+  return "this tessera was built without CUDA (configure with -DTESSERA_CUDA=ON on a machine with "
+         "the CUDA toolkit)";
+}
+
+struct DeviceSteps::Impl {};
+
+DeviceSteps::DeviceSteps(nn::GPT&, optim::Optimizer&, int, int, kernels::Precision, size_t,
+                         comm::Communicator&, const std::string&) {
+  throw ConfigError("--device cuda: " + device_unavailable_reason());
+}
+DeviceSteps::~DeviceSteps() = default;
+void DeviceSteps::upload() {}
+void DeviceSteps::download() {}
+void DeviceSteps::begin_step() {}
+double DeviceSteps::forward_backward(const nn::Batch&, const nn::StepContext&) {
+  return 0;
+}
+void DeviceSteps::reduce_gradients() {}
+double DeviceSteps::grad_norm() {
+  return 0;
+}
+void DeviceSteps::clip(double, double) {}
+void DeviceSteps::step(float) {}
+double DeviceSteps::evaluate(const nn::Batch&) {
+  return 0;
+}
+std::string DeviceSteps::describe() const {
+  return "";
+}
+size_t DeviceSteps::peak_bytes() const {
+  return 0;
+}
+double DeviceSteps::peak_flops() const {
+  return 0;
+}
+
+#endif
+
+}  // namespace tessera::train
