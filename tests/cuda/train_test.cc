@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "tessera/cuda/runtime.h"
+#include "tessera/train/device_steps.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 
@@ -99,6 +101,23 @@ TEST(DeviceTraining, RefusesWhatTheDeviceDoesNotRunYet) {
   if (!cuda::available()) {
     EXPECT_NE(config_error_of(c).find("no CUDA device"), std::string::npos) << config_error_of(c);
   }
+}
+
+// Thread ranks take their world rank's place in the machine, MPI processes the launcher's local
+// rank; the device is that place modulo the GPUs visible (0 without any).
+TEST(DeviceTraining, RanksSpreadOverTheMachinesDevices) {
+  EXPECT_EQ(rank_in_machine(5, false), 5);
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  ::unsetenv("MPI_LOCALRANKID");
+  EXPECT_EQ(rank_in_machine(7, true), 0);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  EXPECT_EQ(rank_in_machine(7, true), 3);
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  ::setenv("MPI_LOCALRANKID", "2", 1);
+  EXPECT_EQ(rank_in_machine(7, true), 2);
+  ::unsetenv("MPI_LOCALRANKID");
+  const int n = cuda::device_count();
+  for (int r = 0; r < 9; ++r) EXPECT_EQ(device_for_rank(r), n > 0 ? r % n : 0) << "rank " << r;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "tessera/train/device_steps.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "tessera/core/error.h"
@@ -17,6 +19,11 @@ namespace tessera::train {
 std::string device_unavailable_reason() {
   if (!cuda::available()) return "no CUDA device is visible to this process";
   return "";
+}
+
+int device_for_rank(int rank_in_machine) {
+  const int n = cuda::device_count();
+  return n > 0 ? rank_in_machine % n : 0;
 }
 
 struct DeviceSteps::Impl {
@@ -36,7 +43,7 @@ struct DeviceSteps::Impl {
 
 DeviceSteps::DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int micro, int seq,
                          kernels::Precision precision, size_t memory_limit,
-                         comm::Communicator& group, const std::string& rank_name) {
+                         comm::Communicator& group, const std::string& rank_name, int device) {
   const std::string why = device_unavailable_reason();
   TESSERA_CHECK_AS(ConfigError, why.empty(), "--device cuda: ", why);
   auto* adam = dynamic_cast<optim::AdamW*>(&host_optimizer);
@@ -54,7 +61,8 @@ DeviceSteps::DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int mi
   o.seq_len = seq;
   o.memory_limit = memory_limit;
   o.name = "cuda " + rank_name;
-  impl_.reset(new Impl{host, host_optimizer, cuda::device_info(0), nullptr, nullptr, group,
+  o.device = device;
+  impl_.reset(new Impl{host, host_optimizer, cuda::device_info(device), nullptr, nullptr, group,
                        adam->config()});
   impl_->gpu = std::make_unique<cuda::Gpt>(host.config(), ps, ps.flat_params().f32(), o);
   if (group.size() > 1)
@@ -119,6 +127,10 @@ double DeviceSteps::peak_flops() const {
   return cuda::bf16_peak_flops(impl_->info);
 }
 
+int DeviceSteps::device() const {
+  return impl_->info.index;
+}
+
 #else  // no CUDA in this build
 
 std::string device_unavailable_reason() {
@@ -128,8 +140,12 @@ std::string device_unavailable_reason() {
 
 struct DeviceSteps::Impl {};
 
+int device_for_rank(int) {
+  return 0;
+}
+
 DeviceSteps::DeviceSteps(nn::GPT&, optim::Optimizer&, int, int, kernels::Precision, size_t,
-                         comm::Communicator&, const std::string&) {
+                         comm::Communicator&, const std::string&, int) {
   throw ConfigError("--device cuda: " + device_unavailable_reason());
 }
 DeviceSteps::~DeviceSteps() = default;
@@ -157,7 +173,17 @@ size_t DeviceSteps::peak_bytes() const {
 double DeviceSteps::peak_flops() const {
   return 0;
 }
+int DeviceSteps::device() const {
+  return 0;
+}
 
 #endif
+
+int rank_in_machine(int world_rank, bool mpi) {
+  if (!mpi) return world_rank;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+    if (const char* v = std::getenv(var)) return std::max(0, std::atoi(v));
+  return 0;
+}
 
 }  // namespace tessera::train

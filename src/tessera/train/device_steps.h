@@ -25,14 +25,25 @@ namespace tessera::train {
 // "" when this build can run --device cuda; otherwise why not.
 std::string device_unavailable_reason();
 
+// The GPU a rank takes: rank_in_machine modulo the devices this process sees (thread ranks of one
+// process spread over its GPUs; MPI processes of one machine take their local rank's), so a
+// machine's GPUs are shared evenly when there are more ranks than GPUs. CUDA_VISIBLE_DEVICES
+// narrows the choice. 0 where no device is visible.
+int device_for_rank(int rank_in_machine);
+// The rank's place among the ranks of its machine: its world rank for thread ranks (one process),
+// the launcher's local rank (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID) for
+// MPI processes (0 when the launcher does not say).
+int rank_in_machine(int world_rank, bool mpi);
+
 class DeviceSteps {
  public:
   // host: the rank's whole model on the CPU (its parameter layout and values); host_optimizer: its
   // AdamW over whole parameters (state laid out like the flat buffer); micro x seq: the largest
   // micro-batch; memory_limit: bytes of device memory (0: the device's); group: the gradient group.
+  // device: the GPU (device_for_rank).
   DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int micro, int seq,
               kernels::Precision precision, size_t memory_limit, comm::Communicator& group,
-              const std::string& rank_name);
+              const std::string& rank_name, int device);
   ~DeviceSteps();
   DeviceSteps(const DeviceSteps&) = delete;
   DeviceSteps& operator=(const DeviceSteps&) = delete;
@@ -55,6 +66,7 @@ class DeviceSteps {
 
   // "NVIDIA H200 (cuda:0), bf16".
   std::string describe() const;
+  int device() const;
   size_t peak_bytes() const;
   // The device's dense bf16 peak in FLOP/s (0: unknown), MFU's denominator.
   double peak_flops() const;

@@ -186,10 +186,18 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   restore_or_initialize();
   if (moe_bias_) moe_bias_->apply(models());
   if (cfg.device == Device::Cuda) {
+    const bool mpi = std::string(world.backend()) == "mpi";
     device_.emplace(first_model(), engines_->engines().front()->optimizer(), micro_, cfg.seq,
                     cfg.precision, cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit),
-                    mesh_.gradient_group(), "rank " + std::to_string(world.rank()));
+                    mesh_.gradient_group(), "rank " + std::to_string(world.rank()),
+                    device_for_rank(rank_in_machine(world.rank(), mpi)));
     device_->upload();
+    // MFU's denominator: the GPUs in use, not the ranks (ranks may share one). Each rank adds
+    // 1 / (the ranks of this process on its device); MPI processes are taken to hold a GPU each.
+    int sharing = 0;
+    for (int r = 0; r < world.size(); ++r)
+      sharing += !mpi && device_for_rank(r) == device_->device() ? 1 : 0;
+    devices_in_use_ = parallel::all_reduce_sum(world, 1.0 / std::max(1, mpi ? 1 : sharing));
     if (lead_ && device_->peak_flops() > 0) peak_flops_ = device_->peak_flops();
   }
   result_.first_step = step_;

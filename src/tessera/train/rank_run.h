@@ -125,7 +125,8 @@ class RankRun {
   std::vector<int32_t> in_, tgt_;
   std::vector<int32_t> in_local_, tgt_local_;  // this cp rank's share of in_ and tgt_
   std::vector<double> step_times_;
-  double peak_flops_ = 0;  // the lead rank's GEMM peak (MFU's denominator, per rank)
+  double peak_flops_ = 0;      // the lead rank's GEMM peak (MFU's denominator, per rank)
+  double devices_in_use_ = 0;  // --device cuda: the GPUs the job runs on (MFU counts them)
   int64_t step_ = 0;
 };
 

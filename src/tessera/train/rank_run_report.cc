@@ -99,8 +99,8 @@ std::string RankRun::precision_line() const {
            "; fp32 master weights, gradients and optimizer state; gradients summed through host "
            "memory" +
            (peak_flops_ > 0 ? "; MFU against " + format_rate(peak_flops_) +
-                                  "FLOP/s per rank (the device's dense bf16 peak) x " +
-                                  std::to_string(world_.size()) + " ranks"
+                                  "FLOP/s per GPU (the device's dense bf16 peak) x " +
+                                  detail::concat(devices_in_use_) + " GPU(s)"
                             : std::string());
   const bool gathers = parallel::traits(dpo_.zero).shards_parameters;
   const bool sends_activations = cfg_.tp > 1 || cfg_.pp > 1;
@@ -138,7 +138,8 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
   st.step_seconds = secs;
   st.tokens_per_s = tokens_per_step_ / secs;
   st.flops_per_s = first_model().flops_per_token(cfg_.seq) * tokens_per_step_ / secs;
-  if (peak_flops_ > 0) st.mfu = st.flops_per_s / (peak_flops_ * world_.size());
+  if (peak_flops_ > 0)
+    st.mfu = st.flops_per_s / (peak_flops_ * (device_ ? devices_in_use_ : world_.size()));
   double mean = 0;
   const size_t recent = std::min<size_t>(step_times_.size(), 20);
   for (size_t i = step_times_.size() - recent; i < step_times_.size(); ++i) mean += step_times_[i];

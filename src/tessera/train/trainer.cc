@@ -8,6 +8,7 @@
 
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
+#include "tessera/train/device_steps.h"
 #include "tessera/train/rank_run.h"
 #include "tessera/train/run_plan.h"
 
@@ -78,6 +79,10 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
 
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   cfg.validate();
+  if (cfg.device == Device::Cuda) {  // before any data is prepared
+    const std::string why = device_unavailable_reason();
+    TESSERA_CHECK_AS(ConfigError, why.empty(), config_key("device"), " cuda: ", why);
+  }
   // Before anything measures: the MFU's peak is measured with the ranks' threads.
   const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   const comm::CommOptions copts = comm_options(cfg);
