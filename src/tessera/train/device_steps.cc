@@ -8,8 +8,14 @@
 #include "tessera/core/error.h"
 
 #ifdef TESSERA_WITH_CUDA
+#include <unistd.h>
+
 #include "tessera/cuda/gpt.h"
 #include "tessera/cuda/host_staged.h"
+#include "tessera/parallel/gather.h"
+#ifdef TESSERA_WITH_NCCL
+#include "tessera/cuda/nccl_reducer.h"
+#endif
 #endif
 
 namespace tessera::train {
@@ -27,13 +33,20 @@ int device_for_rank(int rank_in_machine) {
 }
 
 struct DeviceSteps::Impl {
+  Impl(nn::GPT& h, optim::Optimizer& o, int device, comm::Communicator& g,
+       const optim::AdamWConfig& a)
+      : host(h), opt(o), info(cuda::device_info(device)), group(g), adam(a) {}
   nn::GPT& host;
   optim::Optimizer& opt;
   cuda::DeviceInfo info;
-  std::unique_ptr<cuda::Gpt> gpu;
-  std::unique_ptr<cuda::HostStagedReducer> reducer;
   comm::Communicator& group;
   optim::AdamWConfig adam;
+  std::unique_ptr<cuda::Gpt> gpu;
+  // One of the two exchanges, when the group has more than one rank. Destroyed before the model.
+  std::unique_ptr<cuda::HostStagedReducer> reducer;
+#ifdef TESSERA_WITH_NCCL
+  std::unique_ptr<cuda::NcclReducer> nccl;
+#endif
   float* state(const char* kind) {
     for (auto& [name, t] : opt.state_buffers())
       if (name == kind) return t.f32();
@@ -43,7 +56,8 @@ struct DeviceSteps::Impl {
 
 DeviceSteps::DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int micro, int seq,
                          kernels::Precision precision, size_t memory_limit,
-                         comm::Communicator& group, const std::string& rank_name, int device) {
+                         comm::Communicator& group, const std::string& rank_name, int device,
+                         DeviceComm exchange) {
   const std::string why = device_unavailable_reason();
   TESSERA_CHECK_AS(ConfigError, why.empty(), "--device cuda: ", why);
   auto* adam = dynamic_cast<optim::AdamW*>(&host_optimizer);
@@ -62,11 +76,31 @@ DeviceSteps::DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int mi
   o.memory_limit = memory_limit;
   o.name = "cuda " + rank_name;
   o.device = device;
-  impl_.reset(new Impl{host, host_optimizer, cuda::device_info(device), nullptr, nullptr, group,
-                       adam->config()});
+  impl_ = std::make_unique<Impl>(host, host_optimizer, device, group, adam->config());
   impl_->gpu = std::make_unique<cuda::Gpt>(host.config(), ps, ps.flat_params().f32(), o);
-  if (group.size() > 1)
-    impl_->reducer = std::make_unique<cuda::HostStagedReducer>(*impl_->gpu, group);
+  if (group.size() == 1) return;
+  // Does every member of the group have a GPU of its own? (host name and device, compared.)
+  char machine[256] = {};
+  ::gethostname(machine, sizeof machine - 1);
+  const std::vector<std::string> places =
+      parallel::all_gather_strings(group, detail::concat(machine, ":", device));
+  bool own = true;
+  for (size_t i = 0; i < places.size(); ++i)
+    for (size_t j = i + 1; j < places.size(); ++j) own = own && places[i] != places[j];
+#ifdef TESSERA_WITH_NCCL
+  TESSERA_CHECK_AS(ConfigError, exchange != DeviceComm::Nccl || own, config_key("device_comm"),
+                   " nccl needs a GPU per rank, but ranks of the gradient group share one (",
+                   group.size(), " ranks; --device-comm host or auto sums through host memory)");
+  if (own && exchange != DeviceComm::Host) {
+    impl_->nccl = std::make_unique<cuda::NcclReducer>(*impl_->gpu, group);
+    return;
+  }
+#else
+  TESSERA_CHECK_AS(ConfigError, exchange != DeviceComm::Nccl, config_key("device_comm"),
+                   " nccl: this tessera was built without NCCL (nccl.h and libnccl not found)");
+  (void)own;
+#endif
+  impl_->reducer = std::make_unique<cuda::HostStagedReducer>(*impl_->gpu, group);
 }
 
 DeviceSteps::~DeviceSteps() = default;
@@ -93,6 +127,9 @@ double DeviceSteps::forward_backward(const nn::Batch& b, const nn::StepContext& 
 }
 
 void DeviceSteps::reduce_gradients() {
+#ifdef TESSERA_WITH_NCCL
+  if (impl_->nccl) return impl_->nccl->all_reduce_gradients();
+#endif
   if (impl_->reducer) impl_->reducer->all_reduce_gradients();
 }
 
@@ -115,8 +152,12 @@ double DeviceSteps::evaluate(const nn::Batch& b) {
 }
 
 std::string DeviceSteps::describe() const {
+  const char* exchange = impl_->reducer ? ", gradients summed through host memory" : "";
+#ifdef TESSERA_WITH_NCCL
+  if (impl_->nccl) exchange = ", gradients summed by NCCL";
+#endif
   return detail::concat(impl_->info.name, " (cuda:", impl_->info.index, "), ",
-                        cuda::to_string(impl_->gpu->precision()));
+                        cuda::to_string(impl_->gpu->precision()), exchange);
 }
 
 size_t DeviceSteps::peak_bytes() const {
@@ -145,7 +186,7 @@ int device_for_rank(int) {
 }
 
 DeviceSteps::DeviceSteps(nn::GPT&, optim::Optimizer&, int, int, kernels::Precision, size_t,
-                         comm::Communicator&, const std::string&, int) {
+                         comm::Communicator&, const std::string&, int, DeviceComm) {
   throw ConfigError("--device cuda: " + device_unavailable_reason());
 }
 DeviceSteps::~DeviceSteps() = default;

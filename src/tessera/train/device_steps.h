@@ -19,6 +19,7 @@
 #include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/optimizer.h"
+#include "tessera/train/train_config.h"
 
 namespace tessera::train {
 
@@ -40,10 +41,13 @@ class DeviceSteps {
   // host: the rank's whole model on the CPU (its parameter layout and values); host_optimizer: its
   // AdamW over whole parameters (state laid out like the flat buffer); micro x seq: the largest
   // micro-batch; memory_limit: bytes of device memory (0: the device's); group: the gradient group.
-  // device: the GPU (device_for_rank).
+  // device: the GPU (device_for_rank). exchange: NCCL when every member of the group has a GPU
+  // of its own (collective over the group: the members compare host and device), else through
+  // host memory; DeviceComm::Nccl where they share one, or in a build without NCCL, is a
+  // ConfigError.
   DeviceSteps(nn::GPT& host, optim::Optimizer& host_optimizer, int micro, int seq,
               kernels::Precision precision, size_t memory_limit, comm::Communicator& group,
-              const std::string& rank_name, int device);
+              const std::string& rank_name, int device, DeviceComm exchange = DeviceComm::Auto);
   ~DeviceSteps();
   DeviceSteps(const DeviceSteps&) = delete;
   DeviceSteps& operator=(const DeviceSteps&) = delete;
@@ -64,7 +68,7 @@ class DeviceSteps {
   // The loss sum of an evaluation batch (no dropout).
   double evaluate(const nn::Batch& b);
 
-  // "NVIDIA H200 (cuda:0), bf16".
+  // "NVIDIA H200 (cuda:0), bf16, gradients summed by NCCL".
   std::string describe() const;
   int device() const;
   size_t peak_bytes() const;

@@ -190,7 +190,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     device_.emplace(first_model(), engines_->engines().front()->optimizer(), micro_, cfg.seq,
                     cfg.precision, cfg.memory_limit.empty() ? 0 : parse_bytes(cfg.memory_limit),
                     mesh_.gradient_group(), "rank " + std::to_string(world.rank()),
-                    device_for_rank(rank_in_machine(world.rank(), mpi)));
+                    device_for_rank(rank_in_machine(world.rank(), mpi)), cfg.device_comm);
     device_->upload();
     // MFU's denominator: the GPUs in use, not the ranks (ranks may share one). Each rank adds
     // 1 / (the ranks of this process on its device); MPI processes are taken to hold a GPU each.

@@ -96,8 +96,7 @@ std::string RankRun::precision_line() const {
   const nn::GPTLayout& layout = first_model().layout();
   if (device_)
     return "device: " + device_->describe() +
-           "; fp32 master weights, gradients and optimizer state; gradients summed through host "
-           "memory" +
+           "; fp32 master weights, gradients and optimizer state" +
            (peak_flops_ > 0 ? "; MFU against " + format_rate(peak_flops_) +
                                   "FLOP/s per GPU (the device's dense bf16 peak) x " +
                                   detail::concat(devices_in_use_) + " GPU(s)"

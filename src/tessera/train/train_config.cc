@@ -460,6 +460,11 @@ void run_fields(std::vector<ConfigField>& f) {
                      "share device 0 and sum their gradients through host memory). cuda runs "
                      "GPT-2 with data parallelism (--dp, ZeRO 0) and adamw so far",
                      {{Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}));
+  f.push_back(
+      choice(run, "device_comm", &T::device_comm,
+             "How --device cuda ranks sum their gradients: auto (NCCL when each rank of "
+             "the gradient group has its own GPU, else through host memory), nccl, or host",
+             {{DeviceComm::Auto, "auto"}, {DeviceComm::Nccl, "nccl"}, {DeviceComm::Host, "host"}}));
   f.push_back(value(run, "comm_timeout", &T::comm_timeout,
                     "Seconds a rank waits for its peers in any communication call before the run "
                     "fails with an error naming the call (0: TESSERA_COMM_TIMEOUT_S, else 300)",

@@ -27,6 +27,9 @@ enum class OptimizerKind { AdamW, Sgd };
 
 // Where a rank's model runs: its CPU cores, or one CUDA GPU (train/device_steps.h).
 enum class Device { Cpu, Cuda };
+// How --device cuda ranks sum their gradients: NCCL when each rank of the gradient group has its
+// own GPU (Auto), or through host memory over the communicator.
+enum class DeviceComm { Auto, Nccl, Host };
 
 // What a kind of traffic travels in: the --precision's dtype (Auto), fp32 or bf16.
 enum class WireDtype { Auto, Fp32, Bf16 };
@@ -130,6 +133,7 @@ struct TrainConfig {
 
   // Run.
   Device device = Device::Cpu;
+  DeviceComm device_comm = DeviceComm::Auto;
   int threads = 0;           // BLAS threads per rank; 0 = cores / ranks
   std::string memory_limit;  // e.g. "2GiB"; "" = unlimited
   std::string save;          // checkpoint directory
