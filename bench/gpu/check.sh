@@ -31,10 +31,14 @@ if [[ -n "$bundle" ]]; then
   tar -xJf "$bundle" -C "$dir"
   bin=$dir/bin
   data=$dir/data/fortunes
-  # cuBLAS from the device's toolkit or from the Python wheels that carry it.
-  extra=$(find /usr/local /opt /usr/lib -maxdepth 9 -name 'libcublasLt.so.13*' -printf '%h\n' \
-    2>/dev/null | head -1)
-  export LD_LIBRARY_PATH="$dir/lib:${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # cuBLAS and NCCL from the device's toolkit or from the Python wheels that carry them.
+  extra=""
+  for lib in 'libcublasLt.so.13*' 'libnccl.so.2*'; do
+    found=$(find /usr/local /opt /usr/lib -maxdepth 9 -name "$lib" -printf '%h\n' 2>/dev/null |
+      head -1)
+    [[ -n "$found" ]] && extra="$extra:$found"
+  done
+  export LD_LIBRARY_PATH="$dir/lib${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BENCH=ON \
     -DTESSERA_MPI=OFF >"$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
