@@ -322,6 +322,8 @@ TEST(CudaKernels, LayernormMatchesCpu) {
   check_layernorm<float>(37, 769);
   check_layernorm<float>(301, 64);
   check_layernorm<float>(1001, 45);
+  check_layernorm<float>(65, 1600);  // the backward's 8-columns-a-thread form
+  check_layernorm<float>(33, 2500);  // past it: the column-sum form
 }
 
 TEST(CudaKernels, LayernormBf16MatchesCpu) {
@@ -643,7 +645,8 @@ void check_causal_softmax_forward(int B, int NH, int T_) {
 TEST(CudaKernels, CausalSoftmaxForwardMatchesDouble) {
   if (!tessera::cuda::available()) GTEST_SKIP() << "no CUDA device";
   for (int T_ : {1, 7, 65, 300}) check_causal_softmax_forward<float>(2, 3, T_);
-  check_causal_softmax_forward<float>(1, 1, 1100);
+  check_causal_softmax_forward<float>(1, 1, 1100);  // 8 elements a thread
+  check_causal_softmax_forward<float>(1, 1, 2100);  // past the register forms
 }
 
 TEST(CudaKernels, CausalSoftmaxForwardBf16MatchesDouble) {
@@ -760,7 +763,7 @@ void check_causal_softmax_backward(int B, int NH, int T_, float p) {
 TEST(CudaKernels, CausalSoftmaxBackwardMatchesDouble) {
   if (!tessera::cuda::available()) GTEST_SKIP() << "no CUDA device";
   for (float p : {0.0f, 0.1f})
-    for (int T_ : {1, 7, 65, 300}) check_causal_softmax_backward<float>(2, 3, T_, p);
+    for (int T_ : {1, 7, 65, 300, 1100, 2100}) check_causal_softmax_backward<float>(1, 2, T_, p);
 }
 
 TEST(CudaKernels, CausalSoftmaxBackwardBf16MatchesDouble) {
