@@ -126,7 +126,8 @@ expect_text "exit: the error printed is the exit" "^tessera: error: send .* worl
 latest_loads "$dir/t-exit" "exit"
 
 # A slow checkpoint (a large one on slow storage): rank 0 reaches the barrier after its save of
-# step 2 late. The others wait for it under --io-timeout, not --comm-timeout, and the run goes on;
+# step 2 late (with --save-async, the default, the barrier before the save of step 4, where rank 0
+# has waited for step 2's background write). The others wait for it under --io-timeout, not --comm-timeout, and the run goes on;
 # with --io-timeout 1 the wait fails naming the checkpoint and the option, and step 2 resumes.
 slow="rank=0,op=2,comm=world,call=barrier,kind=delay:2500ms"
 run "slow save" 30 "$slow" -- "$bin" train "${common[@]}" "${layout[@]}" --backend inproc \
@@ -140,7 +141,7 @@ run "slow save past --io-timeout" 10 "$slow" -- "$bin" train "${common[@]}" "${l
   --backend inproc --save "$dir/t-slow-io" --save-every 2 --io-timeout 1
 expect_status "slow save past --io-timeout" 1
 expect_text "slow save past --io-timeout: the error names the checkpoint and the option" \
-  "^tessera: error: barrier #[0-9]+ on communicator 'world' rank [1-7]/8: timed out after 1000 ms waiting for rank 0 to arrive \(rank 0 was writing checkpoint step 2 to '.*t-slow-io': --io-timeout bounds that wait, 1 s\)"
+  "^tessera: error: barrier #[0-9]+ on communicator 'world' rank [1-7]/8: timed out after 1000 ms waiting for rank 0 to arrive \(rank 0 was writing checkpoint step 2 to '.*t-slow-io'( in the background)?: --io-timeout bounds that wait, 1 s\)"
 latest_loads "$dir/t-slow-io" "slow save past --io-timeout"
 
 # A rank that calls another collective: the fingerprint check stops the whole group.
@@ -182,7 +183,7 @@ else
   expect_text "mpi mismatch: both ranks of the group name who called what" \
     "^tessera: error: collective mismatch on communicator 'dp\[0,1\]' rank [01]/2: rank 0 called barrier #[0-9]+; rank 1 called [a-z_]+ #[0-9]+" 2
   # Rank 0's barriers on 'world' under mpirun: 1 its data ready, 2 every rank's, 3 --save made,
-  # 4 after the save of step 2.
+  # 4 the wait for step 2's checkpoint (written in the background) before the save of step 4.
   run "mpi slow save" 30 "rank=0,op=4,comm=world,call=barrier,kind=delay:2500ms" -- "$mpiexec" \
     --oversubscribe -n 4 "$bin" train "${common[@]}" "${mlayout[@]}" --save "$dir/m-slow" --save-every 2
   expect_status "mpi slow save: the others wait for the checkpoint under --io-timeout" 0

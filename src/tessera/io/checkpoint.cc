@@ -161,11 +161,17 @@ fs::path save_checkpoint_steps(const fs::path& dir, const Checkpoint& ckpt,
   try {
     const std::map<std::string, std::string> meta = {{"format", "pt"}};
     json files = json::object();
+    auto written = [&](const char* file) {
+      if (options.after_file) options.after_file(file);
+    };
     files[kModelFile] = file_entry(save_safetensors(staging / kModelFile, ckpt.model, meta));
+    written(kModelFile);
     files[kOptimizerFile] =
         file_entry(save_safetensors(staging / kOptimizerFile, ckpt.optimizer, meta));
+    written(kOptimizerFile);
     files[kConfigFile] = file_entry(
         write_file_atomic(staging / kConfigFile, hf_config_to_json(ckpt.config).dump(2) + "\n"));
+    written(kConfigFile);
     const json state = {{"format", kFormat},
                         {"format_version", kFormatVersion},
                         {"tessera_version", library_version()},

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -48,6 +49,9 @@ struct Checkpoint {
 
 struct CheckpointOptions {
   int keep_last = 2;  // complete checkpoints kept after a save (>= 1)
+  // Called after each file is written into the staging directory (step-<N>.tmp/) with the file's
+  // name; what it throws fails the save. For tests of a crash mid-save (a slow write).
+  std::function<void(const std::string& file)> after_file;
 };
 
 // Saves `ckpt` as DIR/step-<N>/ and points DIR/latest at it; then removes leftovers of crashed

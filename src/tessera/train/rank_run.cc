@@ -21,6 +21,17 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+BatchObserver& batch_observer() {
+  static BatchObserver observer;
+  return observer;
+}
+}  // namespace
+
+void set_batch_observer(BatchObserver observer) {
+  batch_observer() = std::move(observer);
+}
+
 comm::Timeout timeout_of_seconds(double seconds) {
   return comm::Timeout(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
@@ -219,6 +230,8 @@ void RankRun::device_train_step() {
   for (int m = 0; m < n_micro_; ++m) {
     const int first = mesh_.dp_rank() * per_rank_ + m * micro_;
     sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
+    if (batch_observer())
+      batch_observer()(world_.rank(), step_, first, micro_, cfg_.seq, in_.data());
     local +=
         device_->forward_backward(nn::Batch{in_.data(), tgt_.data(), micro_, cfg_.seq, first}, ctx);
   }
@@ -304,6 +317,8 @@ void RankRun::train_step() {
     const int first = dp_rank * per_rank_ + m * micro_;  // global sample of this micro-batch
     // The cp ranks of a replica fetch the same sequences and run their shares of them.
     sampler_.fetch(pos, cfg_.batch, first, first + micro_, in_.data(), tgt_.data());
+    if (batch_observer())
+      batch_observer()(world_.rank(), step_, first, micro_, cfg_.seq, in_.data());
     return rank_batch(micro_, cfg_.seq, first);
   };
   cb.reduce_gradients = [&] { engines_->end_backward(); };
@@ -347,7 +362,10 @@ TrainResult RankRun::stop(int64_t at_step, bool saved, int signo) {
   result_.steps = at_step;
   result_.stopped_by = signo;
   if (pl_) pl_->finish();
-  if (!saved) save(at_step);
+  if (saved)  // this step's checkpoint, perhaps still being written in the background
+    finish_background_save();
+  else
+    save(at_step, true);
   return std::move(result_);
 }
 
@@ -411,6 +429,16 @@ void RankRun::sample() {
 }
 
 TrainResult RankRun::run() {
+  try {
+    return run_steps();
+  } catch (...) {
+    // Whatever failed, a checkpoint being written in the background is finished (or reported).
+    finish_background_save_after_error();
+    throw;
+  }
+}
+
+TrainResult RankRun::run_steps() {
   print_header();
   metrics_.emplace(lead_ ? cfg_.metrics : std::string(), plan_.ckpt.has_value());
   if (log_) progress_.emplace(log_, cfg_.log_every);
@@ -422,17 +450,18 @@ TrainResult RankRun::run() {
 
   for (; step_ < cfg_.steps; ++step_) {
     train_step();
+    poll_background_save();
     const int64_t done = step_ + 1;
     if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) validate(done);
     const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
-    if (saved) save(done);
+    if (saved) save(done, false);
     if (done != cfg_.steps)
       if (const int signo = agreed_stop()) return stop(done, saved, signo);
   }
   result_.steps = step_;
   if (pl_) pl_->finish();
   if (cfg_.eval_every > 0 || cfg_.val_fraction > 0) validate(step_);
-  save(step_);
+  save(step_, true);
   if (!step_times_.empty()) {
     std::vector<double> t = step_times_;
     std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());

@@ -17,6 +17,7 @@
 #include "tessera/core/trace.h"
 #include "tessera/data/eval_windows.h"
 #include "tessera/data/sampler.h"
+#include "tessera/io/background_writer.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/lr_schedule.h"
 #include "tessera/parallel/mesh.h"
@@ -74,9 +75,22 @@ class RankRun {
   TrainResult stop(int64_t at_step, bool saved, int signo);
   void validate(int64_t at_step);
   void sample();
+  // The steps and what follows them; run() adds the wait for a background write on errors.
+  TrainResult run_steps();
   // Checkpoints (rank_run_checkpoint.cc).
   void restore_or_initialize();
-  void save(int64_t at_step);
+  // Saves the checkpoint of `at_step` (collective). With --save-async, unless `last` (the final
+  // or the stop's checkpoint, written before the run returns), rank 0 hands it to the background
+  // writer and the ranks go on at once.
+  void save(int64_t at_step, bool last);
+  // Collective: rank 0 waits for the background write in flight (--io-timeout) and reports it,
+  // and the others wait for rank 0 (a no-op when no --save-async save is outstanding).
+  void finish_background_save();
+  // Rank 0, between steps: reports a background write that has ended, or throws its error.
+  void poll_background_save();
+  // Rank 0, when the run fails: waits for the write in flight (bounded) and reports how it ended.
+  void finish_background_save_after_error() noexcept;
+  void report_saved(const std::string& dir);
   void wait_for_rank0_file_work(const std::string& what);
   // Reports (rank_run_report.cc).
   void print_header();
@@ -128,6 +142,10 @@ class RankRun {
   double peak_flops_ = 0;      // the lead rank's GEMM peak (MFU's denominator, per rank)
   double devices_in_use_ = 0;  // --device cuda: the GPUs the job runs on (MFU counts them)
   int64_t step_ = 0;
+  // --save-async: rank 0's writer, and on every rank the step of the checkpoint handed to it
+  // that no finish_background_save() has waited for yet (-1: none).
+  io::BackgroundWriter writer_;
+  int64_t background_step_ = -1;
 };
 
 // Milliseconds of a deadline given in (possibly fractional) seconds, rounded up.

@@ -1,7 +1,13 @@
 // RankRun's checkpoints: starting from initial values, weights or a checkpoint, and saving one
 // (docs/FORMATS.md). A checkpoint is layout-free: every tensor whole under its global name.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "tessera/core/error.h"
@@ -85,14 +91,81 @@ void RankRun::wait_for_rank0_file_work(const std::string& what) {
   }
 }
 
-void RankRun::save(int64_t at_step) {
+namespace {
+
+// What rank 0 writes for one checkpoint, self-contained: the background writer runs it while the
+// run goes on (and, past --io-timeout, perhaps after the run has ended).
+struct SaveJob {
+  std::shared_ptr<Allocator> host;  // holds the host copies below (declared first: freed last)
+  io::Checkpoint checkpoint;
+  fs::path dir;
+  nn::GPTConfig mcfg;
+  DType export_dtype = DType::F32;
+  uint64_t export_shard_bytes = 0;
+  std::optional<data::BpeTokenizer> tokenizer;
+  fs::path external_tokenizer;  // empty: none
+  int64_t delay_ms = 0;         // TESSERA_SAVE_DELAY_MS (tests)
+};
+
+// TESSERA_SAVE_DELAY_MS: tests make a checkpoint write slow (it sleeps this long after its model
+// file), so that a crash, a stop or a failure can come while it is in flight.
+int64_t save_delay_ms() {
+  const char* v = std::getenv("TESSERA_SAVE_DELAY_MS");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long ms = std::strtoll(v, &end, 10);
+  TESSERA_CHECK_AS(ConfigError, end && *end == '\0' && ms >= 0 && ms <= 3600 * 1000,
+                   "TESSERA_SAVE_DELAY_MS must be a number of milliseconds in [0, 3600000], got '",
+                   v, "'");
+  return ms;
+}
+
+// Writes the checkpoint, then the exported weights and tokenizer beside it; the step directory.
+std::string write_checkpoint(const SaveJob& job) {
+  io::CheckpointOptions options;
+  if (job.delay_ms > 0)
+    options.after_file = [ms = job.delay_ms](const std::string& file) {
+      if (file == io::kModelFile) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+  const fs::path dir = io::save_checkpoint(job.dir, job.checkpoint, options);
+  export_weights(job.checkpoint.model, job.mcfg, job.dir, job.export_dtype, job.export_shard_bytes);
+  if (job.tokenizer) job.tokenizer->save(job.dir / "tokenizer.json");
+  if (!job.external_tokenizer.empty()) copy_tokenizer_files(job.external_tokenizer, job.dir);
+  return dir.string();
+}
+
+// Copies of `tensors` in `host`'s memory: the gathered tensors may be views of the live
+// parameters and optimizer state, which the next steps change.
+io::NamedTensors host_copies(const io::NamedTensors& tensors, Allocator& host) {
+  io::NamedTensors out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    Tensor c = Tensor::empty(t.shape(), t.dtype(), MemCategory::Other, "checkpoint copy", &host);
+    c.copy_from(t);
+    out.emplace_back(name, std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+void RankRun::report_saved(const std::string& dir) {
+  result_.checkpoint = dir;
+  say(log_, pl_, "saved checkpoint " + dir);
+}
+
+void RankRun::save(int64_t at_step, bool last) {
   if (cfg_.save.empty()) return;
+  // At most one checkpoint in flight: the one before is written first (bounded memory).
+  finish_background_save();
   sync_host();
   // Gathered on every rank (collective); rank 0 writes.
   parallel::RankEngines::Gathered gathered = engines_->gather();
   if (moe_bias_) moe_bias_->check_identical(world_);
+  const bool background = cfg_.save_async && !last;
   if (lead_) {
-    io::Checkpoint c;
+    SaveJob job;
+    io::Checkpoint& c = job.checkpoint;
     c.model = std::move(gathered.weights);
     if (moe_bias_) moe_bias_->append_to(c.model);  // state beside the weights
     c.optimizer = std::move(gathered.optimizer_state);
@@ -115,16 +188,73 @@ void RankRun::save(int64_t at_step) {
                {"data", plan_.pd.description}};
     if (cfg_.precision == kernels::Precision::BF16)  // what a resume with --bf16-gemm auto keeps
       c.state["bf16_gemm_path"] = kernels::to_string(plan_.bf16_gemm);
-    const fs::path dir = io::save_checkpoint(cfg_.save, c);
-    result_.checkpoint = dir.string();
-    export_weights(c.model, plan_.mcfg, cfg_.save, cfg_.export_dtype,
-                   static_cast<uint64_t>(cfg_.export_shard_mb * 1024 * 1024));
-    if (plan_.pd.tokenizer) plan_.pd.tokenizer->save(fs::path(cfg_.save) / "tokenizer.json");
-    if (plan_.pd.external) copy_tokenizer_files(plan_.pd.external_source, cfg_.save);
-    say(log_, pl_, "saved checkpoint " + dir.string());
+    job.dir = cfg_.save;
+    job.mcfg = plan_.mcfg;
+    job.export_dtype = cfg_.export_dtype;
+    job.export_shard_bytes = static_cast<uint64_t>(cfg_.export_shard_mb * 1024 * 1024);
+    job.tokenizer = plan_.pd.tokenizer;
+    if (plan_.pd.external) job.external_tokenizer = plan_.pd.external_source;
+    job.delay_ms = save_delay_ms();
+    if (background) {
+      // One host copy of what is saved, taken at this step boundary; the write goes on while
+      // the next steps change the parameters and optimizer state.
+      job.host = std::make_shared<Allocator>("checkpoint host copy");
+      c.model = host_copies(c.model, *job.host);
+      c.optimizer = host_copies(c.optimizer, *job.host);
+      say(log_, pl_,
+          "writing checkpoint " + (fs::path(cfg_.save) / io::step_dir_name(at_step)).string() +
+              " in the background");
+      auto shared = std::make_shared<SaveJob>(std::move(job));
+      writer_.start(detail::concat("checkpoint step ", at_step, " to '", cfg_.save, "'"),
+                    [shared] { return write_checkpoint(*shared); });
+    } else {
+      report_saved(write_checkpoint(job));
+    }
+  }
+  if (background) {
+    // No barrier: nothing waits for the write but the next save, the end, a stop or an error.
+    background_step_ = at_step;
+    return;
   }
   wait_for_rank0_file_work(
       detail::concat("was writing checkpoint step ", at_step, " to '", cfg_.save, "'"));
+}
+
+void RankRun::finish_background_save() {
+  if (background_step_ < 0) return;
+  const int64_t step = background_step_;
+  background_step_ = -1;
+  if (lead_ && writer_.busy())
+    report_saved(writer_.wait(timeout_of_seconds(cfg_.io_timeout), "--io-timeout"));
+  wait_for_rank0_file_work(detail::concat("was writing checkpoint step ", step, " to '", cfg_.save,
+                                          "' in the background"));
+}
+
+void RankRun::poll_background_save() {
+  if (!lead_ || !writer_.busy()) return;
+  if (const std::optional<std::string> dir = writer_.poll()) report_saved(*dir);
+}
+
+void RankRun::finish_background_save_after_error() noexcept {
+  if (!lead_ || !writer_.busy()) return;
+  std::string message;
+  try {
+    report_saved(writer_.wait(timeout_of_seconds(cfg_.io_timeout), "--io-timeout"));
+    return;
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown error";
+  }
+  try {
+    const std::string text =
+        "tessera: the checkpoint being written in the background failed too: " + message;
+    if (log_)
+      say(log_, pl_, text);
+    else
+      std::fprintf(stderr, "%s\n", text.c_str());
+  } catch (...) {
+  }
 }
 
 }  // namespace tessera::train

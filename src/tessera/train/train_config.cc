@@ -495,6 +495,15 @@ void run_fields(std::vector<ConfigField>& f) {
   f.push_back(value(run, "resume", &T::resume, "Resume from this checkpoint directory"));
   f.push_back(value(run, "save_every", &T::save_every,
                     "Save a checkpoint every N steps (0: only at the end)", at_least<int64_t>(0)));
+  ConfigField save_async =
+      value(run, "save_async", &T::save_async,
+            "Write the --save-every checkpoints in the background while training goes on "
+            "(--save-async=false: each save blocks until written): rank 0 keeps one host copy of "
+            "the saved state (weights and optimizer state) until the write ends, a save waits "
+            "for the one before, and the end of the run, a stop or an error waits for the write "
+            "in flight (--io-timeout); a crash mid-write leaves the previous checkpoint");
+  save_async.bare_flag = true;
+  f.push_back(std::move(save_async));
   f.push_back(value(run, "metrics", &T::metrics, "Write metrics as JSON lines to this file"));
   f.push_back(value(run, "eval_every", &T::eval_every,
                     "Validate every N steps (0: only at the end)", at_least<int64_t>(0)));

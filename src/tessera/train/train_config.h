@@ -139,7 +139,11 @@ struct TrainConfig {
   std::string save;          // checkpoint directory
   std::string resume;        // checkpoint directory to resume from
   int64_t save_every = 0;    // 0 = only at the end (when --save is given)
-  std::string metrics;       // JSON-lines file
+  // --save-every checkpoints written by a background thread while training goes on (rank 0 keeps
+  // one host copy of the gathered state until it is written; docs/RELIABILITY.md). The final and
+  // the stop's checkpoint are written before the run returns either way.
+  bool save_async = true;
+  std::string metrics;  // JSON-lines file
   int64_t eval_every = 100;
   int eval_batches = 8;     // validation: the first eval_batches x batch windows, in every layout
   int sample_tokens = 200;  // generated at the end; 0 disables

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,13 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
 // Sets the BLAS thread count (0: the cores divided among `ranks_in_process` ranks) and returns
 // the count in effect.
 int set_compute_threads(int threads, int ranks_in_process = 1);
+
+// Tests: sees the tokens of every micro-batch each rank fetches for training: its world rank, the
+// step (counted from 0), the global row of its first sequence in the step's batch, its rows and
+// their inputs (rows x seq, row-major). Called from the ranks' threads at once (the observer
+// synchronises itself); none by default. Set it before run_training, clear it (nullptr) after.
+using BatchObserver = std::function<void(int world_rank, int64_t step, int first_row, int rows,
+                                         int seq, const int32_t* inputs)>;
+void set_batch_observer(BatchObserver observer);
 
 }  // namespace tessera::train
