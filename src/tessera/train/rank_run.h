@@ -146,6 +146,10 @@ class RankRun {
   // that no finish_background_save() has waited for yet (-1: none).
   io::BackgroundWriter writer_;
   int64_t background_step_ = -1;
+  // Rank 0's host copy of what a background save writes: allocated at the first one and reused
+  // (its pages already mapped) by the next, which starts only once the write before has ended.
+  std::shared_ptr<Allocator> host_alloc_;
+  io::NamedTensors host_model_, host_optimizer_;
 };
 
 // Milliseconds of a deadline given in (possibly fractional) seconds, rounded up.

@@ -134,17 +134,24 @@ std::string write_checkpoint(const SaveJob& job) {
   return dir.string();
 }
 
-// Copies of `tensors` in `host`'s memory: the gathered tensors may be views of the live
-// parameters and optimizer state, which the next steps change.
-io::NamedTensors host_copies(const io::NamedTensors& tensors, Allocator& host) {
-  io::NamedTensors out;
-  out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) {
-    Tensor c = Tensor::empty(t.shape(), t.dtype(), MemCategory::Other, "checkpoint copy", &host);
-    c.copy_from(t);
-    out.emplace_back(name, std::move(c));
+// `tensors` copied into `buffers` (host memory of `host`; allocated anew when the names, shapes or
+// dtypes differ from the last copy's): the gathered tensors may be views of the live parameters
+// and optimizer state, which the next steps change. Returns the copies (sharing `buffers`).
+io::NamedTensors host_copies(const io::NamedTensors& tensors, io::NamedTensors& buffers,
+                             Allocator& host) {
+  bool same = buffers.size() == tensors.size();
+  for (size_t i = 0; same && i < tensors.size(); ++i)
+    same = buffers[i].first == tensors[i].first &&
+           buffers[i].second.shape() == tensors[i].second.shape() &&
+           buffers[i].second.dtype() == tensors[i].second.dtype();
+  if (!same) {
+    buffers.clear();
+    for (const auto& [name, t] : tensors)
+      buffers.emplace_back(
+          name, Tensor::empty(t.shape(), t.dtype(), MemCategory::Other, "checkpoint copy", &host));
   }
-  return out;
+  for (size_t i = 0; i < tensors.size(); ++i) buffers[i].second.copy_from(tensors[i].second);
+  return buffers;
 }
 
 }  // namespace
@@ -198,9 +205,11 @@ void RankRun::save(int64_t at_step, bool last) {
     if (background) {
       // One host copy of what is saved, taken at this step boundary; the write goes on while
       // the next steps change the parameters and optimizer state.
-      job.host = std::make_shared<Allocator>("checkpoint host copy");
-      c.model = host_copies(c.model, *job.host);
-      c.optimizer = host_copies(c.optimizer, *job.host);
+      // The write before has ended (finish_background_save above): its buffers are free.
+      if (!host_alloc_) host_alloc_ = std::make_shared<Allocator>("checkpoint host copy");
+      job.host = host_alloc_;
+      c.model = host_copies(c.model, host_model_, *host_alloc_);
+      c.optimizer = host_copies(c.optimizer, host_optimizer_, *host_alloc_);
       say(log_, pl_,
           "writing checkpoint " + (fs::path(cfg_.save) / io::step_dir_name(at_step)).string() +
               " in the background");
@@ -224,8 +233,15 @@ void RankRun::finish_background_save() {
   if (background_step_ < 0) return;
   const int64_t step = background_step_;
   background_step_ = -1;
-  if (lead_ && writer_.busy())
-    report_saved(writer_.wait(timeout_of_seconds(cfg_.io_timeout), "--io-timeout"));
+  if (lead_ && writer_.busy()) {
+    try {
+      report_saved(writer_.wait(timeout_of_seconds(cfg_.io_timeout), "--io-timeout"));
+    } catch (...) {
+      host_model_.clear();  // an abandoned write may still read them: never reused
+      host_optimizer_.clear();
+      throw;
+    }
+  }
   wait_for_rank0_file_work(detail::concat("was writing checkpoint step ", step, " to '", cfg_.save,
                                           "' in the background"));
 }

@@ -498,10 +498,11 @@ void run_fields(std::vector<ConfigField>& f) {
   ConfigField save_async =
       value(run, "save_async", &T::save_async,
             "Write the --save-every checkpoints in the background while training goes on "
-            "(--save-async=false: each save blocks until written): rank 0 keeps one host copy of "
-            "the saved state (weights and optimizer state) until the write ends, a save waits "
-            "for the one before, and the end of the run, a stop or an error waits for the write "
-            "in flight (--io-timeout); a crash mid-write leaves the previous checkpoint");
+            "(on by default; --save-async=false: each save blocks until written): rank 0 keeps "
+            "one host copy of the saved state (weights and optimizer state) until the write ends, "
+            "a save waits for the one before, and the end of the run, a stop or an error waits "
+            "for the write in flight (--io-timeout); a crash mid-write leaves the previous "
+            "checkpoint");
   save_async.bare_flag = true;
   f.push_back(std::move(save_async));
   f.push_back(value(run, "metrics", &T::metrics, "Write metrics as JSON lines to this file"));
