@@ -238,6 +238,92 @@ TEST(ContextParallel, AttentionCoreOfEveryVariantIsTheOneRankCore) {
   expect_core_matches_one_rank(CpComm::Ring, 2, 2, 2);     // multi-head
 }
 
+// The ring's backward sends each held block's dK, dV straight to its owner, which adds them to its
+// own part in step order: the same sums, in the same order, as a dK/dV accumulator travelling the
+// ring (own part, then ranks r + 1, r + 2, ...), so the same bits; and at cp 2 its transient
+// buffers are two blocks of K/V or dK/dV (and delta), where the travelling accumulators held five.
+TEST(ContextParallel, RingBackwardSumsAsTheTravellingAccumulatorInTwoBlocks) {
+  const int B = 2, D = 8, qh = 4, kvh = 2;
+  const int64_t T = 24;
+  const kernels::AttentionHeads heads{qh, kvh, D};
+  const int64_t W = heads.row_width(), Qw = int64_t{qh} * D, KV2 = 2 * int64_t{kvh} * D;
+  const kernels::AttentionDropout drop{0.2f, 9, 4, /*first_sample=*/6, 0, qh, 0};
+  for (int n : {2, 3, 4}) {
+    const int64_t Tl = T / n, Rl = B * Tl;
+    struct Rank {
+      std::vector<int64_t> pos;
+      std::vector<float> qkv, dy, out, lse, dqkv;
+      double bwd_peak = 0;
+    };
+    std::vector<Rank> ranks(static_cast<size_t>(n));
+    comm::run_inproc(n, [&](comm::Communicator& g) {
+      Allocator alloc("cp rank", 0);
+      CurrentAllocatorScope scope(alloc);
+      const ContextSplit cp(g, CpComm::Ring);
+      Rank& me = ranks[static_cast<size_t>(g.rank())];
+      me.pos = context_positions(T, n, g.rank());
+      me.qkv = random_floats(static_cast<size_t>(Rl * W), 10 + g.rank());
+      me.dy = random_floats(static_cast<size_t>(Rl * Qw), 20 + g.rank());
+      me.out.resize(static_cast<size_t>(Rl * Qw));
+      me.lse.resize(static_cast<size_t>(B * qh * Tl));
+      me.dqkv.resize(me.qkv.size());
+      ContextAttention a;
+      a.cp = &cp, a.B = B, a.T = static_cast<int>(Tl), a.seq_len = T, a.positions = me.pos.data();
+      a.heads = heads, a.head_offset = 0, a.n_head = qh, a.drop = drop, a.label = "test.";
+      context_attention_forward(a, me.qkv.data(), me.out.data(), me.lse.data());
+      alloc.reset_peaks();
+      context_attention_backward(a, me.qkv.data(), me.out.data(), me.lse.data(), me.dy.data(),
+                                 me.dqkv.data());
+      me.bwd_peak = static_cast<double>(alloc.peak(MemCategory::Buffers));
+    });
+    // The travelling accumulator's arithmetic: rank j at step i holds rank (j - i)'s keys, adds
+    // its queries' dQ over them to dq and its dK, dV of them (a zeroed part) to the accumulator.
+    std::vector<std::vector<float>> want(static_cast<size_t>(n)), parts(static_cast<size_t>(n * n));
+    for (int j = 0; j < n; ++j) {
+      Rank& rj = ranks[static_cast<size_t>(j)];
+      std::vector<float> delta(rj.lse.size());
+      kernels::flash_attention_delta(delta.data(), rj.out.data(), Qw, rj.dy.data(), Qw, B,
+                                     static_cast<int>(Tl), heads);
+      want[static_cast<size_t>(j)].assign(rj.qkv.size(), 0.0f);
+      for (int i = 0; i < n; ++i) {
+        const int src = (j - i + n) % n;
+        const Rank& rs = ranks[static_cast<size_t>(src)];
+        kernels::FlashAttention f;
+        f.B = B, f.Tq = f.Tk = static_cast<int>(Tl), f.heads = heads;
+        f.q = rj.qkv.data(), f.ldq = W;
+        f.k = rs.qkv.data() + Qw, f.v = f.k + KV2 / 2, f.ldkv = W;
+        f.q_pos = rj.pos.data(), f.k_pos = rs.pos.data();
+        f.drop = drop;
+        f.drop.seq_len = T;
+        std::vector<float>& part = parts[static_cast<size_t>(j * n + src)];
+        part.assign(static_cast<size_t>(Rl * KV2), 0.0f);
+        kernels::flash_attention_backward(f, rj.dy.data(), Qw, rj.lse.data(), delta.data(),
+                                          want[static_cast<size_t>(j)].data(), W, part.data(),
+                                          part.data() + KV2 / 2, KV2);
+      }
+    }
+    for (int b = 0; b < n; ++b) {
+      std::vector<float> acc = parts[static_cast<size_t>(b * n + b)];  // the owner's part first
+      for (int i = 1; i < n; ++i) {
+        const std::vector<float>& p = parts[static_cast<size_t>(((b + i) % n) * n + b)];
+        for (size_t e = 0; e < acc.size(); ++e) acc[e] = acc[e] + p[e];
+      }
+      std::vector<float>& w = want[static_cast<size_t>(b)];
+      for (int64_t r = 0; r < Rl; ++r)
+        std::memcpy(&w[static_cast<size_t>(r * W + Qw)], &acc[static_cast<size_t>(r * KV2)],
+                    sizeof(float) * KV2);
+      const Rank& rb = ranks[static_cast<size_t>(b)];
+      for (size_t e = 0; e < w.size(); ++e)
+        ASSERT_EQ(rb.dqkv[e], w[e]) << "cp " << n << " rank " << b << " element " << e;
+    }
+    if (n == 2) {
+      for (const Rank& r : ranks) {
+        EXPECT_EQ(r.bwd_peak, 4.0 * (2 * Rl * KV2 + Rl * qh));  // two blocks and delta
+      }
+    }
+  }
+}
+
 TEST(ContextParallel, UlyssesNamesItsHeadRule) {
   try {
     check_context_heads(CpComm::Ulysses, 3, kernels::AttentionHeads{4, 2, 8});

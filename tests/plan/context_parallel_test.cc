@@ -115,7 +115,7 @@ TEST(ContextParallelPlan, TransientBuffersAndBytesAreWhatACallAllocatesAndSends)
 TEST(ContextParallelPlan, TheHeaderFormulas) {
   // nn/context_parallel_attention.h in 4-byte floats: allgather 8 KV R (n-1) forward and twice
   // that backward (the all-gather again and the reduce-scatter), ring 8 KV R (n-1) forward and
-  // 8 KV R (3n-2) in all, ulysses 4 (n-1) R (2 Q/n + 2 KV_n) forward and 4 (n-1) R (3 Q/n +
+  // 8 KV R (3n-3) in all, ulysses 4 (n-1) R (2 Q/n + 2 KV_n) forward and 4 (n-1) R (3 Q/n +
   // 4 KV_n + Q/(D n)) backward.
   CpShape s;
   s.n = 4, s.batch = 2, s.rows = 512, s.q = 8, s.kv = 4, s.head_size = 64, s.elem = 4;
@@ -125,7 +125,7 @@ TEST(ContextParallelPlan, TheHeaderFormulas) {
   EXPECT_DOUBLE_EQ(cp_layer_bytes(s).bwd, 16 * KV * R * (n - 1));
   s.comm = CpComm::Ring;
   EXPECT_DOUBLE_EQ(cp_layer_bytes(s).fwd, 8 * KV * R * (n - 1));
-  EXPECT_DOUBLE_EQ(cp_layer_bytes(s).fwd + cp_layer_bytes(s).bwd, 8 * KV * R * (3 * n - 2));
+  EXPECT_DOUBLE_EQ(cp_layer_bytes(s).fwd + cp_layer_bytes(s).bwd, 8 * KV * R * (3 * n - 3));
   s.comm = CpComm::Ulysses;
   EXPECT_DOUBLE_EQ(cp_layer_bytes(s).fwd, 4 * (n - 1) * R * (2 * Q / n + 2 * KV / n));
   EXPECT_DOUBLE_EQ(cp_layer_bytes(s).bwd, 4 * (n - 1) * R * (3 * Q / n + 4 * KV / n + Q / (D * n)));
@@ -320,8 +320,8 @@ TEST(ContextParallelPlan, RingHidesBehindTheCoreOnFastLinksAllgatherDoesNot) {
   const double hop = p2p_seconds(fast, true, s.rows * 2 * s.kv * s.head_size * 4);
   EXPECT_DOUBLE_EQ(ring.fwd_comm, hop);
   EXPECT_DOUBLE_EQ(ring.fwd_exposed, 0);     // behind the first block's compute
-  EXPECT_DOUBLE_EQ(ring.bwd_comm, 3 * hop);  // a block and two accumulator hops
-  EXPECT_DOUBLE_EQ(ring.bwd_exposed, hop);   // the last accumulator's way home
+  EXPECT_DOUBLE_EQ(ring.bwd_comm, 2 * hop);  // a block and the dK/dV part to its owner
+  EXPECT_DOUBLE_EQ(ring.bwd_exposed, hop);   // the last part's way to its owner
   for (CpComm c : {CpComm::AllGather, CpComm::Ulysses}) {
     s.comm = c;
     const CpTime t = cp_layer_seconds(fast, g, s, core_f, core_b);
@@ -356,7 +356,7 @@ TEST(ContextParallelPlan, RingHidesBehindTheCoreOnFastLinksAllgatherDoesNot) {
   EXPECT_DOUBLE_EQ(four.fwd_exposed, 0);
   EXPECT_DOUBLE_EQ(four.bwd_exposed, hop);
 
-  // End to end: on NVLink the ring's step shows only the accumulators' last hops; allgather's
+  // End to end: on NVLink the ring's step shows only the dK/dV parts' last hops; allgather's
   // shows all of its exchanges; both run cp 2 near twice as fast as one rank.
   const PlanRequest r = long_context("tessera");
   const Prediction one = plan_layout(r, cp_layout(1, CpComm::Ring));

@@ -173,6 +173,26 @@ void ring_forward(const ContextAttention& a, const float* qkv, float* atty, floa
   }
 }
 
+// Posts `send` to rank `to` and a block of the same size from rank `from` into `recv`, as
+// pass_on.
+PendingExchange exchange_with(const ContextAttention& a, const float* send, int to, float* recv,
+                              int from, int64_t count, int tag, const std::string& what) {
+  comm::SendRecvOptions o;
+  o.async = true;
+  o.send_tag = o.recv_tag = tag;
+  return PendingExchange(a.cp->group.send_recv(send, static_cast<size_t>(count), to, recv,
+                                               static_cast<size_t>(count), from, DType::F32, o),
+                         "cp " + what + " " + a.label, "cp");
+}
+
+// The K/V blocks travel the ring again, as in the forward. The dK, dV of the keys this rank holds
+// at step i (rank r - i's) go straight to their owner, which adds them to its own keys' part (the
+// kernel's, in dqkv) in step order: the sum a travelling accumulator would carry, own part first,
+// then ranks r + 1, r + 2, ..., without the accumulators' two blocks a rank would hold (nor their
+// last hop). Step i's part travels while the kernel computes step i + 1. Held at once: at n = 2
+// two blocks (the K/V block and its incoming one, or a part going and the one coming), at n = 3
+// four, from n = 4 five (the held and incoming K/V blocks, this step's part, the previous part
+// going and the one coming).
 void ring_backward(const ContextAttention& a, const float* qkv, const float* atty, const float* lse,
                    const float* datty, float* dqkv) {
   const int n = a.cp->size(), r = a.cp->rank();
@@ -183,41 +203,54 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
   Tensor delta = cp_buffer(R * a.heads.q, "cp.delta");
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(R * W));
-  Tensor cur = cp_buffer(R * KV2, "cp.kv_block"), next = cp_buffer(R * KV2, "cp.kv_block");
-  Tensor part = cp_buffer(R * KV2, "cp.dkv_part");
-  Tensor acc = cp_buffer(R * KV2, "cp.dkv_acc"), acc_in = cp_buffer(R * KV2, "cp.dkv_acc");
+  Tensor cur = cp_buffer(R * KV2, "cp.kv_block");
   for (int64_t i = 0; i < R; ++i) copy_floats(cur.f32() + i * KV2, qkv + i * W + Qw, KV2);
-  // Step i: this rank holds the keys of rank r - i; their dK, dV accumulator arrives from the
-  // previous rank (which added its part at step i - 1), gets this rank's part and moves on. After
-  // n steps every accumulator is back with its owner.
-  PendingExchange accumulated;
+  Tensor going, coming;  // the previous step's part on its way to its owner; this rank's keys' part
+  PendingExchange parts;
+  auto add_coming = [&] {
+    parts.wait();
+    for (int64_t i = 0; i < R; ++i) {
+      float* d = dqkv + i * W + Qw;
+      const float* c = coming.f32() + i * KV2;
+      for (int64_t e = 0; e < KV2; ++e) d[e] += c[e];
+    }
+    going = Tensor();
+    coming = Tensor();
+  };
   for (int i = 0; i < n; ++i) {
-    const int src = (r - i + n) % n;
+    const int src = (r - i + n) % n;  // whose keys this rank holds now
+    Tensor next;
     PendingExchange kv;
-    if (i + 1 < n) kv = pass_on(a, cur.f32(), next.f32(), R * KV2, kKvTag, "k/v (backward)");
-    std::memset(part.f32(), 0, sizeof(float) * static_cast<size_t>(R * KV2));
+    if (i + 1 < n) {
+      next = cp_buffer(R * KV2, "cp.kv_block");
+      kv = pass_on(a, cur.f32(), next.f32(), R * KV2, kKvTag, "k/v (backward)");
+    }
+    // This rank's own keys (step 0): their part straight into dqkv; another rank's: a part to send.
+    Tensor part;
+    float* dk = dqkv + Qw;
+    int64_t ld = W;
+    if (i > 0) {
+      part = cp_buffer(R * KV2, "cp.dkv_part");
+      dk = part.f32(), ld = KV2;
+    }
     {
       TraceSpan span("ring attention backward " + a.label + " block " + std::to_string(i),
                      "backward");
       k::flash_attention_backward(
           local_queries(a, qkv, cur.f32(), a.T, KV2, pos.data() + int64_t{src} * a.T), datty, Qw,
-          lse, delta.f32(), dqkv, W, part.f32(), part.f32() + KV, KV2);
+          lse, delta.f32(), dqkv, W, dk, dk + KV, ld);
     }
-    if (i == 0) {
-      std::swap(acc, part);
-    } else {
-      accumulated.wait();  // acc has left, acc_in has arrived
-      float* o = acc.f32();
-      const float* in = acc_in.f32();
-      const float* p = part.f32();
-      for (int64_t e = 0; e < R * KV2; ++e) o[e] = in[e] + p[e];
-    }
-    accumulated = pass_on(a, acc.f32(), acc_in.f32(), R * KV2, kAccTag, "dk/dv");
     kv.wait();
-    std::swap(cur, next);
+    cur = std::move(next);  // the held block is done with (after the last step, nothing is held)
+    if (i > 0) {
+      if (parts.posted()) add_coming();
+      going = std::move(part);
+      coming = cp_buffer(R * KV2, "cp.dkv_part");
+      parts =
+          exchange_with(a, going.f32(), src, coming.f32(), (r + i) % n, R * KV2, kAccTag, "dk/dv");
+    }
   }
-  accumulated.wait();  // this rank's own keys' gradient, from every rank
-  for (int64_t i = 0; i < R; ++i) copy_floats(dqkv + i * W + Qw, acc_in.f32() + i * KV2, KV2);
+  if (parts.posted()) add_coming();  // the last step's part for this rank's keys
 }
 
 // ---- Ulysses -----------------------------------------------------------------------------------

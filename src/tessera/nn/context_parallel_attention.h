@@ -20,10 +20,12 @@
 //              (send/recv, posted asynchronously before computing with the block it has, so the
 //              transfer hides behind the kernel) and merging that block's result by log-sum-exp
 //              (the kernel's merge mode): 8 KV R (n - 1) bytes. Backward: the K/V blocks travel
-//              the ring again (8 KV R (n - 1)) and with each its dK/dV accumulator, which every
-//              rank adds its part to and which ends at its owner after n hops (8 KV R n).
-//              Total 8 KV R (3n - 2) bytes; never more than two blocks of K and V (and two
-//              accumulators) at once: memory O(R), whatever n.
+//              the ring again (8 KV R (n - 1)); the dK/dV of each held block goes straight to its
+//              owner (posted after the step's kernel, travelling during the next step's), which
+//              adds the n - 1 parts to its own in step order, the sum a travelling accumulator
+//              would carry (8 KV R (n - 1)). Total 8 KV R (3n - 3) bytes; two K/V blocks held in
+//              the forward, in the backward two blocks at n = 2, four at n = 3, five from n = 4:
+//              memory O(R), whatever n.
 //   Ulysses    forward: all-to-all of q, k, v from sequence-split to head-split (each rank then
 //              holds Q / n query columns and their key/value columns KV_n of the whole sequence),
 //              one kernel call over the whole sequence, all-to-all of the output back:

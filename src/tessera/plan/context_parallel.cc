@@ -40,8 +40,10 @@ CpBytes cp_layer_bytes(const CpShape& s) {
   switch (s.comm) {
     case nn::CpComm::AllGather:  // K, V gathered; backward again, and dK, dV reduce-scattered
       return {(n - 1) * R * kv2(s) * e, 2 * (n - 1) * R * kv2(s) * e};
-    case nn::CpComm::Ring:  // n - 1 blocks; backward n - 1 blocks and n accumulator hops
-      return {(n - 1) * R * kv2(s) * e, (2 * n - 1) * R * kv2(s) * e};
+    case nn::CpComm::Ring:  // n - 1 blocks; backward n - 1 blocks and n - 1 dK/dV parts (or n
+                            // accumulator hops)
+      return {(n - 1) * R * kv2(s) * e,
+              (s.travelling_accumulators ? 2 * n - 1 : 2 * n - 2) * R * kv2(s) * e};
     case nn::CpComm::Ulysses: {  // q, k, v out and the output back; backward q, k, v, dO and the
                                  // row term out, dq, dk, dv back
       const double w = ulysses_row(s), o = ulysses_out(s), rowterm = s.ulysses_q();
@@ -64,9 +66,14 @@ CpTransient cp_transient_bytes(const CpShape& s) {
       return {e * R * KV2 * (1 + (1 + reorder) * n),
               e * (R * KV2 * (1 + (2 + reorder) * n) + delta)};
     }
-    case nn::CpComm::Ring:  // two K/V blocks; backward also this step's dK/dV part, two
-                            // accumulators and delta
-      return {e * 2 * R * KV2, e * (5 * R * KV2 + delta)};
+    case nn::CpComm::Ring: {
+      // Two K/V blocks. Backward, with delta: at n = 2 two blocks (the held and the incoming K/V
+      // blocks, later the part going to its owner and the one coming); at n = 3 four (the held
+      // block, this step's part and the previous one's, going and coming); from n = 4 five (the
+      // incoming block as well).
+      const double blocks = s.n == 2 ? 2 : s.n == 3 ? 4 : 5;
+      return {e * 2 * R * KV2, e * (blocks * R * KV2 + delta)};
+    }
     case nn::CpComm::Ulysses: {
       const double N = n * R, w = ulysses_row(s), o = ulysses_out(s);
       // Forward: q, k, v head-split with the all-to-all's send and receive buffers, or them, the
@@ -105,11 +112,13 @@ CpTime cp_layer_seconds(const ClusterSpec& c, const Group& g, const CpShape& s, 
       const double fwd_block = core_fwd / n, bwd_block = core_bwd / n;
       t.fwd_comm = (n - 1) * hop;
       t.fwd_exposed = (n - 1) * std::max(0.0, hop - fwd_block);
-      // Backward step i: K/V block i + 1 travels (i < n - 1) and accumulator i - 1 (i >= 1) while
-      // the kernel computes block i; the last accumulator's hop follows the last block.
-      t.bwd_comm = (2 * n - 1) * hop;
+      // Backward step i: K/V block i + 1 travels (i < n - 1) and step i - 1's dK/dV part to its
+      // owner (i >= 2; a travelling accumulator: i >= 1) while the kernel computes block i; the
+      // last part's (accumulator's) hop follows the last block.
+      const int first_part = s.travelling_accumulators ? 1 : 2;
+      t.bwd_comm = (s.travelling_accumulators ? 2 * n - 1 : 2 * n - 2) * hop;
       for (int i = 0; i < s.n; ++i) {
-        const int transfers = (i + 1 < s.n ? 1 : 0) + (i >= 1 ? 1 : 0);
+        const int transfers = (i + 1 < s.n ? 1 : 0) + (i >= first_part ? 1 : 0);
         t.bwd_exposed += std::max(0.0, transfers * hop - bwd_block);
       }
       t.bwd_exposed += hop;

@@ -8,8 +8,8 @@
 //              a reduce-scatter of dK, dV after it: all exposed (the kernel waits for them);
 //   ring       n - 1 K/V blocks passed to the next rank while the kernel computes with the held
 //              block (exposed per step: max(0, transfer - the block's compute)); in the backward
-//              the blocks again and each block's dK/dV accumulator, two transfers a step, the last
-//              accumulator's hop home exposed;
+//              the blocks again and each held block's dK/dV part to its owner (during the next
+//              step), two transfers a step, the last part's hop exposed;
 //   ulysses    all-to-alls to head-split and back around the kernel: all exposed.
 // A rank holds R = B s / n rows of the micro-batch (B sequences of s tokens), the key/value and
 // query columns of its tensor-parallel heads.
@@ -31,6 +31,9 @@ struct CpShape {
   double rows = 0;                   // R = B s / n
   int q = 0, kv = 0, head_size = 0;  // query and key/value heads of this tensor-parallel rank, D
   double elem = 4;                   // bytes of an exchanged element (tessera: fp32)
+  // Ring's backward: dK/dV accumulators that travel the ring, n hops each (Megatron's
+  // TransformerEngine), or, as tessera, each held block's part sent to its owner (n - 1).
+  bool travelling_accumulators = false;
   // Ulysses' head split: query heads per rank and the key/value heads each receives (kv / n, or
   // one, replicated, when n exceeds them).
   int ulysses_q() const { return q / n; }
@@ -47,8 +50,9 @@ CpBytes cp_layer_bytes(const CpShape& s);
 
 // The most bytes of transient buffers one forward and one backward call hold at once: allgather
 // the whole sequence's K and V (with B > 1 a copy in sequence order) and in the backward their
-// gradients, ring two K/V blocks and in the backward three dK/dV blocks, ulysses the head-split
-// rows and the all-to-all buffers. 0 without context parallelism.
+// gradients, ring two K/V blocks and in the backward K/V blocks and dK/dV parts (two blocks at
+// n = 2, four at n = 3, five from n = 4), ulysses the head-split rows and the all-to-all buffers.
+// 0 without context parallelism.
 struct CpTransient {
   double fwd = 0, bwd = 0;
 };

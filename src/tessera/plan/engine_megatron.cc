@@ -119,6 +119,7 @@ class MegatronEngine final : public Engine {
       s.deferred_bytes = s.blocks * 2 * s_local * x.b * (C + 4 * C / t + C + 3 * C / t);
 
     add_unit_work(s, m, l, megatron_rules(), 2);  // bf16 keys and values
+    s.cp.travelling_accumulators = true;          // TransformerEngine's ring
     s.tp_bytes = 2 * s_local * x.b * C;
     s.boundary_bytes = 2 * s_local * x.b * C / t;
     return s;

@@ -7,7 +7,7 @@
 // (data_parallel.cc keeps at most two reductions pending and prefetches one bucket), the
 // embedding group's gradient copy, the head's statistics, and under context parallelism the
 // attention's transient buffers (plan/context_parallel.h: the whole sequence's keys and values for
-// allgather, two blocks and the accumulators for ring, the head-split rows for ulysses), whose
+// allgather, K/V blocks and dK/dV parts for ring, the head-split rows for ulysses), whose
 // backward's coexist with the ZeRO buckets of that backward. A stage built over a cp group of n
 // sizes its records and workspace for s / n rows of each sequence, so the measurement divides
 // them by n itself.

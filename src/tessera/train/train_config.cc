@@ -349,8 +349,8 @@ void parallel_fields(std::vector<ConfigField>& f) {
                      "allgather (default, Llama 3's: K and V all-gathered, one kernel call, "
                      "dK/dV reduce-scattered; 24 KV R (cp-1)), ring (K/V blocks passed to the "
                      "next rank while computing with the held one, merged by log-sum-exp; "
-                     "transfers hide behind compute and only two blocks are held; "
-                     "8 KV R (3cp-2)), ulysses (all-to-all to head-split and back; bytes per "
+                     "transfers hide behind compute and two blocks are held at cp 2; "
+                     "8 KV R (3cp-3)), ulysses (all-to-all to head-split and back; bytes per "
                      "rank fall as 1/cp; cp must divide a tensor-parallel rank's query heads and "
                      "divide or be a multiple of its key/value heads)",
                      {{nn::CpComm::AllGather, "allgather"},
