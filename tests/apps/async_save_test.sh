@@ -12,18 +12,8 @@
 #     error naming the path, before the run's end, and leaves the previous checkpoint as `latest`.
 set -u
 bin=$1
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-fail() { echo "FAIL $1"; [ -n "${2:-}" ] && tail -25 "$2"; failures=$((failures + 1)); }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else fail "$name"; fi; }
+# shellcheck source=tests/apps/run_lib.sh
+source "$(dirname "$0")/run_lib.sh"
 # "STEP LOSS" per step, the last logged (a resumed run logs again the steps after its checkpoint);
 # the loss as the shortest text that reads back as the same double, so equal text is equal bits.
 losses() {

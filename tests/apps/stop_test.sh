@@ -9,17 +9,8 @@ set -u
 bin=$1
 mpiexec=${2:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-fail() { echo "FAIL $1"; [ -n "${2:-}" ] && tail -25 "$2"; failures=$((failures + 1)); }
+# shellcheck source=tests/apps/run_lib.sh
+source "$(dirname "$0")/run_lib.sh"
 # "STEP LOSS" per logged step, in the order logged (the metrics' keys are sorted: "loss" comes
 # before "step"); the loss as the shortest text that reads back as the same double.
 losses() {
