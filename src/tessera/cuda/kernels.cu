@@ -292,8 +292,8 @@ __global__ void layernorm_backward_input_kernel(T* din, const T* dout, const T* 
 // [b R, b R + R) (R = kLnRowsPerBlock) one after another, thread i holds columns i,
 // i + kLnThreads, ... of every row (its weights, and its dweight and dbias partials in registers).
 // Per row: the two row sums by block reductions, then din += ... . The block's partials go to
-// part[b][0 or 1][C], added over the blocks in block order by column_finalize_kernel: a fixed
-// order, as the column-sum form.
+// part[0 or 1][b][C] (dweight's, then dbias's), added over the blocks in block order by
+// column_finalize_kernel (below): a fixed order, as the column-sum form.
 constexpr int kLnThreads = 256;
 constexpr int kLnRowsPerBlock = 32;
 
@@ -347,21 +347,9 @@ __global__ void __launch_bounds__(kLnThreads)
   for (int k = 0; k < K; ++k) {
     const int c = static_cast<int>(threadIdx.x) + k * kLnThreads;
     if (c < C) {
-      part[(static_cast<int64_t>(blockIdx.x) * 2) * C + c] = dw[k];
-      part[(static_cast<int64_t>(blockIdx.x) * 2 + 1) * C + c] = db[k];
+      part[static_cast<int64_t>(blockIdx.x) * C + c] = dw[k];
+      part[(static_cast<int64_t>(gridDim.x) + blockIdx.x) * C + c] = db[k];
     }
-  }
-}
-
-// out[c] += sum over blocks b in order of part[b][k][c] (K0 = 2 values per block).
-__global__ void ln_partials_finalize_kernel(float* out, const float* part, int blocks, int k,
-                                            int C) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
-       c += stride) {
-    float s = 0.0f;
-    for (int b = 0; b < blocks; ++b) s += part[(static_cast<int64_t>(b) * 2 + k) * C + c];
-    out[c] += s;
   }
 }
 
@@ -992,8 +980,8 @@ void layernorm_backward(T* din, float* dweight, float* dbias, const T* dout, con
     check_launch("layernorm_backward_rows");
     float* const outs[2] = {dweight, dbias};
     for (int k = 0; k < 2; ++k) {
-      ln_partials_finalize_kernel<<<blocks_for(C, kThreads, kMaxBlocks), kThreads, 0, stream>>>(
-          outs[k], scratch, blocks, k, C);
+      column_finalize_kernel<<<blocks_for(C, kThreads, kMaxBlocks), kThreads, 0, stream>>>(
+          outs[k], scratch + static_cast<int64_t>(k) * blocks * C, blocks, C);
       check_launch("layernorm_backward_finalize");
     }
     return;

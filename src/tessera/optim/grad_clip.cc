@@ -56,9 +56,14 @@ double grad_sum_of_squares(const std::vector<Segment>& segments, const nn::Param
   return total;
 }
 
-float clip_to_norm(const std::vector<Segment>& segments, double norm, double max_norm) {
+float clip_scale(double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0f;
-  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  return static_cast<float>(max_norm / (norm + 1e-6));
+}
+
+float clip_to_norm(const std::vector<Segment>& segments, double norm, double max_norm) {
+  const float scale = clip_scale(norm, max_norm);
+  if (scale == 1.0f) return 1.0f;
   for (const Segment& s : segments) scale_gradients(s.grad, s.n, scale);
   return scale;
 }
@@ -70,8 +75,8 @@ double grad_sum_of_squares(const nn::ParameterSet& params) {
 }
 
 float clip_to_norm(nn::ParameterSet& params, double norm, double max_norm) {
-  if (max_norm <= 0 || !(norm > max_norm)) return 1.0f;
-  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  const float scale = clip_scale(norm, max_norm);
+  if (scale == 1.0f) return 1.0f;
   scale_gradients(params.flat_grads().f32(), params.numel(), scale);
   return scale;
 }

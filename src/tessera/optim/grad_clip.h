@@ -13,6 +13,10 @@ namespace tessera::optim {
 // (ParamInfo::reduction.counts_in_norm), accumulated in double. The caller sums it over the ranks
 // whose segments are disjoint pieces of the model; every global element is then counted once.
 double grad_sum_of_squares(const std::vector<Segment>& segments, const nn::ParameterSet& params);
+// The factor clipping to max_norm applies to gradients of global norm `norm`: max_norm / (norm +
+// 1e-6) when norm > max_norm (and max_norm > 0), else 1. Every clipping below (and a device's)
+// scales by it.
+float clip_scale(double norm, double max_norm);
 // Scales every segment's gradient by max_norm / (norm + 1e-6) when norm > max_norm. Returns the
 // scale applied (1 if none).
 float clip_to_norm(const std::vector<Segment>& segments, double norm, double max_norm);

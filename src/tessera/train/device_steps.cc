@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/core/error.h"
+#include "tessera/optim/grad_clip.h"
 
 #ifdef TESSERA_WITH_CUDA
 #include <unistd.h>
@@ -137,10 +138,9 @@ double DeviceSteps::grad_norm() {
   return std::sqrt(impl_->gpu->grad_sum_squares());
 }
 
-// As optim's clipping: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
 void DeviceSteps::clip(double norm, double max_norm) {
-  if (max_norm > 0 && norm > max_norm)
-    impl_->gpu->scale_grads(static_cast<float>(max_norm / (norm + 1e-6)));
+  const float scale = optim::clip_scale(norm, max_norm);
+  if (scale != 1.0f) impl_->gpu->scale_grads(scale);
 }
 
 void DeviceSteps::step(float lr) {

@@ -79,39 +79,23 @@ void ensure_directory(const fs::path& dir, const char* what) {
 }
 
 // The mean loss per token over the first `windows_wanted` validation windows (all of them if
-// fewer), `batch` rows per forward. The windows do not depend on `batch`, so every layout
-// evaluates the same tokens. Under context parallelism each rank runs its share of the windows'
-// tokens (`batch_of` slices them) and the sums meet over the cp group.
-double evaluate(PipelineForward& model, const data::EvalWindows& windows, int batch,
-                int64_t windows_wanted, std::vector<int32_t>& in, std::vector<int32_t>& tgt,
-                const std::function<nn::Batch(int, int)>& batch_of, comm::Communicator& cp) {
+// fewer), `batch` rows per forward; loss_sum(rows, T) runs the windows fetched into in/tgt and
+// returns their loss sum. The windows do not depend on `batch`, so every layout evaluates the
+// same tokens. Under context parallelism each rank runs its share of the windows' tokens and the
+// sums meet over the cp group.
+double evaluate(const data::EvalWindows& windows, int batch, int64_t windows_wanted,
+                std::vector<int32_t>& in, std::vector<int32_t>& tgt,
+                const std::function<double(int, int)>& loss_sum, comm::Communicator& cp) {
   const int64_t n = std::min(windows_wanted, windows.num_windows());
   double sum = 0;
   int64_t count = 0;
   for (int64_t first = 0; first < n; first += batch) {
     const int64_t rows = std::min<int64_t>(batch, n - first);
     windows.fetch(first, rows, in.data(), tgt.data());
-    sum += model.loss_sum(batch_of(static_cast<int>(rows), windows.seq_len()),
-                          nn::StepContext{0, 0, false, 1.0f});
+    sum += loss_sum(static_cast<int>(rows), windows.seq_len());
     count += rows * windows.seq_len();
   }
   sum = parallel::all_reduce_sum(cp, sum);
-  return count ? sum / static_cast<double>(count) : NAN;
-}
-
-// The same on a --device cuda rank (whole sequences, no context parallelism there).
-double evaluate_on_device(DeviceSteps& device, const data::EvalWindows& windows, int batch,
-                          int64_t windows_wanted, std::vector<int32_t>& in,
-                          std::vector<int32_t>& tgt) {
-  const int64_t n = std::min(windows_wanted, windows.num_windows());
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t first = 0; first < n; first += batch) {
-    const int rows = static_cast<int>(std::min<int64_t>(batch, n - first));
-    windows.fetch(first, rows, in.data(), tgt.data());
-    sum += device.evaluate(nn::Batch{in.data(), tgt.data(), rows, windows.seq_len(), 0});
-    count += int64_t{rows} * windows.seq_len();
-  }
   return count ? sum / static_cast<double>(count) : NAN;
 }
 
@@ -238,12 +222,7 @@ void RankRun::device_train_step() {
   device_->reduce_gradients();
   const double loss = global_loss(local);
   const double norm = device_->grad_norm();
-  if (!std::isfinite(loss) || !std::isfinite(norm))
-    throw NumericError(detail::concat("training diverged at step ", step_ + 1, ": the loss is ",
-                                      loss, " and the gradient norm ", norm,
-                                      " (on the device). Try a lower --lr or --grad-clip 1."));
-  if (cfg_.grad_clip > 0) device_->clip(norm, cfg_.grad_clip);
-  device_->step(lr);
+  optimizer_step(loss, norm, lr);
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
   after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
              process_cpu_seconds() - cpu0, MoeStepStats{});
@@ -276,15 +255,22 @@ double RankRun::global_loss(double local_loss_sum) {
   return parallel::all_reduce_sum(world_, counts ? local_loss_sum : 0.0) / tokens_per_step_;
 }
 
-// The schedule's OptimizerStep: a finite loss and norm, clipping, the update.
+// The schedule's OptimizerStep: a finite loss and norm, clipping, the update (the engines', or
+// a --device cuda rank's on its GPU).
 void RankRun::optimizer_step(double loss, double norm, float lr) {
   if (!std::isfinite(loss) || !std::isfinite(norm)) {
-    const std::string where = first_non_finite();
+    const std::string where =
+        device_ ? "not searched (the model is on the device)" : first_non_finite();
     throw NumericError(detail::concat(
         "training diverged at step ", step_ + 1, ": the loss is ", loss, " and the gradient norm ",
         norm, "; first non-finite tensor: ",
         where.empty() ? "none found on rank " + std::to_string(world_.rank()) : where,
         ". Try a lower --lr or --grad-clip 1."));
+  }
+  if (device_) {
+    if (cfg_.grad_clip > 0) device_->clip(norm, cfg_.grad_clip);
+    device_->step(lr);
+    return;
   }
   if (cfg_.grad_clip > 0) engines_->clip(norm, cfg_.grad_clip);
   engines_->step(lr);
@@ -375,11 +361,15 @@ void RankRun::validate(int64_t at_step) {
   // --eval-batches batches of --batch sequences whatever the layout: every rank evaluates them
   // all, micro-batch by micro-batch.
   const int64_t windows = static_cast<int64_t>(cfg_.eval_batches) * cfg_.batch;
-  const double v = device_
-                       ? evaluate_on_device(*device_, *val_, micro_, windows, in_, tgt_)
-                       : evaluate(
-                             *forward_, *val_, micro_, windows, in_, tgt_,
-                             [&](int rows, int T) { return rank_batch(rows, T, 0); }, mesh_.cp());
+  const double v = evaluate(
+      *val_, micro_, windows, in_, tgt_,
+      [&](int rows, int T) {
+        // A --device cuda rank runs whole sequences (no cp there): its batch is rank_batch's.
+        const nn::Batch b = rank_batch(rows, T, 0);
+        return device_ ? device_->evaluate(b)
+                       : forward_->loss_sum(b, nn::StepContext{0, 0, false, 1.0f});
+      },
+      mesh_.cp());
   result_.last_val_loss = v;
   // With this rank's memory, so that a long run shows whether use and peaks stay flat
   // (scripts/soak.sh).
