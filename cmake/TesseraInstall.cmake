@@ -19,7 +19,8 @@ set(TESSERA_PUBLIC_HEADERS_kernels
     gemm.h layernorm.h precision.h residual.h rmsnorm.h rope.h row_map.h softmax_xent.h swiglu.h)
 # op.h is the backend-facing detail of communicator.h: installed, not stable.
 set(TESSERA_PUBLIC_HEADERS_comm
-    bench.h communicator.h errors.h fault.h launch.h op.h options.h wire.h work.h)
+    bench.h communicator.h errors.h fault.h flight_doctor.h flight_recorder.h launch.h op.h
+    options.h wire.h work.h)
 set(TESSERA_PUBLIC_HEADERS_nn
     activations.h attention.h attention_branch.h block.h block_workspace.h context_parallel.h
     context_parallel_attention.h
@@ -41,7 +42,8 @@ set(TESSERA_PUBLIC_HEADERS_parallel
     pipeline/schedule_generators.h pipeline/schedule_replay.h pipeline/schedule_simulate.h
     pipeline/schedule_validate.h pipeline/step_executor.h)
 set(TESSERA_PUBLIC_HEADERS_train
-    generate.h metrics.h model_io.h pipeline_forward.h stop_request.h train_config.h trainer.h)
+    generate.h metrics.h model_io.h pipeline_forward.h plan_of.h stop_request.h train_config.h
+    trainer.h)
 # The planner: `tessera plan`'s model of memory and step time, usable from code.
 set(TESSERA_PUBLIC_HEADERS_plan
     calibrate.h cluster.h collectives.h context_parallel.h engine.h gemm_efficiency.h

@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake pkg-config git python3
+  python3-dev python3-venv   # the Python package (python/): headers for the module, a venv to test it
   libopenblas-dev            # BLAS (CBLAS) for GEMM
   libopenmpi-dev openmpi-bin # MPI backend and mpirun
   nlohmann-json3-dev         # JSON: configs, safetensors headers, metrics

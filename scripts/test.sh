@@ -14,6 +14,22 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs" --timeout 600)
 
+echo "== Python package (python/): a fresh venv, the module against this build, pytest"
+# The module links the Release build's libraries (position-independent, TESSERA_PIC) through an
+# install of it, so only the module compiles here; numpy, pytest, nanobind and scikit-build-core
+# come from PyPI. The tests compare with this build's `tessera` command. (--config-settings: Debian
+# 12's pip, 23.0, knows no -C.)
+python_start=$SECONDS
+cmake --install build --prefix build/prefix >/dev/null
+python3 -m venv --clear build/pyenv
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/pyenv/bin/pip install -q --disable-pip-version-check \
+  --config-settings=build-dir="$PWD/build/python" \
+  --config-settings=cmake.define.tessera_DIR="$PWD/build/prefix/lib/cmake/tessera" \
+  --config-settings=cmake.define.TESSERA_WERROR=ON ./python pytest
+TESSERA_BIN="$PWD/build/apps/tessera/tessera" TESSERA_REQUIRE_COMMAND=1 \
+  build/pyenv/bin/python -m pytest -q -p no:cacheprovider python/tests
+echo "Python package: $((SECONDS - python_start)) s"
+
 if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \

@@ -9,6 +9,7 @@
 #include "tessera/core/error.h"
 #include "tessera/data/eval_windows.h"
 #include "tessera/data/prepare.h"
+#include "tessera/train/model_io.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::app {
@@ -23,8 +24,8 @@ struct EvalFlags {
 
 void run(const EvalFlags& f, int& exit_code) {
   train::set_compute_threads(f.threads);
-  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, f.batch,
-                             gemm_mode_from_flags(f.precision, f.bf16_gemm));
+  train::LoadedModel m = train::load_model(f.weights, f.heads, f.tokenizer, f.batch,
+                                           gemm_mode_from_flags(f.precision, f.bf16_gemm));
   const nn::GPTConfig& mc = m.model->config();
   int seq = f.seq > 0 ? f.seq : mc.block_size;
   TESSERA_CHECK_AS(ConfigError, seq <= mc.block_size, "--seq ", seq,

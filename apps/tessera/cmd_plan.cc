@@ -10,13 +10,13 @@
 #include <optional>
 
 #include "commands.h"
-#include "from_train.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
 #include "tessera/plan/calibrate.h"
 #include "tessera/plan/planner.h"
 #include "tessera/plan/report.h"
+#include "tessera/train/plan_of.h"
 #include "tessera/train/train_config.h"
 
 namespace tessera::app {

@@ -6,6 +6,7 @@
 #include "model_loading.h"
 #include "tessera/core/error.h"
 #include "tessera/train/generate.h"
+#include "tessera/train/model_io.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::app {
@@ -36,8 +37,8 @@ void print_speed(const train::SampleStats& s) {
 
 void run(const SampleFlags& f, int& exit_code) {
   train::set_compute_threads(f.threads);
-  LoadedModel m = load_model(f.weights, f.heads, f.tokenizer, 1,
-                             gemm_mode_from_flags(f.precision, f.bf16_gemm));
+  train::LoadedModel m = train::load_model(f.weights, f.heads, f.tokenizer, 1,
+                                           gemm_mode_from_flags(f.precision, f.bf16_gemm));
   TESSERA_CHECK_AS(ConfigError, m.tokenizer != nullptr,
                    "sampling text needs a tokenizer: none is beside the weights; pass --tokenizer");
   // With the ids the tokenizer puts before a sequence (Llama 3's <|begin_of_text|>, BOS).

@@ -6,15 +6,16 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "commands.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/io/atomic_file.h"
-#include "tessera/io/checkpoint.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/stop_request.h"
+#include "tessera/train/supervisor.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::app {
@@ -97,26 +98,9 @@ nlohmann::json given_flags(TrainFlags& f) {
 }
 
 void run(TrainFlags& f, int& exit_code) {
-  nlohmann::json merged = train::to_json(train::TrainConfig{});
-  auto overlay = [&](const nlohmann::json& j) {
-    for (const auto& [k, v] : j.items()) merged[k] = v;
-  };
-  const nlohmann::json given = given_flags(f);
-  std::string resume = given.value("resume", std::string());
-  if (!f.config_file.empty()) {
-    nlohmann::json file = train::read_json_file(f.config_file);
-    train::train_config_from_json(file);  // reject unknown keys and wrong types early
-    if (resume.empty() && file.contains("resume")) resume = file["resume"].get<std::string>();
-  }
-  if (!resume.empty()) {
-    // Only its saved config is needed here; the trainer verifies the checksums when it loads.
-    io::LoadedCheckpoint c = io::load_checkpoint(resume, {.verify_checksums = false});
-    if (c.state.contains("config")) overlay(c.state["config"]);
-  }
-  if (!f.config_file.empty()) overlay(train::read_json_file(f.config_file));
-  overlay(given);
-  merged["resume"] = resume;
-  train::TrainConfig cfg = train::train_config_from_json(merged);
+  const nlohmann::json file =
+      f.config_file.empty() ? nlohmann::json::object() : train::read_json_file(f.config_file);
+  train::TrainConfig cfg = train::resolve_train_config(file, given_flags(f));
   if (f.print_config) {  // what would run, as a config file (every key)
     cfg.validate();
     std::printf("%s\n", train::to_json(cfg).dump(2).c_str());
@@ -125,6 +109,16 @@ void run(TrainFlags& f, int& exit_code) {
   }
   // Fail before any work when the results could not be written (docs/RELIABILITY.md).
   if (!cfg.save.empty()) io::check_writable_directory(cfg.save);
+  if (!cfg.flight_recorder.empty()) io::check_writable_directory(cfg.flight_recorder);
+  if (cfg.max_restarts > 0 && !train::supervised()) {  // each attempt runs this command again
+    TESSERA_CHECK_AS(ConfigError, !comm::launched_by_mpi(), config_key("max_restarts"),
+                     " supervises the job from outside mpirun: start `", program_path(),
+                     " train` without mpirun and give ", config_key("mpirun"),
+                     " 'mpirun OPTIONS' (-np is added) to run each attempt's ranks as processes");
+    cfg.validate();
+    exit_code = train::supervise(cfg, command_line(), stderr);
+    return;
+  }
   if (!cfg.metrics.empty()) {
     train::MetricsWriter probe(cfg.metrics, /*append=*/true);
   }
@@ -147,9 +141,11 @@ void run(TrainFlags& f, int& exit_code) {
     std::printf("done: %lld steps, final val_loss %.4f (unigram entropy %.4f), %.0f tokens/s\n",
                 static_cast<long long>(r.steps), r.last_val_loss, r.unigram_entropy,
                 r.tokens_per_s);
-  else
+  else if (r.tokens_per_s > 0)
     std::printf("done: %lld steps, %.0f tokens/s\n", static_cast<long long>(r.steps),
                 r.tokens_per_s);
+  else  // resumed at its last step: nothing left to run
+    std::printf("done: %lld steps\n", static_cast<long long>(r.steps));
 }
 
 }  // namespace

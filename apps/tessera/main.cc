@@ -1,20 +1,28 @@
-// The `tessera` command: train, eval, sample, bench-comm, schedule, plot, plan.
+// The `tessera` command: train, eval, sample, bench-comm, schedule, plot, plan, doctor.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.h"
+#include "tessera/comm/errors.h"
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
 #include "tessera/kernels/blas_setup.h"
+#include "tessera/train/attempt_report.h"
 #include "tessera/train/train_config.h"
 
 namespace tessera::app {
 namespace {
 const char* program = "tessera";
-}
+std::vector<std::string> arguments;
+}  // namespace
 const char* program_path() {
   return program;
+}
+const std::vector<std::string>& command_line() {
+  return arguments;
 }
 }  // namespace tessera::app
 
@@ -28,10 +36,17 @@ int leave(int status) {
   }
   return status;
 }
+// The kind of error, as a supervisor's report names it (train/attempt_report.h).
+const char* kind_of(const tessera::Error& e) {
+  if (dynamic_cast<const tessera::IoError*>(&e)) return "io";
+  if (dynamic_cast<const tessera::comm::CommError*>(&e)) return "comm";
+  return "other";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 0) tessera::app::program = argv[0];
+  tessera::app::arguments.assign(argv, argv + argc);
   tessera::kernels::use_fast_blas_kernels(argv);
   CLI::App root{"tessera: train transformer language models on many devices"};
   root.require_subcommand(1);
@@ -44,22 +59,28 @@ int main(int argc, char** argv) {
   tessera::app::register_schedule(root, exit_code);
   tessera::app::register_plot(root, exit_code);
   tessera::app::register_plan(root, exit_code);
+  tessera::app::register_doctor(root, exit_code);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return root.exit(e);
   } catch (const tessera::ConfigError& e) {
     // Configuration keys as the flags that set them ("micro_batch" -> "--micro-batch").
-    std::fprintf(stderr, "tessera: error: %s\n", e.render(tessera::train::flag_of).c_str());
+    const std::string text = e.render(tessera::train::flag_of);
+    std::fprintf(stderr, "tessera: error: %s\n", text.c_str());
+    tessera::train::report_process_error("config", text);  // for a supervisor, if any
     return leave(1);
   } catch (const tessera::InternalError& e) {
     std::fprintf(stderr, "tessera: %s\n", e.what());  // "internal error at file:line: ..."
+    tessera::train::report_process_error("internal", e.what());
     return leave(2);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    tessera::train::report_process_error(kind_of(e), e.what());
     return leave(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
+    tessera::train::report_process_error("internal", e.what());
     return leave(2);
   }
   return exit_code;

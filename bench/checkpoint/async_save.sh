@@ -12,8 +12,8 @@
 # end of the first step to the end of the last (the final checkpoint, written in the foreground
 # after the last step, is outside it): the target is checked on it.
 #
-# Data: the fortunes corpus's bytes as token ids in a raw uint16 file (as in
-# bench/precision/gpt2_124m.sh), so the model has GPT-2's vocabulary.
+# Data: the fortunes corpus's bytes as token ids in a raw uint16 file (bench/fortunes_bytes.py),
+# so the model has GPT-2's vocabulary.
 #
 # Usage: bench/checkpoint/async_save.sh [tessera] [extra train flags...]
 #   env: STEPS (25), SEQ (1024), BATCH (1), ROUNDS (1), SAVE_EVERY (10), THREADS (2),
@@ -31,18 +31,7 @@ keep=${OUT:+1}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 [ -n "$keep" ] || trap 'rm -rf "$out"' EXIT
-corpus=/usr/share/games/fortunes
-python3 - "$corpus" "$out/fortunes_bytes.bin" <<'PY'
-import array, os, sys
-corpus, dst = sys.argv[1], sys.argv[2]
-data = b""
-for name in sorted(os.listdir(corpus)):
-    path = os.path.join(corpus, name)
-    if os.path.isfile(path) and "." not in name:
-        data += open(path, "rb").read()
-array.array("H", data).tofile(open(dst, "wb"))
-print(f"data: {len(data)} tokens (bytes of {corpus})")
-PY
+python3 "$(dirname "$0")/../fortunes_bytes.py" "$out/fortunes_bytes.bin"
 args=(--data "$out/fortunes_bytes.bin" --vocab 50257 --layers 12 --dim 768 --heads 12
       --seq "$seq" --batch "$batch" --steps "$steps" --warmup 2 --val-fraction 0 --eval-every 0
       --sample-tokens 0 --threads "$threads" --log-every 1 --cache-dir "$out/cache" "$@")

@@ -18,18 +18,7 @@ shift || true
 steps=${STEPS:-6}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
-corpus=/usr/share/games/fortunes
-python3 - "$corpus" "$out/fortunes_bytes.bin" <<'PY'
-import array, os, sys
-corpus, dst = sys.argv[1], sys.argv[2]
-data = b""
-for name in sorted(os.listdir(corpus)):
-    path = os.path.join(corpus, name)
-    if os.path.isfile(path) and "." not in name:  # the text files (not .dat indexes, .u8 links)
-        data += open(path, "rb").read()
-array.array("H", data).tofile(open(dst, "wb"))  # little-endian uint16 on x86
-print(f"data: {len(data)} tokens (bytes of {corpus})")
-PY
+python3 "$(dirname "$0")/../fortunes_bytes.py" "$out/fortunes_bytes.bin"
 args=(--data "$out/fortunes_bytes.bin" --vocab 50257 --layers 12 --dim 768 --heads 12 --seq 64
       --batch 4 --steps "$steps" --warmup 1 --val-fraction 0 --eval-every 0 --sample-tokens 0
       --cache-dir "$out/cache" "$@")

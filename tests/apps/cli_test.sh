@@ -45,6 +45,15 @@ check metrics-val 0 '"val_loss"' -- cat "$dir/m.jsonl"
 echo '{"steps": 14, "lr": 0.001}' >"$dir/more.json"
 check resume-config 0 "resumed from .* at step 12" -- "$bin" train --resume "$dir/run" \
   --config "$dir/more.json" --cache-dir "$dir/cache"
+# A model-shaping flag that differs from the resumed model's would be ignored: refused, naming it;
+# the same value (as a restart passes the original flags) is accepted.
+check resume-other-dim 1 "^tessera: error: --dim 64 is not the resumed model's 32: a resumed run trains the checkpoint's model" \
+  -- "$bin" train "${tiny[@]}" --resume "$dir/run" --dim 64 --steps 14
+echo '{"layers": 3}' >"$dir/layers.json"
+check resume-other-layers-config 1 "--layers 3 is not the resumed model's 1" -- "$bin" train \
+  --resume "$dir/run" --config "$dir/layers.json" --cache-dir "$dir/cache"
+check resume-same-shape 0 "resumed from .* at step 14" -- "$bin" train "${tiny[@]}" \
+  --resume "$dir/run" --steps 15
 check eval 0 "loss [0-9.]+ nats/token" -- "$bin" eval --weights "$dir/run" --data "$dir/corpus.txt" \
   --seq 16 --batch 4
 check sample 0 "The" -- "$bin" sample --weights "$dir/run/model.safetensors" --prompt "The" \

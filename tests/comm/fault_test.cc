@@ -99,6 +99,33 @@ TEST(FaultSpec, EnvironmentSetsItAndMismatchTurnsOnTheFingerprintCheck) {
   EXPECT_EQ(resolve_options({}).fault, nullptr);
 }
 
+// A supervisor's restarts (--max-restarts) each get their own fault: TESSERA_ATTEMPT picks the
+// first of the ';'-separated list that applies; every item is checked even when not chosen.
+TEST(FaultSpec, EachRestartAttemptGetsTheFaultMeantForIt) {
+  const char* list =
+      "attempt=0,rank=1,op=40,kind=throw; attempt=2,rank=0,op=9,kind=exit;"
+      "rank=3,op=5,kind=delay:1s";
+  EXPECT_EQ(select_fault_spec(list, 0)->rank, 1);
+  EXPECT_EQ(select_fault_spec(list, 0)->text, "attempt=0,rank=1,op=40,kind=throw");
+  EXPECT_EQ(select_fault_spec(list, 2)->kind, FaultKind::Exit);
+  EXPECT_EQ(select_fault_spec(list, 1)->rank, 3);  // the one without attempt= applies to all
+  EXPECT_FALSE(select_fault_spec("attempt=1,rank=0,op=1,kind=throw", 0).has_value());
+  EXPECT_THROW(select_fault_spec("attempt=0,rank=0,op=1,kind=throw;rank=0,op=0,kind=throw", 0),
+               ConfigError);
+  EXPECT_TRUE(has(config_error("rank=0,op=1,kind=throw,attempt=x"),
+                  "attempt must be a restart attempt (0, 1, ...), got 'x'"));
+
+  ::setenv("TESSERA_FAULT", list, 1);
+  ::setenv("TESSERA_ATTEMPT", "2", 1);
+  ASSERT_NE(resolve_options({}).fault, nullptr);
+  EXPECT_EQ(resolve_options({}).fault->op, 9u);
+  ::setenv("TESSERA_FAULT", "attempt=0,rank=1,op=3,kind=throw", 1);
+  EXPECT_EQ(resolve_options({}).fault, nullptr);
+  ::setenv("TESSERA_ATTEMPT", "two", 1);
+  EXPECT_THROW(resolve_options({}), ConfigError);
+  ::unsetenv("TESSERA_ATTEMPT");
+  ::unsetenv("TESSERA_FAULT");
+}
 // A delay shorter than the deadline only slows the job down: the results are right.
 TEST(InjectedFault, DelayWithinTheDeadlineOnlySlowsTheJob) {
   auto t0 = Clock::now();

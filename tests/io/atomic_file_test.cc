@@ -92,6 +92,49 @@ TEST_F(AtomicFileTest, WriteFailureMidFileKeepsOldFile) {
   EXPECT_TRUE(others("f.txt").empty());
 }
 
+// Files past the 4 MiB staging buffer are written in aligned chunks (O_DIRECT where the file
+// system takes it) and a buffered tail: every byte lands, in order, whatever the pieces.
+TEST_F(AtomicFileTest, LargeFileInOddPiecesIsWrittenExactly) {
+  const auto path = dir_ / "big.bin";
+  std::string want(10 * (1 << 20) + 12345, '\0');
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<char>((i * 2654435761u) >> 13);
+  AtomicFileWriter w(path);
+  size_t at = 0;
+  for (size_t piece : {size_t{1}, size_t{4095}, size_t{3} << 20, size_t{4} << 20, size_t{7}}) {
+    w.write(want.data() + at, piece);
+    at += piece;
+  }
+  w.write(want.data() + at, want.size() - at);
+  const FileDigest d = w.commit();
+  EXPECT_EQ(d.bytes, want.size());
+  EXPECT_EQ(d.crc32, crc32_update(0, want.data(), want.size()));
+  EXPECT_TRUE(read_file(path) == want);
+  EXPECT_TRUE(others("big.bin").empty());
+}
+
+// A failure after some chunks went out directly: the same error, the old file kept.
+TEST_F(AtomicFileTest, WriteFailureMidLargeFileKeepsOldFile) {
+  const auto path = dir_ / "f.bin";
+  write_file_atomic(path, "old contents");
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 6 << 20;  // inside the second 4 MiB chunk
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    write_file_atomic(path, std::string(9 << 20, 'x'));
+  } catch (const IoError& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(error.find("File too large"), std::string::npos) << error;
+  EXPECT_EQ(read_file(path), "old contents");
+  EXPECT_TRUE(others("f.bin").empty());
+}
+
 TEST_F(AtomicFileTest, RenameFailureKeepsTargetAndRemovesTemporary) {
   // The target is a non-empty directory, so rename() fails after the data was written.
   const auto path = dir_ / "d";

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "from_train.h"
 #include "tessera/plan/planner.h"
+#include "tessera/train/plan_of.h"
 #include "tessera/train/trainer.h"
 #include "train_fixture.h"
 

@@ -1,5 +1,6 @@
 #include "tessera/comm/communicator.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -52,8 +53,37 @@ std::exception_ptr Communicator::record_failure(std::exception_ptr e, const OpDe
       first = true;
     }
   }
-  if (first) on_failure(e);
+  if (first) {
+    on_failure(e);  // first: the peers fail fast, then the dump is written
+    dump_recorder(failure_reason(e), what_of(e));
+  }
   return e;
+}
+
+// ---- flight recorder (flight_recorder.h) -------------------------------------------------------
+
+std::shared_ptr<FlightRecorder> Communicator::flight_recorder() {
+  if (!recorder_ && opts_.flight_recorder_entries > 0 && size() > 1) {
+    recorder_ = std::make_shared<FlightRecorder>(
+        world_rank(), size(), opts_.flight_recorder_entries, opts_.flight_recorder);
+    recorder_comm_ = recorder_->add_communicator(name(), rank(), size());
+  }
+  return recorder_;
+}
+
+uint64_t Communicator::record_issue(const OpDesc& d, bool async, bool started) {
+  ++calls_;
+  return recorder_ ? recorder_->issued(recorder_comm_, d, calls_, async, started) : 0;
+}
+
+void Communicator::record_end(uint64_t id, bool ok) {
+  if (recorder_) recorder_->ended(id, ok);
+}
+
+void Communicator::dump_recorder(std::string_view reason, const std::string& error) {
+  if (!recorder_) return;
+  recorder_->note_failure(reason, error);
+  recorder_->dump(reason, error);
 }
 
 void Communicator::validate(const OpDesc& d) const {
@@ -181,10 +211,12 @@ Work Communicator::submit(OpDesc d, bool async) {
       return Work::failed(std::current_exception());
     }
   }
+  if (!recorder_) (void)flight_recorder();
   if (opts_.fault)
     if (std::optional<Work> w = inject(d)) return std::move(*w);
   std::unique_lock lk(mu_);
   if (failure_) {
+    record_end(record_issue(d, async, true), false);
     return Work::failed(std::make_exception_ptr(PeerFailedError(detail::concat(
         where(d),
         " not run: the communicator is unusable after an earlier failure: ", what_of(failure_)))));
@@ -192,15 +224,25 @@ Work Communicator::submit(OpDesc d, bool async) {
   count_traffic(d);  // accepted: run now or queued
   if (!async && queue_.empty() && !busy_) {
     lk.unlock();
+    const uint64_t rec = record_issue(d, false, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto waited = [&] {
+      if (recorder_) recorder_->add_wait(std::chrono::steady_clock::now() - t0);
+    };
     try {
       execute(d);
+      record_end(rec, true);
+      waited();
       return Work();
     } catch (...) {
+      record_end(rec, false);
+      waited();
       return Work::failed(record_failure(std::current_exception(), d));
     }
   }
-  Work w = Work::pending(where(d));
-  queue_.push_back(Task{std::move(d), w});
+  const uint64_t rec = record_issue(d, async, false);
+  Work w = Work::pending(where(d), recorder_);
+  queue_.push_back(Task{std::move(d), w, rec});
   if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
   lk.unlock();
   cv_.notify_all();
@@ -228,10 +270,14 @@ void Communicator::progress_loop() {
       err = std::make_exception_ptr(PeerFailedError(detail::concat(
           where(t.desc),
           " not run: the communicator is unusable after an earlier failure: ", what_of(failed))));
+      record_end(t.record, false);
     } else {
+      if (recorder_) recorder_->started(t.record);
       try {
         execute(t.desc);
+        record_end(t.record, true);
       } catch (...) {
+        record_end(t.record, false);  // before record_failure's dump
         err = record_failure(std::current_exception(), t.desc);
       }
     }
@@ -262,12 +308,21 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
                                            what_of(failure_)));
   }
   ++seq_;
+  if (size() > 1 && !recorder_) (void)flight_recorder();
+  const uint64_t rec = size() > 1 ? record_issue(d, false, true) : 0;
   try {
     std::unique_ptr<Communicator> child =
         do_split(color, key, child_name, resolve_timeout(timeout));
+    record_end(rec, true);
     if (child && fault_injector()) child->faults_ = faults_;  // one count per rank
+    if (child && recorder_) {                                 // one recorder per rank
+      child->recorder_ = recorder_;
+      child->recorder_comm_ =
+          recorder_->add_communicator(child->name(), child->rank(), child->size());
+    }
     return child;
   } catch (...) {
+    record_end(rec, false);
     record_failure(std::current_exception(), d);
     throw;
   }
@@ -291,12 +346,16 @@ std::optional<Work> Communicator::inject(OpDesc& d) {
   if (f == nullptr || !f->fires(d, name())) return std::nullopt;
   const FaultSpec& spec = f->spec();
   const std::string at = where(d);
-  auto announce = [&](const std::string& action) {
-    std::fprintf(stderr,
-                 "tessera: TESSERA_FAULT=%s fires on world rank %d at its call %llu, %s: %s\n",
-                 spec.text.c_str(), world_rank(), static_cast<unsigned long long>(spec.op),
-                 at.c_str(), action.c_str());
+  // Prints the line and dumps the flight recorder (reason "injected_fault", or "exit").
+  auto announce = [&](const std::string& action, std::string_view reason = "injected_fault") {
+    const std::string line =
+        detail::concat("TESSERA_FAULT=", spec.text, " fires on world rank ", world_rank(),
+                       " at its call ", spec.op, ", ", at, ": ", action);
+    std::fprintf(stderr, "tessera: %s\n", line.c_str());
     std::fflush(stderr);
+    if (!recorder_) return;
+    if (reason == "exit") recorder_->note_failure(reason, line);  // later dumps keep it
+    recorder_->dump(reason, line);
   };
   switch (spec.kind) {
     case FaultKind::Delay: {
@@ -309,6 +368,7 @@ std::optional<Work> Communicator::inject(OpDesc& d) {
     }
     case FaultKind::Throw: {
       announce("failing it");
+      record_end(record_issue(d, false, true), false);
       return Work::failed(record_failure(std::make_exception_ptr(InjectedFaultError(detail::concat(
                                              at, ": injected fault (TESSERA_FAULT=", spec.text,
                                              ") on world rank ", world_rank()))),
@@ -317,7 +377,8 @@ std::optional<Work> Communicator::inject(OpDesc& d) {
     case FaultKind::Exit:
       announce(backend() == "mpi"
                    ? detail::concat("the process exits with status ", spec.exit_status)
-                   : std::string("the rank exits"));
+                   : std::string("the rank exits"),
+               "exit");
       exit_rank(detail::concat(at, ": world rank ", world_rank(),
                                " exited here (injected fault TESSERA_FAULT=", spec.text, ")"),
                 spec.exit_status);
@@ -328,6 +389,9 @@ std::optional<Work> Communicator::inject(OpDesc& d) {
       announce(detail::concat("issuing ", d.describe(), " instead of ", was));
       return std::nullopt;
     }
+    case FaultKind::Skip:  // as if it had run: the peers wait for it
+      announce("skipping it (the call is not issued)");
+      return Work();
   }
   return std::nullopt;
 }

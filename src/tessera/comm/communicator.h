@@ -34,6 +34,7 @@
 
 #include "tessera/comm/errors.h"
 #include "tessera/comm/fault.h"
+#include "tessera/comm/flight_recorder.h"
 #include "tessera/comm/op.h"
 #include "tessera/comm/options.h"
 #include "tessera/comm/work.h"
@@ -155,6 +156,11 @@ class Communicator {
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = Traffic{}; }
 
+  // The flight recorder of this rank (flight_recorder.h): one per world rank, shared by every
+  // communicator split from this one; null when CommOptions::flight_recorder_entries is 0 or the
+  // communicator has one rank. Created by the first call (or by this).
+  std::shared_ptr<FlightRecorder> flight_recorder();
+
  protected:
   explicit Communicator(CommOptions opts);
   // Runs one operation to completion on the calling thread; throws on failure. `d` is validated,
@@ -200,6 +206,16 @@ class Communicator {
 
   CommOptions opts_;
   std::shared_ptr<detail::FaultInjector> faults_;
+  // The rank's flight recorder (shared with split communicators), this communicator's index in
+  // it, and the calls issued here (every kind), written by submit on the calling thread.
+  std::shared_ptr<FlightRecorder> recorder_;
+  uint16_t recorder_comm_ = 0;
+  uint64_t calls_ = 0;
+  // Records `d` in the flight recorder (0: none kept).
+  uint64_t record_issue(const detail::OpDesc& d, bool async, bool started);
+  void record_end(uint64_t id, bool ok);
+  // The first failure of this communicator: dumps the flight recorder (when it has a directory).
+  void dump_recorder(std::string_view reason, const std::string& error);
   uint64_t seq_ = 0;
   Traffic traffic_;             // written by submit on the calling thread only
   std::exception_ptr failure_;  // first failure; guarded by mu_
@@ -207,6 +223,7 @@ class Communicator {
   struct Task {
     detail::OpDesc desc;
     Work work;
+    uint64_t record = 0;  // its flight recorder entry
   };
   std::mutex mu_;
   std::condition_variable cv_;

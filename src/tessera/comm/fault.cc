@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <set>
 
 #include "tessera/comm/op.h"
@@ -11,8 +12,9 @@ namespace tessera::comm {
 namespace {
 
 constexpr std::string_view kFormat =
-    "rank=R,op=N,kind=delay:DURATION|throw|exit[:STATUS]|mismatch[,call=OP][,comm=NAME], e.g. "
-    "rank=1,op=37,kind=delay:5000ms";
+    "rank=R,op=N,kind=delay:DURATION|throw|exit[:STATUS]|mismatch|skip[,call=OP][,comm=NAME]"
+    "[,attempt=K], e.g. rank=1,op=37,kind=delay:5000ms; several faults for different restart "
+    "attempts are separated by ';'";
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
   throw ConfigError(detail::concat("TESSERA_FAULT='", text, "': ", why, "; the format is ", kFormat,
@@ -71,10 +73,12 @@ FaultSpec parse_fault_spec(std::string_view text) {
                                    value, "'"));
         f.kind = FaultKind::Delay;
         f.delay = Timeout(static_cast<int64_t>(ms ? v : v * 1000));
-      } else if (name == "throw" || name == "mismatch") {
+      } else if (name == "throw" || name == "mismatch" || name == "skip") {
         if (has_arg)
           bad(text, detail::concat("kind=", name, " takes no argument, got '", value, "'"));
-        f.kind = name == "throw" ? FaultKind::Throw : FaultKind::Mismatch;
+        f.kind = name == "throw"      ? FaultKind::Throw
+                 : name == "mismatch" ? FaultKind::Mismatch
+                                      : FaultKind::Skip;
       } else if (name == "exit") {
         if (has_arg && !parse_uint(arg, 0, 255, v))
           bad(text,
@@ -83,8 +87,8 @@ FaultSpec parse_fault_spec(std::string_view text) {
         f.exit_status = has_arg ? static_cast<int>(v) : 1;
       } else {
         bad(text, detail::concat("unknown kind '", value,
-                                 "' (expected delay:DURATION, throw, exit, exit:STATUS or "
-                                 "mismatch)"));
+                                 "' (expected delay:DURATION, throw, exit, exit:STATUS, "
+                                 "mismatch or skip)"));
       }
     } else if (key == "call") {
       bool known = false;
@@ -98,13 +102,45 @@ FaultSpec parse_fault_spec(std::string_view text) {
     } else if (key == "comm") {
       if (value.empty()) bad(text, "comm needs a communicator name");
       f.comm = std::string(value);
+    } else if (key == "attempt") {
+      if (!parse_uint(value, 0, 1 << 20, v))
+        bad(text,
+            detail::concat("attempt must be a restart attempt (0, 1, ...), got '", value, "'"));
+      f.attempt = static_cast<int>(v);
     } else {
-      bad(text, detail::concat("unknown key '", key, "' (expected rank, op, kind, call, comm)"));
+      bad(text,
+          detail::concat("unknown key '", key, "' (expected rank, op, kind, call, comm, attempt)"));
     }
   }
   for (const char* required : {"rank", "op", "kind"})
     if (!seen.contains(required)) bad(text, detail::concat("'", required, "=' is missing"));
   return f;
+}
+
+std::optional<FaultSpec> select_fault_spec(std::string_view text, int attempt) {
+  std::optional<FaultSpec> chosen;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t semi = std::min(text.find(';', pos), text.size());
+    std::string_view item = text.substr(pos, semi - pos);
+    pos = semi + 1;
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.empty()) continue;
+    FaultSpec f = parse_fault_spec(item);  // every item is checked, chosen or not
+    if (!chosen && (f.attempt < 0 || f.attempt == attempt)) chosen = std::move(f);
+  }
+  return chosen;
+}
+
+int restart_attempt() {
+  const char* s = std::getenv("TESSERA_ATTEMPT");
+  uint64_t v = 0;
+  if (s == nullptr || *s == '\0') return 0;
+  if (!parse_uint(s, 0, 1 << 20, v))
+    throw ConfigError(
+        detail::concat("TESSERA_ATTEMPT='", s, "' is not a restart attempt (0, 1, ...)"));
+  return static_cast<int>(v);
 }
 
 namespace detail {

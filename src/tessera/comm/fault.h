@@ -23,17 +23,28 @@
 //                      less (a 0-element send changes its dtype); the fingerprint check (always on
 //                      inproc; turned on for every rank on MPI, where it is TESSERA_COMM_DEBUG) or
 //                      the receiver's size check catches it before any data moves
+//           skip       the rank does not issue the call at all: it returns a completed Work as if
+//                      the call had run (a collective still takes its sequence number), so its
+//                      peers wait for it and time out; the flight recorder has no record of it
 // call=OP   count only calls of this operation (all_reduce, all_gather, reduce_scatter,
 //           broadcast, all_to_all, all_to_allv, barrier, send, recv, send_recv)
 // comm=NAME count only calls on the communicator named NAME, or on those whose name starts with
 //           NAME followed by '[' or '.' (comm=dp matches 'dp[0,2]')
+// attempt=K only in restart attempt K (0 the first run; TESSERA_ATTEMPT, set by the supervisor
+//           of `tessera train --max-restarts`, says which attempt a process belongs to); without
+//           it the fault fires in every attempt
 //
-// When the fault fires, the rank prints one line to stderr naming the call.
+// Several faults, separated by ';', each for its own attempt: the first that applies to this
+// attempt is used ("attempt=0,rank=1,op=40,kind=throw;attempt=1,rank=0,op=9,kind=exit").
+//
+// When the fault fires, the rank prints one line to stderr naming the call, and its flight
+// recorder dumps (flight_recorder.h) when one is configured.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,7 +53,7 @@
 
 namespace tessera::comm {
 
-enum class FaultKind : uint8_t { Delay, Throw, Exit, Mismatch };
+enum class FaultKind : uint8_t { Delay, Throw, Exit, Mismatch, Skip };
 
 struct FaultSpec {
   int rank = -1;
@@ -52,11 +63,19 @@ struct FaultSpec {
   int exit_status = 1;  // kind Exit (MPI)
   std::string call;     // "" = every operation
   std::string comm;     // "" = every communicator
+  int attempt = -1;     // -1 = every restart attempt
   std::string text;     // as written, quoted in messages
 };
 
-// Parses the format above. Throws ConfigError naming the bad item and showing the format.
+// Parses the format above (one fault). Throws ConfigError naming the bad item and showing the
+// format.
 FaultSpec parse_fault_spec(std::string_view text);
+// Parses a ';'-separated list of faults (each checked) and returns the first that applies to
+// restart attempt `attempt`, or none.
+std::optional<FaultSpec> select_fault_spec(std::string_view text, int attempt);
+// This process's restart attempt: TESSERA_ATTEMPT (0 when unset). Throws ConfigError when
+// malformed.
+int restart_attempt();
 
 // The call where kind=throw fired.
 class InjectedFaultError : public CommError {

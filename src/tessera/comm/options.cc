@@ -35,8 +35,16 @@ CommOptions resolve_options(CommOptions opts) {
     opts.stream_min_bytes = static_cast<size_t>(v);
   }
   if (const char* s = std::getenv("TESSERA_FAULT"); s && *s && !opts.fault)
-    opts.fault = std::make_shared<const FaultSpec>(parse_fault_spec(s));
-  if (opts.fault && opts.fault->kind == FaultKind::Mismatch) opts.debug = true;
+    if (std::optional<FaultSpec> f = select_fault_spec(s, restart_attempt()))
+      opts.fault = std::make_shared<const FaultSpec>(std::move(*f));
+  // A mismatched or skipped call must be caught before data moves: under MPI a skipped
+  // collective would otherwise pair with the peer's next one (the fingerprint check stops it).
+  if (opts.fault &&
+      (opts.fault->kind == FaultKind::Mismatch || opts.fault->kind == FaultKind::Skip))
+    opts.debug = true;
+  if (const char* s = std::getenv("TESSERA_FLIGHT_RECORDER");
+      s && *s && opts.flight_recorder.empty())
+    opts.flight_recorder = s;
   if (opts.timeout < Timeout::zero())
     throw ConfigError("CommOptions::timeout must be kDefaultTimeout or non-negative");
   return opts;

@@ -98,11 +98,18 @@ struct CommOptions {
   // null, the environment variable TESSERA_FAULT sets it. A mismatch fault turns on `debug`, so
   // that the MPI backend checks fingerprints and catches it.
   std::shared_ptr<const FaultSpec> fault;
+  // The flight recorder (flight_recorder.h, docs/RELIABILITY.md): each world rank keeps its last
+  // `flight_recorder_entries` calls (0: none); when `flight_recorder` names a directory, a call's
+  // failure or timeout and an injected fault dump them to DIR/rank-<R>.json. Left empty, the
+  // environment variable TESSERA_FLIGHT_RECORDER sets it.
+  std::string flight_recorder;
+  size_t flight_recorder_entries = 4096;
 };
 
 // Resolves kDefaultTimeout against TESSERA_COMM_TIMEOUT_S and the 300 s default, debug against
-// TESSERA_COMM_DEBUG, kDefaultStreamMinBytes against TESSERA_COMM_STREAM_MIN_BYTES, and a null
-// fault against TESSERA_FAULT. Malformed values are ConfigErrors.
+// TESSERA_COMM_DEBUG, kDefaultStreamMinBytes against TESSERA_COMM_STREAM_MIN_BYTES, a null
+// fault against TESSERA_FAULT, and an empty flight_recorder against TESSERA_FLIGHT_RECORDER.
+// Malformed values are ConfigErrors.
 CommOptions resolve_options(CommOptions opts);
 
 }  // namespace tessera::comm

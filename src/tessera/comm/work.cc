@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "tessera/comm/errors.h"
+#include "tessera/comm/flight_recorder.h"
 
 namespace tessera::comm {
 
@@ -14,8 +15,23 @@ struct WorkState {
   bool done = false;
   std::exception_ptr error;
   std::string description;
+  std::shared_ptr<FlightRecorder> recorder;  // counts the time waits block
 };
 }  // namespace detail
+
+namespace {
+void wait_blocking(detail::WorkState& s, std::unique_lock<std::mutex>& lk,
+                   std::optional<Timeout> timeout) {
+  if (timeout && *timeout >= Timeout::zero()) {
+    if (!s.cv.wait_for(lk, *timeout, [&] { return s.done; }))
+      throw TimeoutError(detail::concat("wait for ", s.description, " did not complete within ",
+                                        timeout->count(), " ms"));
+  } else {
+    s.cv.wait(lk, [&] { return s.done; });
+  }
+  if (s.error) std::rethrow_exception(s.error);
+}
+}  // namespace
 
 Work Work::failed(std::exception_ptr e) {
   Work w;
@@ -25,10 +41,11 @@ Work Work::failed(std::exception_ptr e) {
   return w;
 }
 
-Work Work::pending(std::string description) {
+Work Work::pending(std::string description, std::shared_ptr<FlightRecorder> recorder) {
   Work w;
   w.state_ = std::make_shared<detail::WorkState>();
   w.state_->description = std::move(description);
+  w.state_->recorder = std::move(recorder);
   return w;
 }
 
@@ -41,14 +58,18 @@ bool Work::is_completed() const {
 void Work::wait(std::optional<Timeout> timeout) const {
   if (!state_) return;
   std::unique_lock lk(state_->mu);
-  if (timeout && *timeout >= Timeout::zero()) {
-    if (!state_->cv.wait_for(lk, *timeout, [&] { return state_->done; }))
-      throw TimeoutError(detail::concat("wait for ", state_->description,
-                                        " did not complete within ", timeout->count(), " ms"));
-  } else {
-    state_->cv.wait(lk, [&] { return state_->done; });
+  if (!state_->done && state_->recorder) {
+    // Blocked: the time counts as this rank's communication wait (straggler metrics).
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Count {
+      FlightRecorder& r;
+      std::chrono::steady_clock::time_point t0;
+      ~Count() { r.add_wait(std::chrono::steady_clock::now() - t0); }
+    } count{*state_->recorder, t0};
+    wait_blocking(*state_, lk, timeout);
+    return;
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  wait_blocking(*state_, lk, timeout);
 }
 
 std::exception_ptr Work::exception() const {

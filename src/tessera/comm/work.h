@@ -14,6 +14,8 @@
 
 namespace tessera::comm {
 
+class FlightRecorder;  // flight_recorder.h
+
 namespace detail {
 struct WorkState;
 }
@@ -22,7 +24,9 @@ class [[nodiscard]] Work {
  public:
   Work() = default;  // completed, no error
   static Work failed(std::exception_ptr e);
-  static Work pending(std::string description);  // used by backends: completed via complete()
+  // Used by backends: completed via complete(). The time a wait() blocks on it is added to
+  // `recorder`'s wait time (null: not counted).
+  static Work pending(std::string description, std::shared_ptr<FlightRecorder> recorder = nullptr);
 
   bool is_completed() const;
   // Blocks until the operation completes, then rethrows its error, if any. With a timeout, a wait

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -71,28 +72,73 @@ void AtomicFileWriter::fail(const std::string& what, int err) {
                                std::strerror(err), "; the previous file, if any, is unchanged"));
 }
 
+void AtomicFileWriter::FreeDeleter::operator()(char* p) const noexcept {
+  std::free(p);
+}
+
 void AtomicFileWriter::write(const void* data, size_t bytes) {
   TESSERA_CHECK_AS(IoError, !done_, "cannot write ", target_.string(),
                    ": the atomic writer was already committed or abandoned");
   digest_.crc32 = crc32_update(digest_.crc32, data, bytes);
   digest_.bytes += bytes;
+  if (!staging_) {
+    staging_.reset(static_cast<char*>(std::aligned_alloc(4096, kStagingBytes)));
+    TESSERA_CHECK_AS(IoError, staging_ != nullptr, "cannot write ", target_.string(),
+                     ": no memory for a staging buffer of ", kStagingBytes, " bytes");
+  }
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const size_t chunk = std::min<size_t>(bytes, size_t{1} << 30);
-    const ssize_t n = ::write(fd_, p, chunk);
+    const size_t n = std::min(bytes, kStagingBytes - staged_);
+    std::memcpy(staging_.get() + staged_, p, n);
+    staged_ += n, p += n, bytes -= n;
+    if (staged_ == kStagingBytes) flush_staging();
+  }
+}
+
+void AtomicFileWriter::flush_staging() {
+  if (!direct_tried_) {  // a large file: bypass the page cache where the file system allows
+    direct_tried_ = true;
+    set_direct(true);
+  }
+  write_out(staging_.get(), staged_);
+  staged_ = 0;
+}
+
+void AtomicFileWriter::set_direct(bool on) {
+  const int flags = ::fcntl(fd_, F_GETFL);
+  const bool done =
+      flags >= 0 && ::fcntl(fd_, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0;
+  direct_ = on ? done : false;
+}
+
+void AtomicFileWriter::write_out(const char* p, size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) continue;
+      // O_DIRECT refused after all (some file systems say so only at the write): buffered then.
+      if (direct_ && err == EINVAL) {
+        set_direct(false);
+        continue;
+      }
       fail("writing the temporary file " + temp_.string(), err);
     }
     p += n;
     bytes -= static_cast<size_t>(n);
+    if (bytes > 0 && direct_) set_direct(false);  // a short direct write: unaligned from here
   }
 }
 
 FileDigest AtomicFileWriter::commit() {
   TESSERA_CHECK_AS(IoError, !done_, "cannot write ", target_.string(),
                    ": the atomic writer was already committed or abandoned");
+  if (staged_ > 0) {  // the tail, unaligned: buffered
+    if (direct_) set_direct(false);
+    write_out(staging_.get(), staged_);
+    staged_ = 0;
+  }
+  staging_.reset();
   // errno is read before the message is built: building it allocates, which may change errno.
   if (::fsync(fd_) != 0) {
     const int err = errno;

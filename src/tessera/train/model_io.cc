@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tessera/core/error.h"
+#include "tessera/data/load_tokenizer.h"
 #include "tessera/io/tensor_set.h"
 #include "tessera/kernels/bf16.h"
 #include "tessera/train/moe_bias.h"
@@ -189,6 +190,34 @@ void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config
     save(rounded);
   }
   io::write_hf_config(dir / "config.json", to_hf_config(config));
+}
+
+LoadedModel load_model(const std::filesystem::path& weights, int heads,
+                       const std::filesystem::path& tokenizer, int max_batch,
+                       const kernels::GemmMode& gemm) {
+  LoadedModel m;
+  std::filesystem::path file = weights_file(weights);
+  io::HfGptConfig hc =
+      config_of_weights(weights, heads > 0 ? std::optional<int>(heads) : std::nullopt);
+  m.alloc = std::make_unique<Allocator>("rank 0");
+  nn::GPTLayout layout;
+  layout.gemm = gemm;
+  m.model = std::make_unique<nn::GPT>(from_hf_config(hc, 0.0f), max_batch, *m.alloc, layout);
+  load_weights(*m.model, open_weights(weights));
+  // The one given, else a SentencePiece tokenizer.model beside the weights (load_tokenizer picks
+  // it from the folder), else a tokenizer.json there.
+  const std::filesystem::path folder = file.parent_path();
+  std::filesystem::path tok = tokenizer;
+  if (tokenizer.empty())
+    tok = std::filesystem::exists(folder / "tokenizer.model") ? folder : folder / "tokenizer.json";
+  if (!tokenizer.empty() || std::filesystem::exists(tok)) {
+    m.tokenizer = data::load_tokenizer(tok);
+    m.tokenizer_path = tok;
+    TESSERA_CHECK_AS(ConfigError, m.tokenizer->vocab_size() <= hc.vocab_size, "tokenizer '",
+                     tok.string(), "' has ", m.tokenizer->vocab_size(),
+                     " tokens but the model only ", hc.vocab_size);
+  }
+  return m;
 }
 
 }  // namespace tessera::train

@@ -3,10 +3,15 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <string>
 
+#include "tessera/core/allocator.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/io/hf_config.h"
 #include "tessera/io/safetensors.h"
+#include "tessera/kernels/precision.h"
 #include "tessera/nn/gpt.h"
 
 namespace tessera::train {
@@ -38,5 +43,24 @@ io::NamedTensors named_weights(nn::GPT& model);
 void export_weights(const io::NamedTensors& weights, const nn::GPTConfig& config,
                     const std::filesystem::path& dir, DType dtype = DType::F32,
                     uint64_t max_shard_bytes = 0);
+
+// A GPT and its tokenizer, loaded from weights for inference (`tessera eval`, `tessera sample`,
+// the Python package's tessera.load).
+struct LoadedModel {
+  std::unique_ptr<Allocator> alloc;
+  std::unique_ptr<nn::GPT> model;
+  // The tokenizer given, or the one beside the weights (tokenizer.json or tokenizer.model, of any
+  // format data::load_tokenizer reads), or null.
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  std::optional<std::filesystem::path> tokenizer_path;
+};
+
+// The model at `weights` (what config_of_weights and open_weights accept) with room for batches of
+// up to `max_batch` sequences. heads: 0 = from config.json beside the weights. tokenizer: "" = the
+// one beside the weights, if any (ConfigError when it has more tokens than the model). gemm: the
+// model's GEMM precision (the weights are fp32 in memory either way).
+LoadedModel load_model(const std::filesystem::path& weights, int heads,
+                       const std::filesystem::path& tokenizer, int max_batch,
+                       const kernels::GemmMode& gemm = {});
 
 }  // namespace tessera::train

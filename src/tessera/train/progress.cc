@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera::train {
@@ -10,7 +11,7 @@ ProgressLine::ProgressLine(std::FILE* out, int every)
     : out_(out), every_(every < 1 ? 1 : every), tty_(isatty(fileno(out)) != 0) {}
 
 void ProgressLine::update(const StepStats& s) {
-  char buf[512];
+  char buf[1024];
   int len =
       std::snprintf(buf, sizeof buf,
                     "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %sFLOP/s | "
@@ -22,6 +23,25 @@ void ProgressLine::update(const StepStats& s) {
   if (s.mfu >= 0)
     len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " | MFU %.1f%%",
                          100 * s.mfu);
+  if (s.compute_ms.size() > 1) {  // " | compute ms 12 14 | wait ms 3 1 | slowest rank 1 (1.6x)"
+    auto list = [&](const char* what, const std::vector<double>& v) {
+      len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " | %s ms", what);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (len >= static_cast<int>(sizeof buf) - 80) break;
+        if (i == 8 && v.size() > 9) {  // many ranks: the largest only
+          len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " .. max %.0f",
+                               *std::max_element(v.begin(), v.end()));
+          break;
+        }
+        len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len), " %.0f", v[i]);
+      }
+    };
+    list("compute", s.compute_ms);
+    list("wait", s.wait_ms);
+    if (s.slowest_rank >= 0)
+      len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len),
+                           " | slowest rank %d (%.1fx)", s.slowest_rank, s.slowest_ratio);
+  }
   if (s.moe) {  // " | moe aux 0.0101 z 0.0021 | load % 13 12 ... max/mean 1.05 | drop 0.0%"
     len += std::snprintf(buf + len, sizeof buf - static_cast<size_t>(len),
                          " | moe aux %.4f z %.4f | load %%", s.moe_aux_loss, s.moe_z_loss);

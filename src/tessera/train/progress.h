@@ -25,6 +25,12 @@ struct StepStats {
   bool moe = false;
   double moe_aux_loss = 0, moe_z_loss = 0, moe_max_load_ratio = 0, moe_dropped_fraction = 0;
   std::vector<double> moe_load;
+  // Stragglers (more than one rank): each world rank's compute and communication-wait
+  // milliseconds in the step, and the rank whose compute time over the last few steps is clearly
+  // above the others' (-1: none) with its ratio to their median.
+  std::vector<double> compute_ms, wait_ms;
+  int slowest_rank = -1;
+  double slowest_ratio = 0;
 };
 
 class ProgressLine {

@@ -13,6 +13,7 @@
 #include "tessera/optim/sgd.h"
 #include "tessera/parallel/gather.h"
 #include "tessera/parallel/pipeline/schedule_generators.h"
+#include "tessera/train/attempt_report.h"
 #include "tessera/train/generate.h"
 #include "tessera/train/stop_request.h"
 
@@ -157,6 +158,8 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
       tgt_local_(in_local_.size()) {
   result_.rank = world.rank();
   result_.unigram_entropy = plan.unigram_entropy;
+  recorder_ = world.flight_recorder();
+  dumps_seen_ = dump_requests();
   if (plan.split.validation.size() > cfg.seq)
     val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);
   for (int c = 0; c < cfg.virtual_stages; ++c) {
@@ -204,6 +207,7 @@ void RankRun::sync_host() {
 
 void RankRun::device_train_step() {
   const auto t0 = Clock::now();
+  const double wait0 = comm_wait_seconds();
   const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
   device_->begin_step();
@@ -224,6 +228,7 @@ void RankRun::device_train_step() {
   const double norm = device_->grad_norm();
   optimizer_step(loss, norm, lr);
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
+  step_wait_ = comm_wait_seconds() - wait0;
   after_step(loss, norm, lr, std::chrono::duration<double>(Clock::now() - t0).count(),
              process_cpu_seconds() - cpu0, MoeStepStats{});
 }
@@ -291,6 +296,7 @@ nn::Batch RankRun::rank_batch(int B, int T, int64_t first) {
 void RankRun::train_step() {
   if (device_) return device_train_step();
   const auto t0 = Clock::now();
+  const double wait0 = comm_wait_seconds();
   const double cpu0 = process_cpu_seconds();
   const float lr = sched_.at(step_);
   for (const auto& c : chunks_) c->model.reset_moe_stats();
@@ -323,6 +329,7 @@ void RankRun::train_step() {
   }
   sampler_.set_position(sampler_.advance(pos, cfg_.batch));
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  step_wait_ = comm_wait_seconds() - wait0;
   const double cpu_secs = process_cpu_seconds() - cpu0;
   // The step's routing over the job (collective): the metrics, and the next step's selection
   // biases (the same on every rank: the same counts, the same arithmetic).
@@ -342,6 +349,35 @@ int RankRun::agreed_stop() {
   o.op = comm::ReduceOp::Max;
   world_.all_reduce(&signo, 1, DType::I32, o).wait();
   return signo;
+}
+
+// Every rank's compute and wait seconds of the step: an all-reduce of 2 x world doubles (a
+// maximum: the other ranks' slots are zeros), the same under threads and under mpirun. Kept apart
+// from agreed_stop(), which runs after the step's metrics hook (TrainHooks::on_step may ask for
+// a stop after this step).
+void RankRun::exchange_step_times(double secs) {
+  const int n = world_.size(), r = world_.rank();
+  std::vector<double> v(2 * static_cast<size_t>(n), 0.0);
+  const double wait = std::clamp(step_wait_, 0.0, secs);
+  v[2 * static_cast<size_t>(r)] = secs - wait;
+  v[2 * static_cast<size_t>(r) + 1] = wait;
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::Max;
+  world_.all_reduce(v.data(), v.size(), DType::F64, o).wait();
+  step_compute_.assign(static_cast<size_t>(n), 0.0);
+  step_wait_ranks_.assign(static_cast<size_t>(n), 0.0);
+  for (int p = 0; p < n; ++p) {
+    step_compute_[static_cast<size_t>(p)] = v[2 * static_cast<size_t>(p)];
+    step_wait_ranks_[static_cast<size_t>(p)] = v[2 * static_cast<size_t>(p) + 1];
+  }
+  compute_history_.push_back(step_compute_);
+  if (compute_history_.size() > 5) compute_history_.erase(compute_history_.begin());
+  // A safe point for a SIGUSR2 dump of this rank's flight recorder.
+  if (const unsigned d = dump_requests(); d != dumps_seen_ && recorder_) {
+    dumps_seen_ = d;
+    const std::string path = recorder_->dump("signal", "");
+    if (!path.empty()) say(log_, pl_, "SIGUSR2: flight recorder dumped to " + path);
+  }
 }
 
 TrainResult RankRun::stop(int64_t at_step, bool saved, int signo) {
@@ -422,8 +458,10 @@ TrainResult RankRun::run() {
   try {
     return run_steps();
   } catch (...) {
-    // Whatever failed, a checkpoint being written in the background is finished (or reported).
+    // Whatever failed, a checkpoint being written in the background is finished (or reported),
+    // and the rank's flight recorder dumps its error (an injected exit keeps its own dump).
     finish_background_save_after_error();
+    dump_error(std::current_exception());
     throw;
   }
 }
@@ -438,10 +476,12 @@ TrainResult RankRun::run_steps() {
   if (!cfg_.save.empty()) wait_for_rank0_file_work("was creating '" + cfg_.save + "'");
   if (step_ == 0 && cfg_.eval_every > 0) validate(0);
 
+  if (lead_) report_heartbeat(step_);  // training (again), for a supervisor
   for (; step_ < cfg_.steps; ++step_) {
     train_step();
     poll_background_save();
     const int64_t done = step_ + 1;
+    if (lead_) report_heartbeat(done);
     if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) validate(done);
     const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
     if (saved) save(done, false);

@@ -72,6 +72,11 @@ class RankRun {
   void optimizer_step(double loss, double norm, float lr);
   std::string first_non_finite() const;
   int agreed_stop();
+  // Collective, once a step: every rank's compute and communication-wait seconds of the step, in
+  // one small all-reduce; keeps the last few steps for straggler naming.
+  void exchange_step_times(double secs);
+  // Seconds this rank has spent blocked in communication so far (its flight recorder's count).
+  double comm_wait_seconds() const { return recorder_ ? recorder_->wait_seconds() : 0; }
   TrainResult stop(int64_t at_step, bool saved, int signo);
   void validate(int64_t at_step);
   void sample();
@@ -97,6 +102,11 @@ class RankRun {
   std::string precision_line() const;
   void after_step(double loss, double norm, float lr, double secs, double cpu_secs,
                   const MoeStepStats& moe);
+  // The rank whose compute time over the last few steps is more than 1.25x the median of the
+  // others' (-1: none), and that ratio.
+  std::pair<int, double> slowest_rank() const;
+  // Dumps this rank's flight recorder with the error `e` (not for an injected exit).
+  void dump_error(const std::exception_ptr& e) noexcept;
   void report_memory();
   void report_pipeline();
   void write_timeline();
@@ -142,6 +152,13 @@ class RankRun {
   double peak_flops_ = 0;      // the lead rank's GEMM peak (MFU's denominator, per rank)
   double devices_in_use_ = 0;  // --device cuda: the GPUs the job runs on (MFU counts them)
   int64_t step_ = 0;
+  // Stragglers: this rank's flight recorder (null on one rank), its wait in the last step, and
+  // every rank's compute and wait seconds of the last few steps.
+  std::shared_ptr<comm::FlightRecorder> recorder_;
+  double step_wait_ = 0;
+  unsigned dumps_seen_ = 0;  // SIGUSR2 requests already dumped (stop_request.h)
+  std::vector<std::vector<double>> compute_history_;    // [step][world rank], oldest first
+  std::vector<double> step_compute_, step_wait_ranks_;  // the last step's, per world rank
   // --save-async: rank 0's writer, and on every rank the step of the checkpoint handed to it
   // that no finish_background_save() has waited for yet (-1: none).
   io::BackgroundWriter writer_;

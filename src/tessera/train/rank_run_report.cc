@@ -118,8 +118,42 @@ std::string RankRun::precision_line() const {
               : std::string());
 }
 
+std::pair<int, double> RankRun::slowest_rank() const {
+  const size_t n = step_compute_.size();
+  if (n < 2 || compute_history_.empty()) return {-1, 0};
+  std::vector<double> mean(n, 0.0);
+  for (const auto& step : compute_history_)
+    for (size_t r = 0; r < n; ++r)
+      mean[r] += step[r] / static_cast<double>(compute_history_.size());
+  const size_t worst =
+      static_cast<size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
+  std::vector<double> others;
+  for (size_t r = 0; r < n; ++r)
+    if (r != worst) others.push_back(mean[r]);
+  std::sort(others.begin(), others.end());
+  const size_t m = others.size();
+  const double median = m % 2 ? others[m / 2] : 0.5 * (others[m / 2 - 1] + others[m / 2]);
+  // Clearly above: more than 1.25x, and by more than a millisecond (timer noise on tiny steps).
+  if (mean[worst] > 1.25 * median && mean[worst] - median > 1e-3)
+    return {static_cast<int>(worst), median > 0 ? mean[worst] / median : 0};
+  return {-1, 0};
+}
+
+void RankRun::dump_error(const std::exception_ptr& e) noexcept {
+  if (!recorder_) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const comm::InjectedExit&) {  // its dump says it exited
+  } catch (const std::exception& x) {
+    recorder_->dump("error", x.what());
+  } catch (...) {
+    recorder_->dump("error", "unknown error");
+  }
+}
+
 void RankRun::after_step(double loss, double norm, float lr, double secs, double cpu_secs,
                          const MoeStepStats& moe) {
+  exchange_step_times(secs);  // collective
   step_times_.push_back(secs);
   result_.losses.push_back(loss);
   const double comm_bytes = traffic_.data_parallel + traffic_.tensor_parallel;
@@ -176,7 +210,23 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
     record["ep_bytes_per_rank"] = traffic_.expert_parallel;
   }
   if (cfg_.cp > 1) record["cp_bytes_per_rank"] = traffic_.context_parallel;
+  // Stragglers: every rank's compute and communication-wait milliseconds, by world rank.
+  std::vector<double> compute_ms, wait_ms;
+  for (double c : step_compute_) compute_ms.push_back(c * 1e3);
+  for (double w : step_wait_ranks_) wait_ms.push_back(w * 1e3);
+  record["compute_ms"] = compute_ms;
+  record["wait_ms"] = wait_ms;
+  const auto [slow, ratio] = slowest_rank();
+  if (slow >= 0) {
+    record["slowest_rank"] = slow;
+    record["slowest_ratio"] = ratio;
+  }
+  st.compute_ms = std::move(compute_ms);
+  st.wait_ms = std::move(wait_ms);
+  st.slowest_rank = slow;
+  st.slowest_ratio = ratio;
   metrics_->write(record);
+  if (lead_ && plan_.on_step) plan_.on_step(record);
   if (pl_) pl_->update(st);
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -32,6 +34,8 @@ struct RunPlan {
   // 0 when nothing reports MFU.
   double peak_flops_per_rank = 0;
   std::string peak_source;
+  // The caller's per-step hook (TrainHooks::on_step), called by rank 0; empty: none.
+  std::function<void(const nlohmann::json& record)> on_step;
 };
 
 // Reads the checkpoint (--resume) or the weights' config (--init-from), prepares the data, and

@@ -17,6 +17,14 @@ std::atomic<bool> announce_first{true};
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 struct sigaction previous[3];
 bool installed[3] = {false, false, false};
+std::atomic<unsigned> dumps{0};
+struct sigaction previous_usr2;
+bool installed_usr2 = false;
+static_assert(std::atomic<unsigned>::is_always_lock_free);
+
+void on_dump_signal(int) {
+  dumps.fetch_add(1);
+}
 
 void write_stderr(const char* s) {
   ssize_t ignored = ::write(STDERR_FILENO, s, std::strlen(s));
@@ -56,11 +64,22 @@ StopSignals::StopSignals(bool announce) {
     installed[i] = !(kSignals[i] == SIGINT && previous[i].sa_handler == SIG_IGN);
     if (installed[i]) sigaction(kSignals[i], &sa, nullptr);
   }
+  sa.sa_handler = on_dump_signal;
+  installed_usr2 = sigaction(SIGUSR2, &sa, &previous_usr2) == 0;
 }
 
 StopSignals::~StopSignals() {
   for (int i = 0; i < 3; ++i)
     if (installed[i]) sigaction(kSignals[i], &previous[i], nullptr);
+  if (installed_usr2) sigaction(SIGUSR2, &previous_usr2, nullptr);
+}
+
+unsigned dump_requests() {
+  return dumps.load(std::memory_order_relaxed);
+}
+
+void request_dump() {
+  dumps.fetch_add(1);
 }
 
 int stop_requested() {
@@ -84,6 +103,8 @@ const char* signal_name(int signo) {
       return "SIGTERM";
     case SIGUSR1:
       return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
     default:
       return "a signal";
   }

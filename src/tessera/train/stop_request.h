@@ -15,7 +15,8 @@ namespace tessera::train {
 class StopSignals {
  public:
   // Installs handlers for SIGINT, SIGTERM and SIGUSR1 (SA_RESTART, so interrupted file writes
-  // resume) and clears any earlier request. A SIGINT that is ignored (a script's background job)
+  // resume), and for SIGUSR2 (a flight recorder dump: dump_requests()), and clears any earlier
+  // request. A SIGINT that is ignored (a script's background job)
   // stays ignored, as in Python and the GNU coding standards. `announce`: the first signal prints
   // one line to stderr saying that the run stops after the current step.
   explicit StopSignals(bool announce = true);
@@ -30,7 +31,13 @@ int stop_requested();
 // Asks for a stop as signal `signo` would (without the second-signal exit).
 void request_stop(int signo);
 void clear_stop_request();
-// "SIGINT", "SIGTERM", "SIGUSR1", or "a signal".
+// How many SIGUSR2 have arrived since StopSignals was installed: the trainer dumps every rank's
+// flight recorder (comm/flight_recorder.h) when it grows. The handler only counts; the dump is
+// written by a thread of the trainer, never in the handler.
+unsigned dump_requests();
+// Counts one as SIGUSR2 would.
+void request_dump();
+// "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", or "a signal".
 const char* signal_name(int signo);
 
 }  // namespace tessera::train

@@ -477,6 +477,11 @@ void run_fields(std::vector<ConfigField>& f) {
                       if (v > 0 && v <= 86400.0 * 365) return "";
                       return detail::concat("must be a number of seconds in (0, 1 year], got ", v);
                     })));
+  f.push_back(value(run, "flight_recorder", &T::flight_recorder,
+                    "Dump each rank's last communication calls to DIR/rank-<R>.json when a call "
+                    "fails or times out, a rank errs, a fault is injected or the process gets "
+                    "SIGUSR2; `tessera doctor DIR` says what happened (empty: "
+                    "TESSERA_FLIGHT_RECORDER, else no dumps)"));
   f.push_back(value(run, "trace", &T::trace,
                     "Write the timeline (Chrome trace-event JSON, one track per rank) to this "
                     "file"));
@@ -506,6 +511,26 @@ void run_fields(std::vector<ConfigField>& f) {
   save_async.bare_flag = true;
   f.push_back(std::move(save_async));
   f.push_back(value(run, "metrics", &T::metrics, "Write metrics as JSON lines to this file"));
+  const char* restarts = "Restarts";
+  f.push_back(value(restarts, "max_restarts", &T::max_restarts,
+                    "Supervise the run: when it fails (a rank errs, exits, crashes or hangs), end "
+                    "it and start it again from the newest checkpoint in --save, up to this many "
+                    "times (0: no supervisor); a configuration error or a stop by signal is not "
+                    "restarted",
+                    in_range(0, 1000, true)));
+  f.push_back(value(restarts, "min_dp", &T::min_dp,
+                    "With --max-restarts: a data-parallel replica whose rank fails in two attempts "
+                    "in a row is dropped and the run goes on with fewer replicas, down to this "
+                    "many, keeping --batch through more micro-batches (0: never drop one)",
+                    at_least(0, " (0: never drop a replica)")));
+  f.push_back(value(restarts, "hang_timeout", &T::hang_timeout,
+                    "With --max-restarts: end an attempt that finishes no step for this many "
+                    "seconds (0: --io-timeout + 2 x the communication deadline)",
+                    in_range(0.0, 86400.0 * 365, true, " seconds (0: the default)")));
+  f.push_back(value(restarts, "mpirun", &T::mpirun,
+                    "With --max-restarts: start each attempt's ranks with this command (mpirun "
+                    "and its options, e.g. 'mpirun --host a:2,b:2'; -np is added), instead of as "
+                    "threads of one process"));
   f.push_back(value(run, "eval_every", &T::eval_every,
                     "Validate every N steps (0: only at the end)", at_least<int64_t>(0)));
   f.push_back(value(run, "eval_batches", &T::eval_batches,
@@ -653,6 +678,11 @@ void TrainConfig::validate() const {
                      key("virtual_stages"), " ", virtual_stages, " = ", pp * virtual_stages,
                      " stages, but the model has only ", layers + 2, " units (the embedding, ",
                      layers, " blocks and the head); each stage needs at least one");
+  TESSERA_CHECK_AS(ConfigError, min_dp <= dp, key("min_dp"), " ", min_dp, " is above ", key("dp"),
+                   " ", dp, "; it is the fewest data-parallel replicas a restart may go on with");
+  TESSERA_CHECK_AS(ConfigError, max_restarts > 0 || (min_dp == 0 && mpirun.empty()),
+                   key(min_dp > 0 ? "min_dp" : "mpirun"), " is a setting of the supervisor: give ",
+                   key("max_restarts"), " N too");
   TESSERA_CHECK_AS(ConfigError, cp == 1 || seq % (2 * cp) == 0, key("seq"), " ", seq,
                    " is not divisible by 2 x ", key("cp"), " ", cp, " = ", 2 * cp,
                    " (context parallelism cuts each sequence into 2 x cp chunks, rank r holding "

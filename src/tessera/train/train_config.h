@@ -130,6 +130,10 @@ struct TrainConfig {
   double comm_timeout = 0;
   // Deadline, in seconds, of the waits for one rank's file work (never below comm_timeout).
   double io_timeout = 3600;
+  // Directory of the flight recorder's dumps (comm/flight_recorder.h): each rank's last
+  // communication calls, written on a communication failure or timeout, an injected fault, a
+  // rank's error and SIGUSR2; "" = TESSERA_FLIGHT_RECORDER, else none.
+  std::string flight_recorder;
 
   // Run.
   Device device = Device::Cpu;
@@ -144,6 +148,16 @@ struct TrainConfig {
   // the stop's checkpoint are written before the run returns either way.
   bool save_async = true;
   std::string metrics;  // JSON-lines file
+  // Supervised restarts (train/supervisor.h, docs/RELIABILITY.md): the command runs each attempt as
+  // a child and restarts a failed one from the newest checkpoint in --save, up to max_restarts
+  // times; min_dp > 0 lets it drop data-parallel replicas that keep failing, down to min_dp (the
+  // global batch kept through more micro-batches); hang_timeout (seconds, 0 = io_timeout + 2 x
+  // the communication deadline) ends an attempt that reports no step for that long; mpirun, when
+  // set, is the command line (without -np) that starts each attempt's ranks as processes.
+  int max_restarts = 0;
+  int min_dp = 0;
+  double hang_timeout = 0;
+  std::string mpirun;
   int64_t eval_every = 100;
   int eval_batches = 8;     // validation: the first eval_batches x batch windows, in every layout
   int sample_tokens = 200;  // generated at the end; 0 disables

@@ -3,12 +3,17 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
 #include "tessera/comm/launch.h"
 #include "tessera/core/error.h"
+#include "tessera/io/checkpoint.h"
+#include "tessera/train/attempt_report.h"
 #include "tessera/train/device_steps.h"
+#include "tessera/train/model_io.h"
 #include "tessera/train/rank_run.h"
 #include "tessera/train/run_plan.h"
 
@@ -33,6 +38,7 @@ TrainResult train_rank(const TrainConfig& cfg, const RunPlan& plan, comm::Commun
 comm::CommOptions comm_options(const TrainConfig& cfg) {
   comm::CommOptions o;
   if (cfg.comm_timeout > 0) o.timeout = timeout_of_seconds(cfg.comm_timeout);
+  o.flight_recorder = cfg.flight_recorder;  // "" leaves it to TESSERA_FLIGHT_RECORDER
   return comm::resolve_options(o);
 }
 
@@ -42,7 +48,7 @@ namespace {
 
 // This process's rank of an mpirun job (one rank per process).
 TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOptions& copts,
-                         std::FILE* log) {
+                         std::FILE* log, const TrainHooks& hooks) {
   std::unique_ptr<comm::Communicator> world = comm::mpi_world(copts);
   auto key = [](const char* k) { return config_key(k); };
   const std::string cp = cfg.cp > 1 ? detail::concat(" x ", key("cp"), " ", cfg.cp) : "";
@@ -59,6 +65,7 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
   world->barrier(ready).wait();
   if (world->rank() != 0) plan.emplace(make_plan(cfg, nullptr));
   plan->threads = threads;
+  plan->on_step = hooks.on_step;
   if (world->rank() == 0) {
     choose_bf16_gemm(cfg, *plan);
     choose_peak(cfg, *plan, log != nullptr || !cfg.metrics.empty());  // rank 0 reports MFU
@@ -72,12 +79,17 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
   world->broadcast(shared, 2, DType::I64).wait();
   plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
   plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
-  return train_rank(cfg, *plan, *world, log);
+  try {
+    return train_rank(cfg, *plan, *world, log);
+  } catch (...) {
+    report_rank_fates(world->rank(), {fate_of(std::current_exception())});
+    throw;
+  }
 }
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
+TrainResult run_training(const TrainConfig& cfg, std::FILE* log, const TrainHooks& hooks) {
   cfg.validate();
   if (cfg.device == Device::Cuda) {  // before any data is prepared
     const std::string why = device_unavailable_reason();
@@ -87,28 +99,119 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log) {
   const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   const comm::CommOptions copts = comm_options(cfg);
   if (comm::resolve_backend(cfg.backend) == comm::Backend::Mpi)
-    return run_mpi_rank(cfg, threads, copts, log);
+    return run_mpi_rank(cfg, threads, copts, log, hooks);
   RunPlan plan = make_plan(cfg, log);
   plan.threads = threads;
+  plan.on_step = hooks.on_step;
   choose_bf16_gemm(cfg, plan);
   choose_peak(cfg, plan, log != nullptr || !cfg.metrics.empty());
   // The ranks as threads of this process (one rank: its size-1 communicator short-circuits every
   // collective).
   TrainResult result;
-  comm::run_inproc(
-      cfg.world(),
-      [&](comm::Communicator& world) {
-        try {
-          TrainResult r = train_rank(cfg, plan, world, log);
-          if (world.rank() == 0) result = std::move(r);
-        } catch (const std::exception& e) {  // every rank's error; the first is rethrown
-          if (log && cfg.world() > 1)
-            std::fprintf(log, "rank %d stopped: %s\n", world.rank(), e.what()), std::fflush(log);
-          throw;
-        }
-      },
-      copts);
+  std::vector<RankFate> fates(cfg.world(), RankFate::Finished);  // for a supervisor
+  try {
+    comm::run_inproc(
+        cfg.world(),
+        [&](comm::Communicator& world) {
+          try {
+            TrainResult r = train_rank(cfg, plan, world, log);
+            if (world.rank() == 0) result = std::move(r);
+          } catch (const std::exception& e) {  // every rank's error; the first is rethrown
+            fates[world.rank()] = fate_of(std::current_exception());
+            if (log && cfg.world() > 1)
+              std::fprintf(log, "rank %d stopped: %s\n", world.rank(), e.what()), std::fflush(log);
+            throw;
+          }
+        },
+        copts);
+  } catch (...) {
+    report_rank_fates(0, fates);
+    throw;
+  }
   return result;
+}
+
+namespace {
+
+// A resumed run trains the checkpoint's model: a key that shapes the model, given on the command
+// line or in --config with another value than the model's, would be ignored, so it is an error.
+// (Not --vocab: the vocabulary a tokenizer reaches may be below it.) The core shape is read from
+// the model's own config.json; the rest from the saved run's keys
+// (unless that run took its shape from weights or a config.json, where they do not describe it).
+void check_model_unchanged(const io::LoadedCheckpoint& c, const nlohmann::json& file,
+                           const nlohmann::json& given) {
+  const nlohmann::json saved = c.state.contains("config") ? c.state["config"] : nlohmann::json();
+  const nn::GPTConfig m = from_hf_config(c.config, 0.0f);
+  const std::map<std::string, nlohmann::json> actual = {{"arch", m.llama() ? "llama" : "gpt2"},
+                                                        {"layers", m.n_layer},
+                                                        {"dim", m.n_embd},
+                                                        {"heads", m.n_head}};
+  const bool saved_describes = saved.is_object() &&
+                               saved.value("init_from", std::string()).empty() &&
+                               saved.value("model", std::string()).empty();
+  static constexpr const char* kShape[] = {"arch",
+                                           "layers",
+                                           "dim",
+                                           "heads",
+                                           "kv_heads",
+                                           "ffn_dim",
+                                           "rope_theta",
+                                           "tie_embeddings",
+                                           "qkv_bias",
+                                           "moe_experts",
+                                           "moe_top_k",
+                                           "moe_every",
+                                           "moe_capacity_factor",
+                                           "moe_router",
+                                           "moe_renormalize",
+                                           "moe_ffn_dim",
+                                           "moe_shared_ffn_dim",
+                                           "moe_shared_gate"};
+  for (const char* key : kShape) {
+    const nlohmann::json* wanted = given.contains(key)  ? &given[key]
+                                   : file.contains(key) ? &file[key]
+                                                        : nullptr;
+    if (wanted == nullptr) continue;
+    nlohmann::json model_value;
+    if (const auto it = actual.find(key); it != actual.end())
+      model_value = it->second;
+    else if (saved_describes && saved.contains(key))
+      model_value = saved[key];
+    else
+      continue;
+    if (*wanted == model_value) continue;
+    if (std::string(key) == "heads" && *wanted == 0) continue;  // 0: the model's
+    const auto shown = [](const nlohmann::json& v) {
+      return v.is_string() ? v.get<std::string>() : v.dump();
+    };
+    throw ConfigError(detail::concat(
+        config_key(key), " ", shown(*wanted), " is not the resumed model's ", shown(model_value),
+        ": a resumed run trains the checkpoint's model; drop ", config_key(key),
+        ", or start a new run from its weights with ", config_key("init_from")));
+  }
+}
+
+}  // namespace
+
+TrainConfig resolve_train_config(const nlohmann::json& file, const nlohmann::json& given) {
+  nlohmann::json merged = to_json(TrainConfig{});
+  auto overlay = [&](const nlohmann::json& j) {
+    for (const auto& [k, v] : j.items()) merged[k] = v;
+  };
+  train_config_from_json(file);  // unknown keys and wrong types, before the checkpoint is read
+  train_config_from_json(given);
+  std::string resume = given.value("resume", std::string());
+  if (resume.empty()) resume = file.value("resume", std::string());
+  if (!resume.empty()) {
+    // Only its saved config is needed here; the trainer verifies the checksums when it loads.
+    io::LoadedCheckpoint c = io::load_checkpoint(resume, {.verify_checksums = false});
+    if (c.state.contains("config")) overlay(c.state["config"]);
+    check_model_unchanged(c, file, given);
+  }
+  overlay(file);
+  overlay(given);
+  merged["resume"] = resume;
+  return train_config_from_json(merged);
 }
 
 }  // namespace tessera::train

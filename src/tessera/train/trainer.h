@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -42,13 +43,30 @@ struct TrainResult {
   std::string checkpoint;
 };
 
+// What a caller of run_training may add to a run (the Python package's tessera.train does).
+struct TrainHooks {
+  // Rank 0, after each training step: the step's metrics record, as --metrics writes it
+  // ({"step", "loss", "lr", "grad_norm", "tokens_per_s", ...}). It runs on rank 0's thread while
+  // the other ranks go on to the next step's first collective. To stop the run after this step
+  // (with a checkpoint when --save is set), call request_stop() (stop_request.h) as a signal
+  // would; an exception fails the run.
+  std::function<void(const nlohmann::json& record)> on_step;
+};
+
 // Runs the whole job (it stops early, saving a checkpoint, once stop_requested() is set: see
 // TrainResult::stopped_by): cfg.pp x cfg.dp x cfg.tp ranks as threads of this process (inproc
 // backend), or this process's rank of an mpirun job of dp x tp processes (MPI backend, chosen
 // automatically under mpirun; another process count is a ConfigError that says what the flags
 // need). Rank 0's `log` receives the progress line and messages (nullptr: silent); rank 0's result
 // is returned (other MPI ranks return theirs).
-TrainResult run_training(const TrainConfig& cfg, std::FILE* log);
+TrainResult run_training(const TrainConfig& cfg, std::FILE* log, const TrainHooks& hooks = {});
+
+// The configuration a run of these keys runs, in `tessera train`'s precedence, lowest first: the
+// defaults, the saved config of the checkpoint that `resume` names, `file` (a --config file's
+// keys), then `given` (the command line's). `resume` is given's, else file's. Unknown keys and
+// values of the wrong type are ConfigErrors naming the key (rules between keys wait for
+// validate()); the checkpoint's checksums are verified later, when the trainer loads it.
+TrainConfig resolve_train_config(const nlohmann::json& file, const nlohmann::json& given);
 
 // Sets the BLAS thread count (0: the cores divided among `ranks_in_process` ranks) and returns
 // the count in effect.

@@ -1,7 +1,7 @@
 // The model, layout and engine options a `tessera train` configuration describes, so that a plan
-// and a run can be compared key for key (`tessera plan` accepts train's flags and --config files).
-// It lives with the command, not in the planner, so that the planner (plan/) does not depend on
-// the trainer (train/).
+// and a run can be compared key for key (`tessera plan --config`, the Python package's
+// tessera.plan(config=...)). It lives in the train layer, not in the planner, so that the planner
+// (plan/) does not depend on the trainer (train/).
 #pragma once
 
 #include "tessera/plan/engine.h"

@@ -1,4 +1,4 @@
-#include "from_train.h"
+#include "tessera/train/plan_of.h"
 
 #include <nlohmann/json.hpp>
 
