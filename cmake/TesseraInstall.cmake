@@ -170,7 +170,7 @@ set(CPACK_PACKAGE_CONTACT "tessera maintainers")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "C++20 library for training GPT models across many ranks (static libraries, headers, CMake package)")
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "libopenblas-dev, nlohmann-json3-dev, zlib1g-dev, pkg-config, libpcre2-dev, libsentencepiece-dev")
+    "libopenblas-dev, nlohmann-json3-dev, libisal-dev, pkg-config, libpcre2-dev, libsentencepiece-dev")
 if(TESSERA_CONFIG_WITH_MPI)
   string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libopenmpi-dev")
 endif()

@@ -9,7 +9,7 @@ packages=(
   nlohmann-json3-dev         # JSON: configs, safetensors headers, metrics
   libcli11-dev               # command-line parsing
   libdnnl-dev                # oneDNN 2.6: bf16 GEMMs on CPUs with avx512_bf16/AMX (optional: without it, emulated)
-  zlib1g-dev                 # crc32 for checkpoint checksums
+  libisal-dev                # ISA-L: the CRC-32 of checkpoint checksums (zlib's values, 3-4x faster)
   libpcre2-dev               # PCRE2: the pre-tokenizer regexes of Hugging Face tokenizer.json files
   libsentencepiece-dev       # SentencePiece tokenizer.model files (Llama 2, Mistral)
   libgtest-dev libgmock-dev googletest libbenchmark-dev

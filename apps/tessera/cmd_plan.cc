@@ -35,6 +35,7 @@ struct PlanFlags {
   int dp = 1, tp = 1, pp = 1, ep = 1, zero = 0, virtual_stages = 1, micro_batch = 0;
   int cp = 1, max_cp = 1;
   std::string cp_comm = "allgather";
+  std::string zero_shard_group = "all";
   bool sp = false;
   int devices = 0, top = 20, simulate_top = 32, calibrate_ranks = 2;
   double bucket_mb = 25, dp_overlap = -1;
@@ -167,6 +168,8 @@ void run(PlanFlags& f, int& exit_code) {
   set("cp", layout.cp, f.cp);
   if (f.has("cp_comm")) layout.cp_comm = nn::parse_cp_comm(f.cp_comm);
   if (f.has("zero")) layout.zero = parallel::zero_stage(f.zero);
+  if (f.has("zero_shard_group"))
+    layout.zero_shard = train::parse_zero_shard_group(f.zero_shard_group);  // host: -1
   set("sp", layout.sp, f.sp);
   if (f.has("schedule")) layout.schedule = parallel::parse_schedule(f.schedule);
   set("virtual_stages", layout.virtual_stages, f.virtual_stages);
@@ -199,6 +202,7 @@ void run(PlanFlags& f, int& exit_code) {
   if (f.has("cp_comm")) space.cp_comm = layout.cp_comm;
   if (f.has("max_cp")) space.max_cp = f.max_cp;
   if (f.has("zero")) space.zero = layout.zero;
+  if (f.has("zero_shard_group") || layout.zero_shard != 0) space.zero_shard = layout.zero_shard;
   if (f.has("sp")) space.sp = layout.sp;
   if (f.has("schedule")) space.schedule = layout.schedule;
   if (f.has("virtual_stages")) space.virtual_stages = layout.virtual_stages;
@@ -273,6 +277,9 @@ void register_plan(CLI::App& root, int& exit_code) {
       "Rankings: also try context parallelism, every cp up to this dividing the devices (each "
       "--cp-comm unless given; default 1: none)");
   opt("zero", f->zero, "ZeRO stage 0-3");
+  opt("zero_shard_group", f->zero_shard_group,
+      "HSDP: the ranks that share ZeRO shards: all (of dp x cp), host (a node's ranks; the "
+      "shards all-reduced across nodes) or a number of ranks dividing dp x cp");
   // A bare switch, as in `tessera train`: --sp (or --sp=false).
   f->given["sp"] =
       cmd->add_flag("--sp", f->sp, "Sequence parallelism inside the tensor-parallel group");

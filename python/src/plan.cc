@@ -115,6 +115,8 @@ nb::object rank(nb::handle request, nb::handle fixed, int max_cp, int simulate_t
     fix(s.zero, fj, "zero",
         [](const nlohmann::json& v) { return parallel::zero_stage(v.get<int>()); });
     fix(s.sp, fj, "sp", [](const nlohmann::json& v) { return v.get<bool>(); });
+    // HSDP's shard group ("host" or a number), as the command holds it.
+    if (fj.contains("zero_shard") || held.zero_shard != 0) s.zero_shard = held.zero_shard;
     fix(s.schedule, fj, "schedule",
         [](const nlohmann::json& v) { return parallel::parse_schedule(v.get<std::string>()); });
     fix(s.recompute, fj, "recompute",

@@ -10,7 +10,12 @@
 #   tensor-parallel pair spans the hosts; pp=2 x dp=2 (the stages on different hosts); a mixture
 #   of experts dp=4 --ep 2, round robin (each expert-parallel pair spans the hosts: all_to_allv
 #   crosses).
+#   dp=4 ZeRO-3 with --zero-shard-group host (HSDP: sharded inside each host, replicated across
+#   the two): trains what one rank trains, and fewer bytes cross the links than under plain
+#   ZeRO-3, whose parameter gathers cross them.
 #   2 hosts x 4 ranks: pp=2 x dp=2 x tp=2 ZeRO-1 (a pipeline stage per host), oversubscribed.
+# The round-robin tp run warns that its tensor-parallel groups span the hosts; the by-slot one
+# does not.
 set -u
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,7 +43,9 @@ act=$((12 * 16 * 32 * 4))  # one step's activations at a cut between layers: bat
 echo "parameters: $P bytes (the MoE model without its experts: $P_dense); activations at a cut: $act bytes per step"
 
 # run NAME HOSTS MIN_BYTES REFERENCE [mpirun options] -- train options: trains on the cluster,
-# compares with REFERENCE (one, moe1), checks the bytes into the hosts during the run.
+# compares with REFERENCE (one, moe1), checks the bytes into the hosts during the run (kept in
+# crossed_of[NAME]; its log is log_of[NAME]).
+declare -A crossed_of log_of
 run() {
   local name=$1 hosts=$2 min=$3 ref=$4
   shift 4
@@ -54,6 +61,8 @@ run() {
   fi
   after=$(bytes_in)
   local crossed=$((after - before)) took=$((SECONDS - t0)) d w
+  crossed_of[$name]=$crossed
+  log_of[$name]=$dir/$tag.log
   grep -q "mpi backend" "$dir/$tag.log" || fail "$name: did not use the MPI backend" "$dir/$tag.log"
   if d=$(same_losses "$dir/$ref.jsonl" "$dir/$tag.jsonl" $steps 2>&1); then
     ok "$name: every step's loss equals one rank's (worst $d relative)"
@@ -81,6 +90,22 @@ run() {
 # the mixture's dense part is reduced over dp as above.
 run "dp=4 ZeRO-1 (2 hosts x 2)" h1:2,h2:2 $((2 * P * steps)) one -- --dp 4 --zero 1
 run "dp=4 ZeRO-3 (2 hosts x 2)" h1:2,h2:2 $((2 * P * steps)) one -- --dp 4 --zero 3
+# HSDP: each rank's shard (P/2) all-reduced with its replica on the other host, 2P a step in all.
+run "dp=4 ZeRO-3 HSDP by host (2 hosts x 2)" h1:2,h2:2 $((2 * P * steps)) one -- --dp 4 --zero 3 \
+  --zero-shard-group host
+hsdp_log=${log_of["dp=4 ZeRO-3 HSDP by host (2 hosts x 2)"]:-none}
+if grep -q "ZeRO 3 shards over 2 ranks, replicated 2 times" "$hsdp_log"; then
+  ok "HSDP by host: shard groups of 2 ranks (one host each), replicated over the 2 hosts"
+else
+  fail "HSDP by host: the run did not shard by host" "$hsdp_log"
+fi
+z3=${crossed_of["dp=4 ZeRO-3 (2 hosts x 2)"]:-0}
+hs=${crossed_of["dp=4 ZeRO-3 HSDP by host (2 hosts x 2)"]:-0}
+if [ "$hs" -gt 0 ] && [ "$hs" -lt "$z3" ]; then
+  ok "HSDP by host sent $hs bytes between the hosts, plain ZeRO-3 $z3 ($(awk -v a="$hs" -v b="$z3" 'BEGIN{printf "%.2f", a / b}')x)"
+else
+  fail "HSDP by host sent $hs bytes between the hosts, not fewer than plain ZeRO-3's $z3"
+fi
 run "dp=2 x tp=2 --sp, tp across hosts" h1:2,h2:2 $((4 * act * steps)) one --map-by node -- \
   --dp 2 --tp 2 --sp --zero 1
 run "pp=2 x dp=2, a stage per host" h1:2,h2:2 $((2 * act * steps)) one -- --pp 2 --dp 2 --zero 1
@@ -88,6 +113,20 @@ run "MoE dp=4 ep=2, ep across hosts" h1:2,h2:2 $((2 * P_dense * steps)) moe1 --m
   "${moe[@]}" --dp 4 --ep 2 --zero 1
 run "pp=2 x dp=2 x tp=2 ZeRO-1 (2 hosts x 4)" h1:4,h2:4 $((2 * act * steps)) one -- \
   --pp 2 --dp 2 --tp 2 --zero 1
+
+# Placement: a run whose tensor-parallel pairs span the hosts says so; one mapped by slot does not.
+tp_log=${log_of["dp=2 x tp=2 --sp, tp across hosts"]:-none}
+if grep -q "placement: 2 of 2 tensor-parallel groups span hosts (tp\[0,1\] on h1,h2)" "$tp_log"; then
+  ok "tp across hosts: the run names the tensor-parallel groups that span the hosts"
+else
+  fail "tp across hosts: no placement warning" "$tp_log"
+fi
+by_slot_log=${log_of["pp=2 x dp=2 x tp=2 ZeRO-1 (2 hosts x 4)"]:-none}
+if [ -f "$by_slot_log" ] && ! grep -q "placement:" "$by_slot_log"; then
+  ok "pp x dp x tp by slot: no placement warning (tp inside each host)"
+else
+  fail "pp x dp x tp by slot: a placement warning, or no log" "$by_slot_log"
+fi
 
 echo "cluster layouts: $((checks - failures)) passed, $failures failed, $((SECONDS - t_start)) s on the cluster"
 [ $failures -eq 0 ]

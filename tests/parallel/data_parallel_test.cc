@@ -1,6 +1,7 @@
 // Any data-parallel layout trains the same model as one device: for dp in {1,2,3,4}, ZeRO stage
 // in {0,1,2,3} and 1 or 3 micro-batches per rank, with dropout on, the loss of each of 20 steps
-// equals single-rank training within 1e-5 relative and the final parameters within 1e-4.
+// equals single-rank training within 1e-5 relative and the final parameters within 1e-4; so does
+// hybrid sharding (HSDP: ZeRO shards over 1 or 2 of dp=4 ranks, replicated over the rest).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,6 +55,7 @@ const Reference& single_rank_reference() {
 
 struct Layout {
   int dp, zero, micro_batches;
+  int zero_shard = 0;  // HSDP: ranks per shard group (0: all)
 };
 
 class DataParallelEquivalence : public ::testing::TestWithParam<Layout> {};
@@ -62,10 +64,11 @@ TEST_P(DataParallelEquivalence, SameLossesAndWeightsAsOneRank) {
   const Layout l = GetParam();
   const Reference& ref = single_rank_reference();
   auto dir = temp_dir("dp_" + std::to_string(l.dp) + "_" + std::to_string(l.zero) + "_" +
-                      std::to_string(l.micro_batches));
+                      std::to_string(l.micro_batches) + "_" + std::to_string(l.zero_shard));
   TrainConfig c = dp_config(dir);
   c.dp = l.dp;
   c.zero = l.zero;
+  if (l.zero_shard > 0) c.zero_shard_group = std::to_string(l.zero_shard);
   c.micro_batch = c.batch / l.dp / l.micro_batches;
   c.save = (dir / "run").string();
   TrainResult r = run_training(c, nullptr);
@@ -81,22 +84,30 @@ std::vector<Layout> all_layouts() {
   for (int dp : {1, 2, 3, 4})
     for (int zero : {0, 1, 2, 3})
       for (int m : {1, 3}) v.push_back({dp, zero, m});
+  for (Layout hsdp :
+       {Layout{4, 1, 1, 2}, Layout{4, 2, 3, 2}, Layout{4, 3, 3, 2}, Layout{4, 3, 1, 1}})
+    v.push_back(hsdp);
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelEquivalence, ::testing::ValuesIn(all_layouts()),
                          [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_zero" +
-                                  std::to_string(info.param.zero) + "_micro" +
-                                  std::to_string(info.param.micro_batches);
+                           const Layout& l = info.param;
+                           return "dp" + std::to_string(l.dp) + "_zero" + std::to_string(l.zero) +
+                                  (l.zero_shard ? "_shard" + std::to_string(l.zero_shard) : "") +
+                                  "_micro" + std::to_string(l.micro_batches);
                          });
 
-// A checkpoint written at dp=4, ZeRO-3 resumes at dp=2, ZeRO-1 and continues the same training.
-TEST(DataParallelCheckpoint, ResumesUnderAnotherLayout) {
-  auto dir = temp_dir("dp_resume");
+// A checkpoint written at dp=4, ZeRO-3 (plain, or HSDP with shard groups of 2) resumes at dp=2,
+// ZeRO-1 and continues the same training.
+class DataParallelCheckpoint : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DataParallelCheckpoint, ResumesUnderAnotherLayout) {
+  auto dir = temp_dir(std::string("dp_resume_") + GetParam());
   TrainConfig c = dp_config(dir);
   c.dp = 4;
   c.zero = 3;
+  c.zero_shard_group = GetParam();
   c.save = (dir / "a").string();
   c.save_every = 10;
   TrainResult whole = run_training(c, nullptr);
@@ -112,6 +123,11 @@ TEST(DataParallelCheckpoint, ResumesUnderAnotherLayout) {
     EXPECT_NEAR(rest.losses[i], whole.losses[10 + i], 1e-5 * std::abs(whole.losses[10 + i]))
         << "step " << 11 + i;
 }
+
+INSTANTIATE_TEST_SUITE_P(ShardGroups, DataParallelCheckpoint, ::testing::Values("all", "2"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "all" ? "Zero3" : "HybridShards2";
+                         });
 
 // Activation recomputation changes memory and time, never the numbers: none, selective and full
 // train bitwise-identical losses and weights (dropout on), also under dp=2 with ZeRO-3 and 3

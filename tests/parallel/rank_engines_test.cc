@@ -8,7 +8,10 @@
 //     with its values after initialize(seed) (tensor-parallel shards, pipeline stages, ZeRO-3
 //     shards, expert-parallel experts), and every optimizer-state tensor;
 //   * traffic() counts a step's data-parallel bytes as the ring formula does, the pipeline's
-//     messages, and starts again from zero at begin_step().
+//     messages, and starts again from zero at begin_step();
+//   * hybrid sharding (HSDP: ZeRO shards over 2 of dp=4 ranks, replicated twice) gives the
+//     one-rank norm and model, and its bytes are the shard group's reduce-scatter plus the
+//     replicas' all-reduce of a shard.
 #include "tessera/parallel/rank_engines.h"
 
 #include <gtest/gtest.h>
@@ -122,6 +125,7 @@ struct Layout {
   int dp = 1, pp = 1, tp = 1, ep = 1, zero = 0;
   bool sp = false, moe = false;
   int micro_batches = 1;  // per rank and step
+  int zero_shard = 0;     // HSDP: ranks per ZeRO shard group (0: all of dp)
   int world() const { return dp * pp * tp; }
 };
 
@@ -133,6 +137,7 @@ std::string layout_name(const Layout& l) {
   if (l.sp) s += "_sp";
   if (l.moe) s += "_moe";
   s += "_zero" + std::to_string(l.zero);
+  if (l.zero_shard > 0) s += "_shard" + std::to_string(l.zero_shard);
   if (l.micro_batches > 1) s += "_micro" + std::to_string(l.micro_batches);
   return s;
 }
@@ -159,12 +164,12 @@ struct Rank {
       base.first_unit = mesh.pp_rank() == 0 ? 0 : 2;
       base.last_unit = mesh.pp_rank() == 0 ? 1 : -1;
     }
-    return gpt_layout_for(o, l.dp, base, l.dp / l.ep);
+    return gpt_layout_for(o, mesh.shape().shard_size(), base, l.dp / l.ep);
   }
 
   Rank(comm::Communicator& world, const Layout& layout, Allocator& alloc)
       : l(layout),
-        mesh(world, MeshShape{l.dp, l.pp, l.tp, l.ep}),
+        mesh(world, MeshShape{l.dp, l.pp, l.tp, l.ep, 1, l.zero_shard}),
         o{zero_stage(l.zero), /*bucket_mb=*/0.01, /*overlap=*/true},
         micro(kBatch / l.dp / l.micro_batches),
         model(config(l.moe), micro, alloc, stage_layout(l, mesh, o), mesh.tp(), mesh.ep()),
@@ -225,14 +230,17 @@ TEST_P(RankEnginesNorm, IsTheOneRankNormOnEveryRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, RankEnginesNorm,
-                         ::testing::Values(Layout{.dp = 2, .zero = 0}, Layout{.dp = 2, .zero = 3},
-                                           Layout{.dp = 2, .zero = 3, .micro_batches = 2},
-                                           Layout{.dp = 2, .tp = 2, .zero = 0},
-                                           Layout{.dp = 2, .tp = 2, .zero = 1, .sp = true},
-                                           Layout{.pp = 2, .micro_batches = 2},
-                                           Layout{.dp = 2, .pp = 2, .zero = 2, .micro_batches = 2}),
-                         [](const auto& info) { return layout_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RankEnginesNorm,
+    ::testing::Values(
+        Layout{.dp = 2, .zero = 0}, Layout{.dp = 2, .zero = 3},
+        Layout{.dp = 2, .zero = 3, .micro_batches = 2}, Layout{.dp = 2, .tp = 2, .zero = 0},
+        Layout{.dp = 2, .tp = 2, .zero = 1, .sp = true}, Layout{.pp = 2, .micro_batches = 2},
+        Layout{.dp = 2, .pp = 2, .zero = 2, .micro_batches = 2},
+        Layout{.dp = 4, .zero = 1, .zero_shard = 2}, Layout{.dp = 4, .zero = 3, .zero_shard = 2},
+        Layout{.dp = 4, .zero = 2, .micro_batches = 1, .zero_shard = 1},
+        Layout{.dp = 2, .tp = 2, .zero = 3, .sp = true, .zero_shard = 1}),
+    [](const auto& info) { return layout_name(info.param); });
 
 // tp=2 with --sp: each rank's LayerNorm gradients see half of the tokens until end_backward sums
 // them over the stage's ranks (both then hold the sum, exactly); nothing else changes there.
@@ -337,12 +345,14 @@ TEST_P(RankEnginesGather, GivesWorldRankZeroTheOneRankModel) {
   EXPECT_EQ(state, want.optimizer_state);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, RankEnginesGather,
-                         ::testing::Values(Layout{.tp = 2}, Layout{.pp = 2},
-                                           Layout{.dp = 2, .tp = 2, .zero = 3},
-                                           Layout{.dp = 2, .ep = 2, .moe = true},
-                                           Layout{.dp = 2, .ep = 2, .zero = 1, .moe = true}),
-                         [](const auto& info) { return layout_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RankEnginesGather,
+    ::testing::Values(Layout{.tp = 2}, Layout{.pp = 2}, Layout{.dp = 2, .tp = 2, .zero = 3},
+                      Layout{.dp = 2, .ep = 2, .moe = true},
+                      Layout{.dp = 2, .ep = 2, .zero = 1, .moe = true},
+                      Layout{.dp = 4, .zero = 3, .zero_shard = 2},
+                      Layout{.dp = 4, .ep = 2, .zero = 3, .moe = true, .zero_shard = 2}),
+    [](const auto& info) { return layout_name(info.param); });
 
 // dp=2 at ZeRO 0: a step all-reduces the whole (padded) gradient buffer once, 2 (n-1)/n of its
 // bytes per rank; pp=2: each stage sends one message per micro-batch, and the embedding group
@@ -372,6 +382,42 @@ TEST(RankEngines, TrafficCountsTheStepsBytes) {
     EXPECT_EQ(r.engines.traffic().pipeline, 0.0);
     EXPECT_EQ(r.engines.traffic().data_parallel, 0.0);
   });
+}
+
+// HSDP at dp=4, ZeRO 2, shard groups of 2: a step reduce-scatters the gradients inside the shard
+// group, (2-1)/2 of the buffer, and all-reduces each rank's half over its 2 replicas, 2 (2-1)/2
+// of a half; plain ZeRO 2 reduce-scatters over all 4 ranks, 3/4 of the buffer.
+TEST(RankEngines, HybridShardingSendsAShardGroupReduceScatterAndAReplicaAllReduce) {
+  on_ranks(Layout{.dp = 4, .zero = 2, .zero_shard = 2}, [](Rank& r) {
+    ASSERT_NE(r.mesh.zero_replica_group(), nullptr);
+    EXPECT_EQ(r.mesh.zero_shard_group().size(), 2);
+    EXPECT_EQ(r.mesh.zero_replica_group()->size(), 2);
+    // Shard groups are consecutive dp ranks, replicas the same position in each.
+    EXPECT_EQ(r.mesh.zero_shard_group().rank(), r.mesh.dp_rank() % 2);
+    EXPECT_EQ(r.mesh.zero_replica_group()->rank(), r.mesh.dp_rank() / 2);
+    const double grads = 4.0 * static_cast<double>(r.model.params().numel());
+    r.step();
+    const StepTraffic t = r.engines.traffic();
+    EXPECT_EQ(t.zero_replicas, 2.0 * (2 - 1) / 2 * (grads / 2));
+    EXPECT_EQ(t.data_parallel, (2.0 - 1) / 2 * grads + t.zero_replicas);
+  });
+  on_ranks(Layout{.dp = 4, .zero = 2}, [](Rank& r) {
+    EXPECT_EQ(r.mesh.zero_replica_group(), nullptr);
+    const double grads = 4.0 * static_cast<double>(r.model.params().numel());
+    r.step();
+    EXPECT_EQ(r.engines.traffic().zero_replicas, 0.0);
+    EXPECT_EQ(r.engines.traffic().data_parallel, (4.0 - 1) / 4 * grads);
+  });
+}
+
+TEST(RankEngines, HybridShardingRefusesZeroZeroAndAShardGroupThatDoesNotDivide) {
+  EXPECT_THROW(validate_mesh(MeshShape{4, 1, 1, 1, 1, 3}, 4), ConfigError);
+  try {
+    on_ranks(Layout{.dp = 4, .zero = 0, .zero_shard = 2}, [](Rank&) {});
+    FAIL() << "ZeRO 0 with a shard group was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs zero 1, 2 or 3"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -103,6 +103,74 @@ TEST(Layout, ProblemsSayWhatToChange) {
   EXPECT_FALSE(layout_problems(l, m, 4, true).empty());  // no experts
 }
 
+// HSDP (Layout::zero_shard): "host" resolves to a node's gradient-group ranks; the state is
+// ZeRO's over the shard group; the bytes add each shard's all-reduce over its replicas; the
+// parameter gathers stay inside a node, so the data-parallel time is shorter than plain ZeRO-3's
+// across nodes.
+TEST(Plan, HybridShardingShardsInsideANodeAndAllReducesAcross) {
+  PlanRequest r;
+  r.model = gpt2_small();
+  r.cluster = with_devices(load_cluster("dgx-a100-80gb"), 16);  // 2 nodes x 8
+  r.global_batch = 16;
+  Layout l;
+  l.dp = 16;
+  l.micro_batch = 1;
+  l.zero = parallel::ZeroStage::Parameters;
+  const Prediction plain = plan_layout(r, l);
+  l.zero_shard = Layout::kShardByHost;
+  const Prediction hsdp = plan_layout(r, l);
+  ASSERT_TRUE(plain.ok() && hsdp.ok()) << (hsdp.problems.empty() ? "" : hsdp.problems[0]);
+  EXPECT_EQ(hsdp.layout.zero_shard, 8);  // a node's 8 data-parallel ranks
+  EXPECT_NE(hsdp.layout.str().find("shard=8"), std::string::npos) << hsdp.layout.str();
+  EXPECT_EQ(to_json(hsdp.layout)["zero_shard"], 8);
+  // Model states sharded over 8 ranks instead of 16: twice as much per rank (padding aside).
+  EXPECT_NEAR(hsdp.memory.optimizer_state / plain.memory.optimizer_state, 2.0, 0.01);
+  EXPECT_NEAR(hsdp.memory.parameters / plain.memory.parameters, 2.0, 0.01);
+  // Plain ZeRO-3 gathers parameters over both nodes twice per micro-batch; HSDP inside a node.
+  EXPECT_LT(hsdp.rank_time[0].dp_comm, plain.rank_time[0].dp_comm);
+
+  // Bytes per rank at ZeRO 2, one micro-batch: the shard group's reduce-scatter, the replicas'
+  // all-reduce of a shard (2 (R-1)/R of E/8 elements), the parameter all-gather after the step;
+  // E, the padded parameters, from ZeRO 0's all-reduce (2 (N-1)/N x 4 bytes x E).
+  l.zero_shard = 0;
+  l.zero = parallel::ZeroStage::None;
+  const double E = plan_layout(r, l).dp_bytes / (2.0 * 15 / 16 * 4);
+  l.zero = parallel::ZeroStage::Gradients;
+  l.zero_shard = 8;
+  const double want = 7.0 / 8 * 4 * E + 2.0 * 1 / 2 * 4 * E / 8 + 7.0 / 8 * 4 * E;
+  EXPECT_NEAR(plan_layout(r, l).dp_bytes, want, 1e-3 * want);
+
+  // Resolution: a gradient group inside one node is plain ZeRO; a tensor-parallel group of a
+  // whole node leaves one data-parallel rank per node.
+  l.zero_shard = Layout::kShardByHost;
+  l.dp = 8;
+  EXPECT_EQ(resolve_zero_shard(r.cluster, l), 0);
+  l.dp = 2;
+  l.tp = 8;
+  EXPECT_EQ(resolve_zero_shard(r.cluster, l), 1);
+  // JSON: "host" and numbers.
+  EXPECT_EQ(layout_from_json(nlohmann::json{{"dp", 16}, {"zero", 3}, {"zero_shard", "host"}}, "t")
+                .zero_shard,
+            Layout::kShardByHost);
+  EXPECT_EQ(to_json(l)["zero_shard"], "host");
+}
+
+TEST(Layout, HybridShardingProblems) {
+  const ModelSpec m = gpt2_small();
+  Layout l;
+  l.dp = 4;
+  l.zero = parallel::ZeroStage::Parameters;
+  l.zero_shard = 2;
+  EXPECT_TRUE(layout_problems(l, m, 16, true).empty());
+  l.zero_shard = 3;
+  ASSERT_EQ(layout_problems(l, m, 16, true).size(), 1u);
+  EXPECT_NE(layout_problems(l, m, 16, true)[0].find("must divide the 4 ranks"), std::string::npos);
+  l.zero_shard = 2;
+  l.zero = parallel::ZeroStage::None;
+  ASSERT_EQ(layout_problems(l, m, 16, true).size(), 1u);
+  EXPECT_NE(layout_problems(l, m, 16, true)[0].find("needs zero 1, 2 or 3"), std::string::npos);
+}
+
 TEST(Collectives, RingAndHierarchicalFormulas) {
   ClusterSpec c = load_cluster("dgx-a100-80gb");
   const double S = 1e9;

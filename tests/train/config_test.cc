@@ -124,6 +124,30 @@ TEST(TrainConfig, ValidateNamesTheKeysOfRulesBetweenKeys) {
   c.validate();
 }
 
+TEST(TrainConfig, ZeroShardGroupIsAllHostOrADivisorOfTheGradientGroup) {
+  TrainConfig c;
+  c.dp = 4;
+  c.zero = 3;
+  for (const char* ok : {"all", "host", "1", "2", "4"}) {
+    c.zero_shard_group = ok;
+    c.validate();
+  }
+  c.zero_shard_group = "3";
+  EXPECT_NE(config_error(c).find("zero_shard_group 3 must divide the 4 ranks"), std::string::npos)
+      << config_error(c);
+  for (const char* bad : {"node", "0", "-2", "2x"}) {
+    c.zero_shard_group = bad;
+    EXPECT_NE(config_error(c).find("zero_shard_group must be all, host or a number of ranks"),
+              std::string::npos)
+        << bad << ": " << config_error(c);
+  }
+  c.zero_shard_group = "2";
+  c.zero = 0;
+  EXPECT_NE(config_error(c).find("needs zero 1, 2 or 3"), std::string::npos) << config_error(c);
+  c.zero_shard_group = "host";  // threads: one host, so no hybrid; with ZeRO 0 nothing to shard
+  EXPECT_NE(config_error(c).find("needs zero 1, 2 or 3"), std::string::npos) << config_error(c);
+}
+
 TEST(TrainConfig, ChoicesNameTheAcceptedValues) {
   const std::pair<const char*, const char*> cases[] = {
       {"precision", "precision must be fp32 or bf16, got 'fp16'"},

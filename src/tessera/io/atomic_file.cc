@@ -79,7 +79,6 @@ void AtomicFileWriter::FreeDeleter::operator()(char* p) const noexcept {
 void AtomicFileWriter::write(const void* data, size_t bytes) {
   TESSERA_CHECK_AS(IoError, !done_, "cannot write ", target_.string(),
                    ": the atomic writer was already committed or abandoned");
-  digest_.crc32 = crc32_update(digest_.crc32, data, bytes);
   digest_.bytes += bytes;
   if (!staging_) {
     staging_.reset(static_cast<char*>(std::aligned_alloc(4096, kStagingBytes)));
@@ -89,7 +88,9 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const size_t n = std::min(bytes, kStagingBytes - staged_);
+    // The checksum reads the copy while it is still in cache, not the source a second time.
     std::memcpy(staging_.get() + staged_, p, n);
+    digest_.crc32 = crc32_update(digest_.crc32, staging_.get() + staged_, n);
     staged_ += n, p += n, bytes -= n;
     if (staged_ == kStagingBytes) flush_staging();
   }

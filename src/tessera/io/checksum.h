@@ -1,4 +1,5 @@
-// CRC-32 (the zlib / PNG polynomial) of byte ranges and files, used to detect corrupt checkpoints.
+// CRC-32 (the zlib / PNG / gzip polynomial) of byte ranges and files, used to detect corrupt
+// checkpoints; computed by ISA-L (libisal), whose values are zlib's crc32.
 #pragma once
 
 #include <cstddef>

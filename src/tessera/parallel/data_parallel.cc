@@ -69,8 +69,24 @@ void check_model_layout(const nn::UnitModel& m, const nn::FlatLayout& want, Zero
 }  // namespace
 
 DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
-                           const DataParallelOptions& o, Allocator& alloc)
-    : model_(model), ps_(model.params()), dp_(dp), o_(o), alloc_(alloc) {
+                           const DataParallelOptions& o, Allocator& alloc, HybridShards hybrid)
+    : model_(model),
+      ps_(model.params()),
+      dp_(dp),
+      shard_(hybrid.shard ? *hybrid.shard : dp),
+      replicas_(hybrid.replicas),
+      o_(o),
+      alloc_(alloc) {
+  TESSERA_CHECK_AS(ConfigError, (hybrid.shard == nullptr) == (hybrid.replicas == nullptr),
+                   "hybrid sharding needs both the shard group and the replica group");
+  if (replicas_) {
+    TESSERA_CHECK_AS(ConfigError, traits(o.zero).sharded(),
+                     "a ZeRO shard group smaller than the data-parallel group (HSDP) needs ",
+                     config_key("zero"), " 1, 2 or 3; ZeRO 0 shards nothing");
+    TESSERA_CHECK_AS(ConfigError, shard_.size() * replicas_->size() == dp.size(),
+                     "the HSDP shard group (", shard_.size(), " ranks) times its replicas (",
+                     replicas_->size(), ") must be the data-parallel group (", dp.size(), ")");
+  }
   TESSERA_CHECK_AS(ConfigError, o.bucket_mb > 0, config_key("bucket_mb"), " must be positive");
   TESSERA_CHECK_AS(ConfigError,
                    o.grad_reduce_dtype == DType::F32 || o.grad_reduce_dtype == DType::BF16,
@@ -78,11 +94,11 @@ DataParallel::DataParallel(nn::UnitModel& model, comm::Communicator& dp,
   TESSERA_CHECK_AS(ConfigError,
                    o.param_gather_dtype == DType::F32 || o.param_gather_dtype == DType::BF16,
                    config_key("param_gather_dtype"), " must be fp32 or bf16");
-  check_model_layout(model, flat_layout_for(o, dp.size()), o.zero);
-  buckets_ =
-      make_buckets(model, o.bucket_mb, traits(o.zero).sharded() ? dp.size() : 0, bucket_of_unit_);
-  zero_ = make_zero_strategy(
-      o.zero, ZeroContext{ps_, dp_, alloc, buckets_, o.grad_reduce_dtype, o.param_gather_dtype});
+  check_model_layout(model, flat_layout_for(o, shard_.size()), o.zero);
+  buckets_ = make_buckets(model, o.bucket_mb, traits(o.zero).sharded() ? shard_.size() : 0,
+                          bucket_of_unit_);
+  zero_ = make_zero_strategy(o.zero, ZeroContext{ps_, shard_, alloc, buckets_, o.grad_reduce_dtype,
+                                                 o.param_gather_dtype, replicas_});
   zero_->set_pipeline_stage(!model.holds_whole_model());
   model_.add_hooks(this);
 }
@@ -123,17 +139,27 @@ void DataParallel::end_backward() {
   for (int b : ready_) launch(b);
   ready_.clear();
   drain(0);
+  if (replicas_) {
+    TraceSpan span("all_reduce gradient shards over replicas", "comm");
+    zero_->reduce_over_replicas();
+  }
+}
+
+bool DataParallel::counts_once() const {
+  // Replicas of a segment are identical: count one (ZeRO-0: data-parallel rank 0's; HSDP: the
+  // first replica's shard).
+  return zero_->sharded() ? replicas_ == nullptr || replicas_->rank() == 0 : dp_.rank() == 0;
 }
 
 double DataParallel::grad_norm_contribution() {
   const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
-  // Replicas of a ZeRO-0 segment are identical over dp: count data-parallel rank 0's.
-  return zero_->sharded() || dp_.rank() == 0 ? local : 0.0;
+  return counts_once() ? local : 0.0;
 }
 
 double DataParallel::grad_norm() {
   const double local = optim::grad_sum_of_squares(opt_->segments(), ps_);
-  return std::sqrt(zero_->sharded() ? all_reduce_sum(dp_, local) : local);
+  if (!zero_->sharded()) return std::sqrt(local);
+  return std::sqrt(all_reduce_sum(dp_, counts_once() ? local : 0.0));
 }
 
 void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
@@ -148,7 +174,7 @@ void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::Grad
   Tensor packed =
       Tensor::zeros({total}, DType::F32, MemCategory::Buffers, "marked_gradients", &alloc_);
   float* f = packed.f32();
-  if (zero_->sharded() || dp_.rank() == 0)
+  if (counts_once())
     for (const optim::Segment& s : opt_->segments())
       if (packed_at[s.param] >= 0)
         std::copy(s.grad, s.grad + s.n, f + packed_at[s.param] + s.param_offset);

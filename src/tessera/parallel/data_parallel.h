@@ -44,6 +44,14 @@ nn::FlatLayout flat_layout_for(const DataParallelOptions& o, int dp_size);
 nn::GPTLayout gpt_layout_for(const DataParallelOptions& o, int dp_size, nn::GPTLayout base = {},
                              int expert_dp_size = 0);
 
+// HSDP (zero.h): ZeRO shards over `shard`, a subgroup of the data-parallel group (a host's ranks),
+// and each reduced shard is all-reduced over `replicas` (the ranks with the same shard in the
+// other subgroups). Both null: ZeRO shards over the whole group.
+struct HybridShards {
+  comm::Communicator* shard = nullptr;
+  comm::Communicator* replicas = nullptr;
+};
+
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
     std::vector<optim::Segment> segments, int64_t state_elems)>;
 
@@ -56,9 +64,10 @@ class DataParallel final : public nn::UnitHooks {
   // Adds itself to the model's hooks. The model (a GPT or any UnitModel, nn/unit_model.h) must
   // have been built with flat_layout_for(o, dp.size()) (a GPT: gpt_layout_for); a ConfigError says
   // what differs otherwise. The experts of a mixture-of-experts GPT get their own engine over
-  // the expert-data-parallel group: DataParallel(gpt.expert_units(), edp, ...).
+  // the expert-data-parallel group: DataParallel(gpt.expert_units(), edp, ...). With `hybrid`
+  // (HSDP, ZeRO 1-3 only), the layout is flat_layout_for(o, hybrid.shard->size()).
   DataParallel(nn::UnitModel& model, comm::Communicator& dp, const DataParallelOptions& o,
-               Allocator& alloc);
+               Allocator& alloc, HybridShards hybrid = {});
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -102,6 +111,8 @@ class DataParallel final : public nn::UnitHooks {
   void optimizer_step(float lr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // The ranks ZeRO shards over (the data-parallel group without HSDP).
+  int shard_size() const { return shard_.size(); }
   ZeroStage zero_stage() const { return zero_->stage(); }
   const nn::ParameterSet& params() const { return ps_; }
 
@@ -118,10 +129,15 @@ class DataParallel final : public nn::UnitHooks {
   void bucket_backward_done(int bucket, const nn::BackwardPass& pass);
   void launch(int bucket);
   void drain(size_t keep);  // completes reductions until at most `keep` remain
+  // Whether this rank's segments count in sums over the group: its ZeRO shard on one replica
+  // (the first), or the whole replicated set on data-parallel rank 0.
+  bool counts_once() const;
 
   nn::UnitModel& model_;
   nn::ParameterSet& ps_;
   comm::Communicator& dp_;
+  comm::Communicator& shard_;     // ZeRO's group: dp_, or the HSDP shard group
+  comm::Communicator* replicas_;  // HSDP only
   DataParallelOptions o_;
   Allocator& alloc_;
   std::vector<Bucket> buckets_;

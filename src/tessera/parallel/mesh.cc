@@ -23,6 +23,11 @@ void validate_mesh(const MeshShape& s, int world_size) {
   TESSERA_CHECK_AS(ConfigError, s.ep > 0 && s.dp % s.ep == 0, config_key("ep"), " ", s.ep,
                    " must divide ", config_key("dp"), " ", s.dp,
                    " (expert-parallel groups are carved from the data-parallel ranks)");
+  const int group = s.dp * s.cp;
+  TESSERA_CHECK_AS(
+      ConfigError, s.zero_shard >= 0 && (s.zero_shard == 0 || group % s.zero_shard == 0),
+      "the ZeRO shard group of ", s.zero_shard, " ranks must divide the ", group,
+      " ranks that share the gradients (dp", s.cp > 1 ? " x cp" : "", " = ", group, ")");
 }
 
 namespace {
@@ -94,12 +99,26 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape) : world_(world), s
     edp_cp_ = world.split((pp_rank * shape.ep + dp_rank % shape.ep) * T + tp_rank,
                           (dp_rank / shape.ep) * CP + cp_rank, group_name("edp_cp", edp_cp));
   }
+  const int S = shape.shard_size();
+  if (S < D * CP) {  // HSDP: shard groups of S consecutive gradient-group members, and replicas
+    comm::Communicator& g = gradient_group();
+    const int gr = g.rank();
+    std::vector<int> shard, replica;
+    for (int i = 0; i < D * CP; ++i) {
+      const int w = at(i / CP, pp_rank, tp_rank, i % CP);  // gradient-group member i
+      if (i / S == gr / S) shard.push_back(w);
+      if (i % S == gr % S) replica.push_back(w);
+    }
+    shard_ = g.split(gr / S, gr % S, group_name("zero_shard", shard));
+    replica_ = g.split(gr % S, gr / S, group_name("zero_replica", replica));
+  }
 }
 
 std::vector<comm::Communicator*> Mesh::groups() const {
   std::vector<comm::Communicator*> g{tp_.get(),    dp_.get(), pp_.get(), embedding_.get(),
                                      stage_.get(), ep_.get(), edp_.get()};
   if (shape_.cp > 1) g.insert(g.end(), {cp_.get(), dp_cp_.get(), edp_cp_.get()});
+  if (shard_) g.insert(g.end(), {shard_.get(), replica_.get()});
   return g;
 }
 

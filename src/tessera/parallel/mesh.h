@@ -14,6 +14,10 @@
 // same position in their expert-parallel group form the expert-data-parallel group (dp / ep
 // ranks holding the same experts):
 //   dp_rank = edp_rank * ep + ep_rank.
+// Hybrid sharding (HSDP): with zero_shard = S (0 < S < dp x cp), the gradient group splits into
+// shard groups of S consecutive members (a host, when ranks are placed by host) and replica
+// groups (the members at the same position of every shard group): ZeRO shards over the shard
+// group and the replicas all-reduce their shards.
 #pragma once
 
 #include <memory>
@@ -30,12 +34,16 @@ struct MeshShape {
   int tp = 1;
   int ep = 1;  // divides dp; not a factor of the world
   int cp = 1;  // context-parallel ranks per sequence
+  // HSDP: the members of the gradient group (dp x cp) that share ZeRO shards; 0 = all of them.
+  int zero_shard = 0;
   int world() const { return dp * pp * tp * cp; }
+  // The ranks that share ZeRO shards: zero_shard, or the whole gradient group.
+  int shard_size() const { return zero_shard > 0 ? zero_shard : dp * cp; }
   std::string str() const;  // "dp=2 pp=1 tp=2" (" cp=2" when cp > 1, " ep=2" when ep > 1)
 };
 
-// Throws ConfigError when a size is not positive, the product differs from world_size, or ep
-// does not divide dp.
+// Throws ConfigError when a size is not positive, the product differs from world_size, ep
+// does not divide dp, or zero_shard does not divide dp x cp.
 void validate_mesh(const MeshShape& s, int world_size);
 
 class Mesh {
@@ -58,6 +66,12 @@ class Mesh {
   comm::Communicator& ep() const { return *ep_; }
   comm::Communicator& edp() const { return *edp_; }
   comm::Communicator& expert_gradient_group() const { return edp_cp_ ? *edp_cp_ : *edp_; }
+  // HSDP (zero_shard): the parameters' ZeRO shard group, S consecutive members of the gradient
+  // group (the gradient group itself without HSDP), and the replica group that all-reduces each
+  // shard (the members at this rank's position of every shard group; null without HSDP). The
+  // experts keep sharding over their whole gradient group.
+  comm::Communicator& zero_shard_group() const { return shard_ ? *shard_ : gradient_group(); }
+  comm::Communicator* zero_replica_group() const { return replica_.get(); }
   // Megatron's embedding group: the dp x cp ranks of the first and the last pipeline stage with
   // this rank's tp rank (they sum the tied wte's gradients). This rank alone (a group of one) on
   // the other stages and without pipeline parallelism.
@@ -86,6 +100,8 @@ class Mesh {
   std::unique_ptr<comm::Communicator> dp_, pp_, tp_, cp_, embedding_, stage_, ep_, edp_;
   // With cp > 1 only (else the dp and edp groups serve).
   std::unique_ptr<comm::Communicator> dp_cp_, edp_cp_;
+  // With HSDP only.
+  std::unique_ptr<comm::Communicator> shard_, replica_;
 };
 
 }  // namespace tessera::parallel

@@ -14,8 +14,10 @@ RankEngines::RankEngines(const std::vector<nn::StageModel*>& chunks, const Mesh&
   TESSERA_ASSERT(!chunks.empty(), "a rank's engines need at least one model chunk");
   for (nn::StageModel* model : chunks) {
     // The cp ranks of a replica hold the same parameters and see other tokens: more replicas.
-    engines_.push_back(
-        Engine{std::make_unique<DataParallel>(*model, mesh.gradient_group(), o, alloc), false});
+    HybridShards hybrid;
+    if (mesh.zero_replica_group()) hybrid = {&mesh.zero_shard_group(), mesh.zero_replica_group()};
+    engines_.push_back(Engine{
+        std::make_unique<DataParallel>(*model, mesh.gradient_group(), o, alloc, hybrid), false});
     if (model->has_experts())
       engines_.push_back(Engine{std::make_unique<DataParallel>(
                                     model->expert_units(), mesh.expert_gradient_group(), o, alloc),
@@ -130,6 +132,10 @@ StepTraffic RankEngines::traffic() const {
   for (comm::Communicator* g : {&mesh_.gradient_group(), &mesh_.expert_gradient_group(),
                                 &mesh_.stage_group(), &mesh_.embedding()})
     t.data_parallel += g->traffic().total();
+  if (comm::Communicator* replicas = mesh_.zero_replica_group()) {  // HSDP's two groups
+    t.zero_replicas = replicas->traffic().total();
+    t.data_parallel += mesh_.zero_shard_group().traffic().total() + t.zero_replicas;
+  }
   t.tensor_parallel = mesh_.tp().traffic().total();
   t.pipeline = mesh_.pp().traffic().point_to_point;
   t.expert_parallel = mesh_.ep().traffic().total();

@@ -29,6 +29,8 @@ namespace tessera::parallel {
 struct StepTraffic {
   double data_parallel = 0;     // gradient reductions and parameter gathers (dp x cp, edp x cp),
                                 // the sequence-parallel and embedding-group sums
+  double zero_replicas = 0;     // of which HSDP's all-reduce of the shards over the replicas
+                                // (the bytes that cross hosts when a shard group is a host)
   double tensor_parallel = 0;   // the tensor-parallel group's collectives
   double pipeline = 0;          // activations and gradients sent to other pipeline stages
   double expert_parallel = 0;   // a mixture of experts' dispatch and combine
@@ -39,7 +41,9 @@ struct StepTraffic {
 class RankEngines {
  public:
   // chunks[c]: this rank's model chunk c, built with gpt_layout_for(o, ...) (or flat_layout_for);
-  // each gets an engine over mesh.gradient_group() (dp x cp) and, when it has experts, one over
+  // each gets an engine over mesh.gradient_group() (dp x cp; ZeRO sharded over
+  // mesh.zero_shard_group() and replicated over mesh.zero_replica_group() under HSDP) and, when
+  // it has experts, one over
   // mesh.expert_gradient_group() (edp x cp), each with its optimizer from make_optimizer.
   RankEngines(const std::vector<nn::StageModel*>& chunks, const Mesh& mesh,
               const DataParallelOptions& o, Allocator& alloc,

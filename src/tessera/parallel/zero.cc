@@ -161,6 +161,17 @@ class ShardedOptimizerState : public ZeroStrategy {
     comm::from_wire(c_.ps.flat_grads().f32() + b.begin + rank_ * b.shard, r.wire, rank_ * b.shard,
                     b.shard);
   }
+  void reduce_over_replicas() override {  // each bucket's shard, inside the flat gradients
+    if (!c_.replicas || c_.replicas->size() == 1) return;
+    std::vector<comm::Work> works;
+    for_each_shard([&](const Bucket& b, int64_t lo, int64_t, int64_t) {
+      comm::AllReduceOptions o;
+      o.async = true;
+      works.push_back(c_.replicas->all_reduce(c_.ps.flat_grads().f32() + lo,
+                                              static_cast<size_t>(b.shard), DType::F32, o));
+    });
+    for (comm::Work& w : works) w.wait();
+  }
   void after_optimizer_step() override {
     // Every rank updated its shard: gather the full parameters again (in place).
     const auto t0 = TraceClock::now();
@@ -216,6 +227,11 @@ class ShardedGradients : public ShardedOptimizerState {
   void zero_grads() override {
     c_.ps.zero_grads();
     grad_shard_.zero_();
+  }
+  void reduce_over_replicas() override {  // the packed shards: one call
+    if (!c_.replicas || c_.replicas->size() == 1) return;
+    c_.replicas->all_reduce(grad_shard_.f32(), static_cast<size_t>(shard_elems_), DType::F32)
+        .wait();
   }
   void acquire_grads(int bi) override {
     Bucket& b = c_.buckets[bi];

@@ -16,6 +16,13 @@
 // Shards: with ZeRO every bucket splits into dp equal shards; rank r's shard of bucket b is the
 // flat range [b.begin + r * b.shard, + b.shard), and the shards of all buckets are packed in flat
 // order into the rank's shard buffers (Bucket::shard_offset).
+//
+// Hybrid sharding (HSDP, ZeroContext::replicas): `dp` is then the shard group (a host's ranks)
+// and the replica group holds the ranks with the same shard in the other groups. A bucket's
+// gradients are reduce-scattered inside the shard group (each micro-batch's, at ZeRO 2/3), then,
+// at the end of the backward, each rank's reduced shards are all-reduced over its replicas once
+// per step (bytes across hosts: 2 (R-1)/R of the shards per rank); parameters are gathered
+// inside the shard group only.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +62,8 @@ struct ZeroContext {
   // the bf16 values of every parameter of the bucket; half the bytes). Stages 0-2 ignore it: their
   // parameter gathers after the optimizer step write the full fp32 parameters each rank keeps.
   DType param_dtype = DType::F32;
+  // HSDP: the ranks holding the same shards as this one in the other shard groups (null: none).
+  comm::Communicator* replicas = nullptr;
 };
 
 // A bucket's gradient reduction in flight.
@@ -100,6 +109,11 @@ class ZeroStrategy {
   virtual void acquire_grads(int bucket) { (void)bucket; }    // ZeRO-2/3: a gradient buffer
   virtual Reduction launch(int bucket) = 0;                   // asynchronous
   virtual void finish(Reduction& r) { (void)r; }              // after r.work completed
+  // HSDP: sums this rank's reduced shards over its replicas, once every bucket of the step is
+  // reduced inside the shard group (a fixed point of every rank's program: a wait there cannot
+  // meet a replica that waits for this rank elsewhere, as a wait at the first completed
+  // reduction could). A no-op without replicas.
+  virtual void reduce_over_replicas() {}
   virtual void after_optimizer_step() {}
 
  protected:

@@ -84,6 +84,24 @@ Group dp_group(const ClusterSpec& c, const Layout& l) {
 Group gradient_group(const ClusterSpec& c, const Layout& l) {
   return nested_group(c, l.cp, l.tp, l.dp, l.tp * l.cp);
 }
+Group zero_shard_group(const ClusterSpec& c, const Layout& l) {
+  const int S = l.shard_ranks();
+  if (S >= l.gradient_ranks()) return gradient_group(c, l);
+  // Member i of the gradient group is (dp i / cp, cp i % cp): S consecutive members are S cp
+  // ranks, or S / cp whole cp groups of consecutive dp ranks.
+  if (S <= l.cp) return strided(c, S, l.tp);
+  return nested_group(c, l.cp, l.tp, S / l.cp, l.tp * l.cp);
+}
+Group zero_replica_group(const ClusterSpec& c, const Layout& l) {
+  const int S = l.shard_ranks();
+  // Members S apart: S x tp ranks apart in rank order (exact when S is a multiple of cp).
+  return strided(c, l.shard_replicas(), S * l.tp);
+}
+int resolve_zero_shard(const ClusterSpec& c, const Layout& l) {
+  if (l.zero_shard != Layout::kShardByHost) return l.zero_shard;
+  const int per_node = c.devices_per_node >= l.tp ? c.devices_per_node / l.tp : 1;
+  return per_node >= l.gradient_ranks() ? 0 : per_node;
+}
 Group expert_group(const ClusterSpec& c, const Layout& l) {
   return strided(c, l.ep, l.tp * l.cp);
 }

@@ -35,6 +35,15 @@ Group cp_group(const ClusterSpec& c, const Layout& l);  // the cp ranks of a seq
 Group dp_group(const ClusterSpec& c, const Layout& l);
 // The parameters' gradient group, dp x cp (Mesh::gradient_group; dp itself at cp = 1).
 Group gradient_group(const ClusterSpec& c, const Layout& l);
+// HSDP (Layout::zero_shard): the ZeRO shard group, S consecutive gradient-group members (the
+// gradient group without HSDP), and the replica group of a shard (its S-apart members; size 1
+// without HSDP).
+Group zero_shard_group(const ClusterSpec& c, const Layout& l);
+Group zero_replica_group(const ClusterSpec& c, const Layout& l);
+// Layout::kShardByHost on this cluster: the consecutive gradient-group members one node holds
+// (devices_per_node / tp of them; 1 when a tensor-parallel group spans nodes), or 0 (all) when
+// the gradient group fits in a node. Any other zero_shard is returned as it is.
+int resolve_zero_shard(const ClusterSpec& c, const Layout& l);
 Group expert_group(const ClusterSpec& c, const Layout& l);          // ep ranks, runs of dp ranks
 Group expert_replica_group(const ClusterSpec& c, const Layout& l);  // dp / ep holders of an expert
 // The experts' gradient group: the dp / ep holders of an expert x cp.

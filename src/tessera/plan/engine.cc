@@ -48,9 +48,15 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
   const double c = n.comm, m = micro_batches;
   double bytes = 0;
   for (const StageSheet& s : chunks) {
-    for (const auto& [elems, group] : {std::pair<double, int>{s.dense_elems, l.gradient_ranks()},
-                                       {s.expert_elems, l.expert_gradient_ranks()}}) {
-      if (group <= 1 || elems == 0) continue;
+    // (elements, the ranks sharing their ZeRO shards, the replicas of each shard: HSDP's, dense)
+    struct Set {
+      double elems;
+      int group, replicas;
+    };
+    for (const Set& set : {Set{s.dense_elems, l.shard_ranks(), l.shard_replicas()},
+                           Set{s.expert_elems, l.expert_gradient_ranks(), 1}}) {
+      const double elems = set.elems, group = set.group, R = set.replicas;
+      if ((group <= 1 && R <= 1) || elems == 0) continue;
       // One reduce-scatter or all-gather of the elements, at `dtype_bytes` each.
       auto ring = [&](double dtype_bytes) { return (group - 1.0) / group * dtype_bytes * elems; };
       const parallel::ZeroTraits z = parallel::traits(l.zero);
@@ -59,6 +65,8 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
         bytes += 2 * ring(c);  // all-reduce once
       else
         bytes += reductions * ring(c);  // reduce-scatter into the shards
+      // HSDP: the reduced shards all-reduced over their replicas, once per step.
+      if (z.sharded() && R > 1) bytes += 2 * (R - 1) / R * c * elems / group;
       if (z.shards_parameters)
         bytes += 2 * m * ring(n.gather);  // gathers before each forward and backward
       else if (z.sharded())
@@ -78,7 +86,7 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
 
 void add_model_states(MemoryTerms& total, const StageSheet& s, const Layout& l, const Numerics& n) {
   for (const MemoryTerms& z :
-       {zero_model_states(s.dense_elems, l.zero, l.gradient_ranks(), n),
+       {zero_model_states(s.dense_elems, l.zero, l.shard_ranks(), n),
         zero_model_states(s.expert_elems, l.zero, l.expert_gradient_ranks(), n)}) {
     total.parameters += z.parameters;
     total.gradients += z.gradients;

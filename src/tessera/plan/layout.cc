@@ -14,6 +14,8 @@ std::string Layout::str() const {
   if (cp > 1) s += " cp=" + std::to_string(cp) + " " + nn::to_string(cp_comm);
   if (ep > 1) s += " ep=" + std::to_string(ep);
   s += " zero=" + std::to_string(parallel::to_int(zero));
+  if (zero_shard > 0 && zero_shard < gradient_ranks())
+    s += " shard=" + std::to_string(zero_shard);  // HSDP
   if (sp) s += " sp";
   if (pp > 1) {
     s += std::string(" ") + parallel::to_string(schedule);
@@ -50,6 +52,15 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
       }
     }
   }
+  if (l.zero_shard == Layout::kShardByHost)
+    add("zero_shard=host is resolved on a cluster (the planner does it before it checks a layout)");
+  else if (l.zero_shard < 0 || (l.zero_shard > 0 && l.gradient_ranks() % l.zero_shard != 0))
+    add("the ZeRO shard group (zero_shard=", l.zero_shard, ") must divide the ", l.gradient_ranks(),
+        " ranks that share the gradients (dp x cp)");
+  else if (l.zero_shard > 0 && l.zero_shard < l.gradient_ranks() &&
+           !parallel::traits(l.zero).sharded())
+    add("a ZeRO shard group smaller than dp x cp (HSDP, zero_shard=", l.zero_shard,
+        ") needs zero 1, 2 or 3");
   if (l.sp && l.tp == 1)
     add("sequence parallelism splits the tensor-parallel group's sequence: it needs tp > 1");
   if (l.sp && m.seq % l.tp != 0)
@@ -101,6 +112,8 @@ nlohmann::json to_json(const Layout& l) {
           {"cp", l.cp},
           {"cp_comm", nn::to_string(l.cp_comm)},
           {"zero", parallel::to_int(l.zero)},
+          {"zero_shard", l.zero_shard == Layout::kShardByHost ? nlohmann::json("host")
+                                                              : nlohmann::json(l.zero_shard)},
           {"sp", l.sp},
           {"schedule", parallel::to_string(l.schedule_kind())},
           {"virtual_stages", l.virtual_stages},
@@ -129,6 +142,9 @@ Layout layout_from_json(const nlohmann::json& j, const std::string& source) {
       l.cp = integer();
     else if (k == "zero")
       l.zero = parallel::zero_stage(integer());
+    else if (k == "zero_shard")
+      l.zero_shard =
+          v.is_string() && v.get<std::string>() == "host" ? Layout::kShardByHost : integer();
     else if (k == "virtual_stages")
       l.virtual_stages = integer();
     else if (k == "micro_batch")

@@ -26,6 +26,11 @@ struct Layout {
   int cp = 1;
   nn::CpComm cp_comm = nn::CpComm::AllGather;
   parallel::ZeroStage zero = parallel::ZeroStage::None;
+  // HSDP (parallel/mesh.h): the gradient-group ranks that share ZeRO shards, S consecutive
+  // members (a host); the shards are all-reduced over the dp x cp / S replicas. 0 = all of them;
+  // kShardByHost = the members one node holds (the planner resolves it on its cluster).
+  static constexpr int kShardByHost = -1;
+  int zero_shard = 0;
   bool sp = false;  // sequence parallelism (Korthikanti et al. 2022; needs tp > 1)
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved)
@@ -37,6 +42,9 @@ struct Layout {
   // experts' (dp / ep x cp).
   int gradient_ranks() const { return dp * cp; }
   int expert_gradient_ranks() const { return dp / ep * cp; }
+  // The ranks the parameters' ZeRO state is sharded over, and how many times it is replicated.
+  int shard_ranks() const { return zero_shard > 0 ? zero_shard : gradient_ranks(); }
+  int shard_replicas() const { return gradient_ranks() / shard_ranks(); }
   // Micro-batches per optimizer step on each pipeline (global batch / (dp * micro_batch)).
   int micro_batches(int global_batch) const { return global_batch / (dp * micro_batch); }
   // The schedule a run of this layout executes: Single without pipeline parallelism.
@@ -56,8 +64,9 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
                                          bool uneven_stages);
 
 nlohmann::json to_json(const Layout& l);
-// Keys as train's flags: dp, tp, pp, ep, cp, cp_comm, zero, sp, schedule, virtual_stages,
-// micro_batch, recompute. Missing keys keep the defaults above. ConfigError on unknown keys.
+// Keys as train's flags: dp, tp, pp, ep, cp, cp_comm, zero, zero_shard, sp, schedule,
+// virtual_stages, micro_batch, recompute. Missing keys keep the defaults above. ConfigError on
+// unknown keys.
 Layout layout_from_json(const nlohmann::json& j, const std::string& source);
 
 }  // namespace tessera::plan

@@ -30,7 +30,7 @@ nn::GPTLayout stage_layout(const Layout& l, const parallel::UnitRange& units,
   }
   parallel::DataParallelOptions dpo;
   dpo.zero = l.zero;
-  return parallel::gpt_layout_for(dpo, l.gradient_ranks(), base, l.expert_gradient_ranks());
+  return parallel::gpt_layout_for(dpo, l.shard_ranks(), base, l.expert_gradient_ranks());
 }
 
 }  // namespace
@@ -82,7 +82,7 @@ StageMeasure pad_units(StageMeasure s, const Layout& l) {
   // ZeRO's alignment (parallel::flat_layout_for: 16 x the group's size) only moves its end. The
   // model's set is sharded over dp x cp, the experts' over dp / ep x cp.
   auto pad = [](double n, double multiple) { return std::ceil(n / multiple) * multiple; };
-  const double dense_align = 16.0 * (z.sharded() ? l.gradient_ranks() : 1);
+  const double dense_align = 16.0 * (z.sharded() ? l.shard_ranks() : 1);
   const double expert_align = 16.0 * (z.sharded() ? l.expert_gradient_ranks() : 1);
   s.unit_elems.clear();
   s.dense_elems = s.expert_elems = 0;

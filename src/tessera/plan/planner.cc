@@ -87,7 +87,8 @@ class Evaluator {
   const Engine& engine() const { return *engine_; }
 
   // Memory of every rank, and the step: simulated, estimated (layouts that fit), or not at all.
-  Prediction evaluate(const Layout& l, Timing timing) {
+  Prediction evaluate(Layout l, Timing timing) {
+    l.zero_shard = resolve_zero_shard(r_.cluster, l);  // "host" on this cluster's nodes
     Prediction p;
     p.layout = l;
     p.problems = layout_problems(l, r_.model, r_.global_batch, engine_->uneven_stages());
@@ -251,7 +252,13 @@ class Evaluator {
     const ClusterSpec& c = r_.cluster;
     const Numerics n = engine_->numerics();
     // The gradient groups: dp x cp, and the experts' holders x cp.
-    const Group gd = gradient_group(c, l), ge = expert_gradient_group(c, l);
+    // HSDP: the dense set's ZeRO shard group; the reduced shards are all-reduced over their
+    // replicas once, after the backward (data_parallel.cc): exposed.
+    const Group gd = zero_shard_group(c, l), ge = expert_gradient_group(c, l);
+    const Group gr = zero_replica_group(c, l);
+    const double replicas = parallel::traits(l.zero).sharded() && gr.size > 1
+                                ? all_reduce_seconds(c, gr, n.comm * dense / l.shard_ranks())
+                                : 0;
     auto rs = [&]() {
       return reduce_scatter_seconds(c, gd, n.comm * dense) +
              reduce_scatter_seconds(c, ge, n.comm * expert);
@@ -273,6 +280,8 @@ class Evaluator {
       rt.dp_comm = m * (rs() + 2 * ag());
       rt.dp_exposed = m * (exposed(rs() + ag(), bwd, overlap_) + exposed(ag(), fwd, overlap_));
     }
+    rt.dp_comm += replicas;
+    rt.dp_exposed += replicas;
     if (tied > 0) {
       const double t_emb = all_reduce_seconds(c, embedding_group(c, l), n.comm * tied);
       rt.dp_comm += t_emb;
@@ -340,7 +349,7 @@ class Evaluator {
       rt.end_of_backward = end[rank];
       add_dp_comm(rt, l, m, dense, expert, tied, fwd[rank], bwd[rank]);
       const bool sharded_state = parallel::traits(l.zero).shards_optimizer_state;
-      const double updated = (sharded_state ? dense / l.gradient_ranks() : dense) +
+      const double updated = (sharded_state ? dense / l.shard_ranks() : dense) +
                              (sharded_state ? expert / l.expert_gradient_ranks() : expert);
       rt.optimizer = share_ * n.optimizer_traffic * updated / mem_bw_;
       const double done = rt.end_of_backward + rt.dp_exposed + rt.optimizer;
@@ -500,6 +509,7 @@ Ranking rank_layouts(const PlanRequest& r, int devices, const LayoutSpace& space
                 l.cp_comm = d.cp_comm;
                 l.ep = ep;
                 l.zero = zero;
+                l.zero_shard = space.zero_shard.value_or(0);
                 l.sp = sp;
                 l.schedule = sched;
                 l.virtual_stages = vs;

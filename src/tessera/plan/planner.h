@@ -97,6 +97,7 @@ struct LayoutSpace {
   std::optional<nn::CpComm> cp_comm;
   int max_cp = 1;
   std::optional<parallel::ZeroStage> zero;
+  std::optional<int> zero_shard;  // HSDP's shard group (Layout::zero_shard) for every layout
   std::optional<bool> sp;
   std::optional<parallel::ScheduleKind> schedule;
   std::optional<nn::Recompute> recompute;

@@ -50,6 +50,7 @@ Layout layout_of(const train::TrainConfig& c) {
   l.cp_comm = c.cp_comm;
   l.sp = c.sp;
   l.zero = parallel::zero_stage(c.zero);
+  l.zero_shard = train::parse_zero_shard_group(c.zero_shard_group);  // host: resolved per cluster
   l.schedule = c.schedule;
   l.virtual_stages = c.virtual_stages;
   l.micro_batch = c.micro_batch > 0 ? c.micro_batch : c.batch / c.dp;

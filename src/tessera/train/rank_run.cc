@@ -15,6 +15,7 @@
 #include "tessera/parallel/pipeline/schedule_generators.h"
 #include "tessera/train/attempt_report.h"
 #include "tessera/train/generate.h"
+#include "tessera/train/hosts.h"
 #include "tessera/train/stop_request.h"
 
 namespace tessera::train {
@@ -56,6 +57,12 @@ namespace {
 parallel::Schedule step_schedule(const TrainConfig& cfg, int micro_batches) {
   if (cfg.pp == 1) return parallel::single_stage_schedule(micro_batches);
   return parallel::make_schedule(cfg.schedule, cfg.pp, micro_batches, cfg.virtual_stages);
+}
+
+parallel::MeshShape mesh_shape(const TrainConfig& cfg, comm::Communicator& world) {
+  parallel::MeshShape s{cfg.dp, cfg.pp, cfg.tp, cfg.ep, cfg.cp};
+  s.zero_shard = zero_shard_size(cfg.zero_shard_group, s, world);
+  return s;
 }
 
 parallel::DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
@@ -121,8 +128,10 @@ nn::GPTLayout RankRun::model_layout(const parallel::UnitRange& units) const {
   base.starts_mid_block = units.starts_mid_block;
   base.ends_mid_block = units.ends_mid_block;
   base.cp_comm = cfg_.cp_comm;
-  // The parameters' gradient group is dp x cp, the experts' edp x cp (parallel/mesh.h).
-  return parallel::gpt_layout_for(dpo_, cfg_.dp * cfg_.cp, base, cfg_.dp / cfg_.ep * cfg_.cp);
+  // The parameters' gradient group is dp x cp (ZeRO shards over mesh_'s shard size: all of it,
+  // or an HSDP shard group), the experts' edp x cp (parallel/mesh.h).
+  return parallel::gpt_layout_for(dpo_, mesh_.shape().shard_size(), base,
+                                  cfg_.dp / cfg_.ep * cfg_.cp);
 }
 
 RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator& world,
@@ -130,7 +139,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
     : cfg_(cfg),
       plan_(plan),
       world_(world),
-      mesh_(world, parallel::MeshShape{cfg.dp, cfg.pp, cfg.tp, cfg.ep, cfg.cp}),
+      mesh_(world, mesh_shape(cfg, world)),
       split_(
           parallel::pipeline_split(plan.mcfg, cfg.seq, cfg.pp * cfg.virtual_stages, cfg.pp_split)),
       positions_(nn::context_positions(cfg.seq, cfg.cp, mesh_.cp_rank())),
@@ -159,6 +168,7 @@ RankRun::RankRun(const TrainConfig& cfg, const RunPlan& plan, comm::Communicator
   result_.rank = world.rank();
   result_.unigram_entropy = plan.unigram_entropy;
   recorder_ = world.flight_recorder();
+  hosts_ = host_names(world);  // collective under MPI
   dumps_seen_ = dump_requests();
   if (plan.split.validation.size() > cfg.seq)
     val_.emplace(plan.pd.tokens, plan.split.validation, cfg.seq);

@@ -115,6 +115,7 @@ class RankRun {
   const RunPlan& plan_;
   comm::Communicator& world_;
   parallel::Mesh mesh_;
+  std::vector<std::string> hosts_;  // every world rank's host name (train/hosts.h)
   const std::vector<parallel::UnitRange> split_;
   // Context parallelism: this rank's load-balanced positions of each sequence ([seq / cp]; 0..seq-1
   // without it), and the rows per sequence it holds.

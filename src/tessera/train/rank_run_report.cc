@@ -6,6 +6,7 @@
 #include "tessera/io/atomic_file.h"
 #include "tessera/nn/gpt_costs.h"
 #include "tessera/parallel/gather.h"
+#include "tessera/train/hosts.h"
 #include "tessera/train/moe_stats.h"
 #include "tessera/train/rank_run.h"
 
@@ -81,6 +82,17 @@ void RankRun::print_header() {
   say(log_, nullptr, line);
   say(log_, nullptr, precision_line());
   if (m.moe.enabled()) say(log_, nullptr, moe_line(m, cfg_));
+  if (const int S = mesh_.shape().zero_shard; S > 0)
+    say(log_, nullptr,
+        detail::concat("hybrid sharding (HSDP, ", config_key("zero_shard_group"), " ",
+                       cfg_.zero_shard_group, "): ZeRO ", cfg_.zero, " shards over ", S,
+                       " ranks, replicated ", cfg_.dp * cfg_.cp / S,
+                       " times; each shard's gradients all-reduced over its replicas"));
+  for (const std::string& p : placement_problems(mesh_.shape(), hosts_))
+    say(log_, nullptr,
+        "placement: " + p +
+            ": their collectives cross the network in every layer; give each host consecutive "
+            "ranks (mpirun's default, --map-by slot) so that tp, cp and ep stay inside a host");
   if (parallel::traits(schedule_.kind).pipelined)
     say(log_, nullptr,
         "pipeline: " + schedule_.name + " schedule, " + std::to_string(cfg_.pp) + " stages x " +
@@ -210,6 +222,7 @@ void RankRun::after_step(double loss, double norm, float lr, double secs, double
     record["ep_bytes_per_rank"] = traffic_.expert_parallel;
   }
   if (cfg_.cp > 1) record["cp_bytes_per_rank"] = traffic_.context_parallel;
+  if (mesh_.zero_replica_group()) record["zero_replica_bytes_per_rank"] = traffic_.zero_replicas;
   // Stragglers: every rank's compute and communication-wait milliseconds, by world rank.
   std::vector<double> compute_ms, wait_ms;
   for (double c : step_compute_) compute_ms.push_back(c * 1e3);

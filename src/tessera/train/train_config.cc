@@ -381,6 +381,11 @@ void parallel_fields(std::vector<ConfigField>& f) {
                     "ZeRO stage: 0 (plain DP), 1 (shard optimizer state), 2 (+ gradients), 3 (+ "
                     "parameters)",
                     in_range(0, 3, true)));
+  f.push_back(value(par, "zero_shard_group", &T::zero_shard_group,
+                    "The ranks that share ZeRO shards (HSDP): all (of dp x cp), host (the ranks "
+                    "on one host, replicated across hosts: parameters gathered and gradients "
+                    "reduce-scattered inside a host, shards all-reduced across), or a number of "
+                    "ranks dividing dp x cp"));
   f.push_back(value(par, "bucket_mb", &T::bucket_mb,
                     "Gradient bucket size in MiB (communication granularity)", positive<double>()));
   f.push_back(value(par, "overlap", &T::overlap,
@@ -649,6 +654,21 @@ void check_tensor_parallel(const nn::GPTConfig& m, int tp) {
                    " dividing it");
 }
 
+int parse_zero_shard_group(const std::string& setting) {
+  if (setting == "all" || setting.empty()) return 0;
+  if (setting == "host") return -1;
+  size_t used = 0;
+  int n = 0;
+  try {
+    n = std::stoi(setting, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TESSERA_CHECK_AS(ConfigError, used == setting.size() && n >= 1, config_key("zero_shard_group"),
+                   " must be all, host or a number of ranks, got '", setting, "'");
+  return n;
+}
+
 void TrainConfig::validate() const {
   for (const ConfigField& f : train_config_fields()) f.check(*this);
   auto key = [](const char* k) { return config_key(k); };
@@ -695,6 +715,17 @@ void TrainConfig::validate() const {
                    batch / dp, " (", key("batch"), " ", batch, " / ", key("dp"), " ", dp, ")");
   TESSERA_CHECK_AS(ConfigError, dp % ep == 0, key("ep"), " ", ep, " must divide ", key("dp"), " ",
                    dp, " (the expert-parallel ranks are carved from the data-parallel ranks)");
+  {
+    const int shard = parse_zero_shard_group(zero_shard_group);  // -1: host, decided at launch
+    TESSERA_CHECK_AS(ConfigError, shard == 0 || zero > 0 || shard == dp * cp,
+                     key("zero_shard_group"), " ", zero_shard_group,
+                     " shards ZeRO's state over part of the data-parallel ranks: it needs ",
+                     key("zero"), " 1, 2 or 3");
+    TESSERA_CHECK_AS(ConfigError, shard <= 0 || (dp * cp) % shard == 0, key("zero_shard_group"),
+                     " ", shard, " must divide the ", dp * cp, " ranks that share the gradients (",
+                     key("dp"), " ", dp, cp > 1 ? " x " + key("cp") + " " + std::to_string(cp) : "",
+                     ")");
+  }
   if (new_model) {
     TESSERA_CHECK_AS(ConfigError, ep == 1 || moe_experts > 0, key("ep"), " ", ep,
                      " needs a mixture of experts: set ", key("moe_experts"),

@@ -102,8 +102,11 @@ struct TrainConfig {
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;  // with pp > 1
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule)
   int zero = 0;            // ZeRO stage 0..3 (parallel::zero_stage)
-  double bucket_mb = 25;   // gradient bucket size (MiB)
-  bool overlap = true;     // overlap bucket communication with backward
+  // HSDP (train/hosts.h): the ranks that share ZeRO shards, "all" of dp x cp, "host" (those
+  // on one host; replicated across hosts) or a number of ranks dividing dp x cp.
+  std::string zero_shard_group = "all";
+  double bucket_mb = 25;  // gradient bucket size (MiB)
+  bool overlap = true;    // overlap bucket communication with backward
   comm::Backend backend = comm::Backend::Auto;
   std::string trace;  // Chrome trace-event JSON of the run's timeline
   nn::Recompute recompute = nn::Recompute::None;
@@ -215,5 +218,9 @@ void check_tensor_parallel(const nn::GPTConfig& m, int tp);
 
 const char* to_string(OptimizerKind k);
 const char* to_string(WireDtype w);
+
+// --zero-shard-group (HSDP, train/hosts.h): 0 for "all", -1 for "host", else a positive
+// number of ranks; ConfigError naming the key for anything else.
+int parse_zero_shard_group(const std::string& setting);
 
 }  // namespace tessera::train
