@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "tessera/core/tensor.h"
 
 namespace tessera {
@@ -59,6 +65,41 @@ TEST(ParseBytes, UnitsAndErrors) {
   EXPECT_EQ(parse_bytes("4096"), 4096ull);
   EXPECT_THROW(parse_bytes("lots"), ConfigError);
   EXPECT_THROW(parse_bytes("3 parsecs"), ConfigError);
+}
+
+// The VmFlags of the mapping that holds address p (/proc/self/smaps), or "" when none does.
+std::string vm_flags_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-')) {
+      inside = a >= lo && a < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// A block of several huge pages asks the kernel for transparent huge pages (VmFlags "hg", set by
+// madvise(MADV_HUGEPAGE)); a small one does not. Without THP in the kernel there is nothing to
+// ask for, and TESSERA_HUGE_PAGES=0 turns the request off.
+TEST(Allocator, LargeBlocksAskForHugePages) {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  if (!std::getline(thp, modes) || modes.find("[never]") != std::string::npos)
+    GTEST_SKIP() << "no transparent huge pages here";
+  const char* env = std::getenv("TESSERA_HUGE_PAGES");
+  if (env != nullptr && std::string(env) == "0") GTEST_SKIP() << "TESSERA_HUGE_PAGES=0";
+  Allocator a("test");
+  const size_t big = size_t{16} << 20;
+  void* p = a.allocate(big, MemCategory::Other, "big");
+  const std::string flags = vm_flags_at(static_cast<char*>(p) + big / 2);
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
+  a.deallocate(p, big, MemCategory::Other, "big");
 }
 
 }  // namespace
