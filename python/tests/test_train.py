@@ -91,11 +91,17 @@ def test_sigint_stops_after_the_step_and_saves(config, tmp_path):
             # As Ctrl-C or a notebook's interrupt, delivered to this (rank 0's) thread before
             # raise_signal returns, so that the stop lands at a known step.
             signal.raise_signal(signal.SIGINT)
-    before = signal.getsignal(signal.SIGINT)
-    r = tessera.train(config, save=str(tmp_path / "s"), callback=cb, progress=False)
-    assert r.stopped_by == "SIGINT" and r.steps == 2  # as the callback's stop above
-    assert Path(r.checkpoint).name == f"step-{r.steps:08d}"
-    assert signal.getsignal(signal.SIGINT) is before  # Python's handler is back
+    # Python's own handler, as in a terminal or a notebook: under a shell's background job SIGINT
+    # starts ignored, and tessera leaves an ignored SIGINT ignored (as the command does).
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        r = tessera.train(config, save=str(tmp_path / "s"), callback=cb, progress=False)
+        assert r.stopped_by == "SIGINT" and r.steps == 2  # as the callback's stop above
+        assert Path(r.checkpoint).name == f"step-{r.steps:08d}"
+        assert signal.getsignal(signal.SIGINT) is before  # Python's handler is back
+    finally:
+        signal.signal(signal.SIGINT, started_with)
 
 
 def test_progress_without_a_terminal_prints_lines(config, capsys):
