@@ -111,8 +111,6 @@ class DataParallel final : public nn::UnitHooks {
   void optimizer_step(float lr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // The ranks ZeRO shards over (the data-parallel group without HSDP).
-  int shard_size() const { return shard_.size(); }
   ZeroStage zero_stage() const { return zero_->stage(); }
   const nn::ParameterSet& params() const { return ps_; }
 

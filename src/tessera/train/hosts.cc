@@ -29,16 +29,21 @@ std::vector<int> host_indices(const std::vector<std::string>& names) {
   return out;
 }
 
+namespace {
+// "dp" or "dp x cp", as the keys are shown: the ranks that share the gradients.
+std::string gradient_group_keys(const parallel::MeshShape& shape) {
+  return config_key("dp") + (shape.cp > 1 ? " x " + config_key("cp") : std::string());
+}
+}  // namespace
+
 int zero_shard_size(const std::string& setting, const parallel::MeshShape& shape,
                     comm::Communicator& world) {
   const int group = shape.dp * shape.cp;
   const int wanted = parse_zero_shard_group(setting);
-  const std::string grad_group =
-      config_key("dp") + (shape.cp > 1 ? " x " + config_key("cp") : std::string());
   if (wanted >= 0) {
     TESSERA_CHECK_AS(ConfigError, wanted == 0 || group % wanted == 0,
                      config_key("zero_shard_group"), " ", wanted, " must divide the ", group,
-                     " ranks that share the gradients (", grad_group, ")");
+                     " ranks that share the gradients (", gradient_group_keys(shape), ")");
     return wanted == group ? 0 : wanted;
   }
   return host_shard_size(shape, host_indices(host_names(world)));
@@ -46,8 +51,6 @@ int zero_shard_size(const std::string& setting, const parallel::MeshShape& shape
 
 int host_shard_size(const parallel::MeshShape& shape, const std::vector<int>& host) {
   const int group = shape.dp * shape.cp;
-  const std::string grad_group =
-      config_key("dp") + (shape.cp > 1 ? " x " + config_key("cp") : std::string());
   // Every gradient group (parallel/mesh.h: the dp x cp ranks with the same pipeline and tensor-
   // parallel coordinates, member i at dp i / cp, cp i % cp) must split into runs of S consecutive
   // members, one run per host, with the same S in every group.
@@ -67,7 +70,7 @@ int host_shard_size(const parallel::MeshShape& shape, const std::vector<int>& ho
   TESSERA_CHECK_AS(ConfigError, splits, config_key("zero_shard_group"),
                    " host needs every host to hold the same number of consecutive members of each "
                    "gradient group (the ",
-                   grad_group,
+                   gradient_group_keys(shape),
                    " ranks with the same pipeline and tensor-parallel coordinates; mpirun's "
                    "default mapping by slot gives that), and this placement does not: give the "
                    "shard group's size as a number of ranks");
@@ -76,19 +79,25 @@ int host_shard_size(const parallel::MeshShape& shape, const std::vector<int>& ho
 
 std::vector<std::string> placement_problems(const parallel::MeshShape& s,
                                             const std::vector<std::string>& hosts) {
+  // A world rank's coordinates (parallel/mesh.h: tp fastest, then cp, dp, pp).
+  struct Coord {
+    int t, c, d, p;
+  };
+  const int T = s.tp, C = s.cp, D = s.dp;
+  auto coord = [&](int r) { return Coord{r % T, r / T % C, r / (T * C) % D, r / (T * C * D)}; };
   std::vector<std::string> out;
-  // The groups of one axis: f(first member's other coordinates) lists a group's world ranks.
+  // The groups of one axis are the ranks with the same key (their other coordinates), in order.
   auto check = [&](const char* what, const char* axis, int size,
-                   const std::function<std::vector<std::vector<int>>()>& groups) {
+                   const std::function<int(const Coord&)>& key) {
     if (size <= 1) return;
-    int spanning = 0, total = 0;
+    std::map<int, std::vector<int>> groups;
+    for (int r = 0; r < s.world(); ++r) groups[key(coord(r))].push_back(r);
+    int spanning = 0;
     std::string example;
-    for (const std::vector<int>& g : groups()) {
-      ++total;
-      bool spans = false;
-      for (int r : g) spans = spans || hosts[r] != hosts[g[0]];
-      if (!spans) continue;
-      if (++spanning > 1) continue;
+    for (const auto& [k, g] : groups) {
+      const bool spans =
+          std::any_of(g.begin(), g.end(), [&](int r) { return hosts[r] != hosts[g[0]]; });
+      if (!spans || ++spanning > 1) continue;
       std::string ranks, names;
       std::vector<std::string> seen;
       for (int r : g) {
@@ -102,42 +111,13 @@ std::vector<std::string> placement_problems(const parallel::MeshShape& s,
       example = detail::concat(axis, "[", ranks, "] on ", names);
     }
     if (spanning > 0)
-      out.push_back(
-          detail::concat(spanning, " of ", total, " ", what, " groups span hosts (", example, ")"));
+      out.push_back(detail::concat(spanning, " of ", groups.size(), " ", what,
+                                   " groups span hosts (", example, ")"));
   };
-  const int D = s.dp, P = s.pp, T = s.tp, C = s.cp, E = s.ep;
-  auto at = [&](int d, int p, int t, int c) { return parallel::Mesh::world_rank(s, d, p, t, c); };
-  check("tensor-parallel", "tp", T, [&] {
-    std::vector<std::vector<int>> gs;
-    for (int p = 0; p < P; ++p)
-      for (int d = 0; d < D; ++d)
-        for (int c = 0; c < C; ++c) {
-          gs.emplace_back();
-          for (int t = 0; t < T; ++t) gs.back().push_back(at(d, p, t, c));
-        }
-    return gs;
-  });
-  check("context-parallel", "cp", C, [&] {
-    std::vector<std::vector<int>> gs;
-    for (int p = 0; p < P; ++p)
-      for (int d = 0; d < D; ++d)
-        for (int t = 0; t < T; ++t) {
-          gs.emplace_back();
-          for (int c = 0; c < C; ++c) gs.back().push_back(at(d, p, t, c));
-        }
-    return gs;
-  });
-  check("expert-parallel", "ep", E, [&] {
-    std::vector<std::vector<int>> gs;
-    for (int p = 0; p < P; ++p)
-      for (int t = 0; t < T; ++t)
-        for (int c = 0; c < C; ++c)
-          for (int first = 0; first < D; first += E) {
-            gs.emplace_back();
-            for (int d = first; d < first + E; ++d) gs.back().push_back(at(d, p, t, c));
-          }
-    return gs;
-  });
+  check("tensor-parallel", "tp", T, [&](const Coord& x) { return (x.p * D + x.d) * C + x.c; });
+  check("context-parallel", "cp", C, [&](const Coord& x) { return (x.p * D + x.d) * T + x.t; });
+  check("expert-parallel", "ep", s.ep,
+        [&](const Coord& x) { return ((x.p * T + x.t) * C + x.c) * D + x.d / s.ep; });
   return out;
 }
 
