@@ -59,6 +59,7 @@ const Reference& one_rank(bool tied) {
 
 struct Layout {
   int tp = 1, dp = 1, pp = 1, zero = 0;
+  int zero_shard = 0;  // HSDP: ranks per ZeRO shard group (0: all of dp)
   bool sp = false;
   std::string schedule = "1f1b";
   std::string recompute = "none";
@@ -68,6 +69,7 @@ struct Layout {
 std::string layout_name(const Layout& l) {
   std::string s = "tp" + std::to_string(l.tp) + (l.sp ? "sp" : "") + "_dp" + std::to_string(l.dp) +
                   "_pp" + std::to_string(l.pp) + "_zero" + std::to_string(l.zero);
+  if (l.zero_shard > 0) s += "_shard" + std::to_string(l.zero_shard);
   if (l.pp > 1) s += "_" + l.schedule;
   if (l.recompute != "none") s += "_" + l.recompute;
   s += l.tied ? "_tied" : "_untied";
@@ -89,6 +91,7 @@ TEST_P(LlamaLayouts, SameLossesAndWeightsAsOneRank) {
   c.dp = l.dp;
   c.pp = l.pp;
   c.zero = l.zero;
+  if (l.zero_shard > 0) c.zero_shard_group = std::to_string(l.zero_shard);
   c.recompute = nn::parse_recompute(l.recompute);
   if (l.pp > 1) {
     c.schedule = parallel::parse_schedule(l.schedule);
@@ -106,7 +109,7 @@ TEST_P(LlamaLayouts, SameLossesAndWeightsAsOneRank) {
 std::vector<Layout> layouts() {
   const char* grid = std::getenv("TESSERA_LLAMA_GRID");
   if (grid == nullptr || std::string(grid) != "1") {
-    std::vector<Layout> v(9);
+    std::vector<Layout> v(10);
     v[0].tp = 2;
     v[1].tp = 2, v[1].sp = true, v[1].recompute = "full";
     v[2].dp = 2, v[2].zero = 3, v[2].recompute = "selective";
@@ -116,6 +119,7 @@ std::vector<Layout> layouts() {
     v[6].tp = 2, v[6].dp = 2, v[6].zero = 1, v[6].sp = true;
     v[7].tp = 2, v[7].pp = 2, v[7].tied = true;
     v[8].dp = 2, v[8].zero = 2, v[8].tied = true;
+    v[9].dp = 4, v[9].zero = 3, v[9].zero_shard = 2;  // HSDP: 2 shard groups of 2
     return v;
   }
   std::vector<Layout> v;
