@@ -1,8 +1,10 @@
 // The `tessera` command: train, eval, sample, bench-comm, schedule, plot, plan, doctor.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -27,11 +29,18 @@ const std::vector<std::string>& command_line() {
 }  // namespace tessera::app
 
 namespace {
+// A rank whose wait timed out stays this long before it leaves. Under mpirun the first rank out
+// has the job ended; the rank it waited for may itself be waiting for the rank that actually
+// failed, with a deadline a few milliseconds later, and it is that peer's error (and flight
+// recorder dump) that names the failed host. PyTorch's watchdog waits for its peers' dumps alike.
+constexpr std::chrono::milliseconds peer_report_grace{1000};
+
 // Under mpirun a failed process leaves without MPI_Finalize, which would wait for peers that
 // may be gone or stuck: mpirun sees the status and ends the job (docs/COMM.md).
-int leave(int status) {
+int leave(int status, bool timed_out = false) {
   if (tessera::comm::launched_by_mpi()) {
     std::fflush(nullptr);
+    if (timed_out) std::this_thread::sleep_for(peer_report_grace);
     std::_Exit(status);
   }
   return status;
@@ -77,7 +86,7 @@ int main(int argc, char** argv) {
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
     tessera::train::report_process_error(kind_of(e), e.what());
-    return leave(1);
+    return leave(1, dynamic_cast<const tessera::comm::TimeoutError*>(&e) != nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
     tessera::train::report_process_error("internal", e.what());

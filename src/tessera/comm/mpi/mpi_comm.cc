@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -185,10 +186,17 @@ bool poll_until(Clock::time_point deadline, Test&& test) {
 // has passed, `give_up()`, which cancels or abandons what is still pending and returns what the
 // op was waiting for ("rank 1 to send"); then throws TimeoutError "<where>: timed out after
 // <timeout> ms waiting for <that>".
+// Set once any call of this process has timed out. The process is then on its way out with an
+// error, and a communicator's destructor no longer gives its unreceived sends a timeout of their
+// own: with sends pending on several communicators towards a peer behind a cut link, those waits
+// would add up to many timeouts before the error reaches the user.
+std::atomic<bool> a_call_timed_out{false};
+
 template <typename Test, typename GiveUp>
 void wait_until(const Where& where, Timeout timeout, Clock::time_point deadline, Test&& test,
                 GiveUp&& give_up) {
   if (poll_until(deadline, test)) return;
+  a_call_timed_out.store(true, std::memory_order_relaxed);
   const std::string waiting_for = give_up();
   throw TimeoutError(detail::concat(where.str(), ": timed out after ", timeout.count(),
                                     " ms waiting for ", waiting_for));
@@ -246,7 +254,9 @@ class MpiCommunicator final : public Communicator {
     // Unreceived eager sends: give the receivers the communicator's timeout, then abandon them
     // (Open MPI cannot cancel a send, and waiting for a cancelled one blocks forever when the
     // receiver is gone). An abandoned send keeps its buffer: it is leaked with the communicator.
-    const auto until = Clock::now() + options().timeout;
+    const auto until =
+        Clock::now() +
+        (a_call_timed_out.load(std::memory_order_relaxed) ? Timeout{0} : options().timeout);
     for (auto& p : pending_) {
       int done = 0;
       poll_until(until, [&] {
@@ -294,10 +304,12 @@ class MpiCommunicator final : public Communicator {
   // MismatchError when the message did not have `count` elements (or did not fit).
   void check_received(int rc, const MPI_Status& st, const OpDesc& d, int peer, size_t count,
                       const Where& w) const;
-  // After a timeout: cancels a pending receive (waiting a bounded time for the cancellation);
-  // a receive that cannot be cancelled in that time, or a send (Open MPI cannot cancel sends),
-  // is abandoned.
-  void cancel_or_abandon(MPI_Request& req, bool is_send);
+  // After a timeout: cancels a pending receive, waiting for the cancellation until `until` (one
+  // budget for all the requests of a call, cancel_budget(), so that the error is not delayed by a
+  // second per request); a receive not cancelled by then, or a send (Open MPI cannot cancel
+  // sends), is abandoned.
+  void cancel_or_abandon(MPI_Request& req, bool is_send, Clock::time_point until);
+  static Clock::time_point cancel_budget() { return Clock::now() + std::chrono::seconds(1); }
   // Peers as the errors name them: "rank 1", or on a job that spans hosts "rank 1 (world rank 3
   // on host h2)"; peer_list({1, 2}): "1,2", or "1 (world rank 3 on host h2), 2 (...)".
   std::string peer(int r) const;
@@ -343,7 +355,8 @@ void MpiCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point de
       },
       [&] {
         if (cancellable) {  // bounded: a send cannot be cancelled, and MPI_Wait on it could block
-          for (auto& r : reqs) cancel_or_abandon(r, false);
+          const auto until = cancel_budget();
+          for (auto& r : reqs) cancel_or_abandon(r, false, until);
         } else {
           abandoned_ = true;
         }
@@ -574,8 +587,9 @@ void MpiCommunicator::all_to_allv(const OpDesc& d, Clock::time_point deadline, c
           if (reqs[2 * m + k] != MPI_REQUEST_NULL || reqs[3 * m + k] != MPI_REQUEST_NULL)
             send_to.push_back(p);
         }
-        for (int i = 0; i < 2 * m; ++i) cancel_or_abandon(reqs[i], false);
-        for (size_t i = 2 * m; i < reqs.size(); ++i) cancel_or_abandon(reqs[i], true);
+        const auto until = cancel_budget();
+        for (int i = 0; i < 2 * m; ++i) cancel_or_abandon(reqs[i], false, until);
+        for (size_t i = 2 * m; i < reqs.size(); ++i) cancel_or_abandon(reqs[i], true, until);
         std::string missing;
         if (!recv_from.empty())
           missing = detail::concat("rank(s) ", peer_list(recv_from), " to send");
@@ -617,12 +631,12 @@ void MpiCommunicator::check_received(int rc, const MPI_Status& st, const OpDesc&
                                        count));
 }
 
-void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send) {
+void MpiCommunicator::cancel_or_abandon(MPI_Request& req, bool is_send, Clock::time_point until) {
   if (req == MPI_REQUEST_NULL) return;
   if (!is_send) {
     MPI_Cancel(&req);
     int done = 0;
-    poll_until(Clock::now() + std::chrono::seconds(1), [&] {
+    poll_until(until, [&] {
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       return done != 0;
     });
@@ -645,7 +659,7 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
         w);
   if (d.peer >= 0) {
     const int rc = MPI_Isend(d.send, to_int(d.count, w), type, d.peer, d.tag, comm_, &reqs[1]);
-    if (rc != MPI_SUCCESS) cancel_or_abandon(reqs[0], false);
+    if (rc != MPI_SUCCESS) cancel_or_abandon(reqs[0], false, cancel_budget());
     check_mpi(rc, w);
   }
   std::exception_ptr recv_error;  // a failed receive; the send is still completed first
@@ -674,8 +688,9 @@ void MpiCommunicator::send_recv(const OpDesc& d, Clock::time_point deadline, con
         if (reqs[1] != MPI_REQUEST_NULL)
           missing += detail::concat(missing.empty() ? "" : " and for ", peer(d.peer),
                                     " to receive this rank's message");
-        cancel_or_abandon(reqs[0], false);
-        cancel_or_abandon(reqs[1], true);
+        const auto until = cancel_budget();
+        cancel_or_abandon(reqs[0], false, until);
+        cancel_or_abandon(reqs[1], true, until);
         return missing;
       });
   if (recv_error) std::rethrow_exception(recv_error);
@@ -714,8 +729,9 @@ void MpiCommunicator::exchange_fingerprints(const OpDesc& d, Clock::time_point d
           if (recvs[k] != MPI_REQUEST_NULL) missing.push_back(p);
           ++k;
         }
-        for (auto& r : recvs) cancel_or_abandon(r, false);
-        for (auto& r : sends) cancel_or_abandon(r, true);
+        const auto until = cancel_budget();
+        for (auto& r : recvs) cancel_or_abandon(r, false, until);
+        for (auto& r : sends) cancel_or_abandon(r, true, until);
         return detail::concat("rank(s) ", peer_list(missing), " to reach this collective");
       });
   wait_all(sends, deadline, d, "fingerprint sends", true);
@@ -825,7 +841,7 @@ void MpiCommunicator::execute(const OpDesc& d) {
             return flag != 0;
           },
           [&] {
-            cancel_or_abandon(reqs[0], false);
+            cancel_or_abandon(reqs[0], false, cancel_budget());
             return detail::concat(peer(d.peer), " to send");
           });
       check_received(MPI_SUCCESS, st, d, d.peer, d.count, w);
