@@ -20,8 +20,9 @@ std::pair<double, double> span(const Timeline& t) {
   return lo <= hi ? std::make_pair(lo, hi) : std::make_pair(0.0, 0.0);
 }
 
-// Length of the union of the boxes' intervals.
+// Length of the union of the intervals of the boxes that compute (not those it waits in).
 double covered(std::vector<TimelineBox> boxes) {
+  std::erase_if(boxes, [](const TimelineBox& b) { return b.waits; });
   std::sort(boxes.begin(), boxes.end(),
             [](const TimelineBox& a, const TimelineBox& b) { return a.start < b.start; });
   double total = 0, reach = -std::numeric_limits<double>::infinity();

@@ -21,6 +21,7 @@ struct TimelineBox {
   std::string label;    // drawn inside the box when it fits (the micro-batch for a schedule)
   std::string tooltip;  // shown on hover: the full name and times
   int shade = 0;        // model chunk (interleaving): later chunks are drawn darker
+  bool waits = false;   // the rank blocks here (a receive, a wait for an exchange): idle time
 };
 
 struct TimelineRow {
@@ -37,7 +38,8 @@ struct Timeline {
 };
 
 // Per row: the fraction of [earliest start, latest end over all rows] the row's compute boxes
-// do not cover. Matches Simulation::bubble for a simulated schedule.
+// do not cover (boxes in which the rank waits do not count). Matches Simulation::bubble for a
+// simulated schedule.
 std::vector<double> row_bubbles(const Timeline& t);
 double overall_bubble(const Timeline& t);  // the mean over rows
 

@@ -84,6 +84,9 @@ Timeline timeline_from_chrome_trace(const std::string& json_text, const std::str
     b.end = std::min((e.ts + e.dur - origin) / 1000.0, window.to_ms);
     if (b.end < b.start || (b.end == b.start && e.dur > 0)) continue;  // outside the window
     b.kind = e.tid == 1 ? BoxKind::Comm : box_kind_of_category(e.category);
+    // On a compute track a communication span (a pipeline receive) or a wait (for an expert
+    // exchange) is time the rank blocks: drawn, but idle in the bubble.
+    b.waits = e.tid != 1 && (e.category == "comm" || e.category == "wait");
     b.label = e.name;
     char buf[64];
     std::snprintf(buf, sizeof buf, ": %.3f ms at %.3f ms", e.dur / 1000.0, b.start);

@@ -211,6 +211,18 @@ TEST(PlotTimeline, ChromeTraceLeavesIdleOut) {
   EXPECT_EQ(count(els, "rect", "comm"), 1u);
   EXPECT_TRUE(has_text(els, "time (ms)"));
 
+  // A communication span the compute track blocks in (a pipeline receive) and a wait (for an
+  // expert exchange) are idle time too.
+  std::vector<TraceEvent> p0 = {{"F0", "forward", 2, 0, 100},
+                                {"recv B0", "comm", 2, 100, 200},
+                                {"wait for combine", "wait", 0, 300, 100},
+                                {"B0", "backward", 2, 400, 100}};
+  const Timeline pt = timeline_from_chrome_trace(chrome_trace_json({{0, p0}}), "pp.json");
+  ASSERT_EQ(pt.rows.size(), 1u);
+  EXPECT_EQ(pt.rows[0].boxes.size(), 4u);       // drawn
+  EXPECT_NEAR(row_bubbles(pt)[0], 0.6, 1e-12);  // but not busy
+  EXPECT_EQ(pt.title, "pp.json: bubble 60.0% (idle share of the compute tracks)");
+
   // A window cuts spans at its edges and measures the bubble inside it.
   const Timeline w = timeline_from_chrome_trace(sample_trace(), "run.json", TraceWindow{0.2, 0.45});
   ASSERT_EQ(w.rows[0].boxes.size(), 1u);
