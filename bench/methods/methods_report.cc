@@ -252,9 +252,9 @@ int main(int argc, char** argv) {
           "planned ones, which assume a core per rank (`docs/PLANNER.md`, validation (a), compares "
           "CPU time instead). Memory and bytes do not depend on the load, the bubbles little.\n\n";
   md << "| method | tokens/s measured | planned | error | peak MiB/rank measured | planned | "
-        "error | dp bytes/step measured (MiB) | planned | tp bytes/step planned (MiB) | pipeline "
-        "bytes/step planned (MiB) | bubble measured | planned |\n"
-     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "error | dp bytes/step measured (MiB) | planned | tp bytes/step measured (MiB) | planned "
+        "| pipeline bytes/step measured (MiB) | planned | bubble measured | planned |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Method& m : ms) {
     const bool meas = m.measured();
     auto mv = [&](const char* k) { return meas ? m.m(k) : std::nullopt; };
@@ -269,16 +269,18 @@ int main(int argc, char** argv) {
        << " | " << err(m.p({"tokens_per_second"}), mv("tokens_per_second")) << " | "
        << mib(mv("memory_peak")) << " | " << mib(m.planned_peak()) << " | "
        << err(m.planned_peak(), mv("memory_peak")) << " | " << mib(mv("dp_bytes_per_step")) << " | "
-       << mib(m.p({"bytes_per_step", "data_parallel"})) << " | "
-       << mib(m.p({"bytes_per_step", "tensor_parallel"})) << " | "
-       << mib(m.p({"bytes_per_step", "pipeline"})) << " | ";
+       << mib(m.p({"bytes_per_step", "data_parallel"})) << " | " << mib(mv("tp_bytes_per_step"))
+       << " | " << mib(m.p({"bytes_per_step", "tensor_parallel"})) << " | "
+       << mib(mv("pp_bytes_per_step")) << " | " << mib(m.p({"bytes_per_step", "pipeline"}))
+       << " | ";
     const bool pipe = m.j["flags"].get<std::string>().find("--pp") != std::string::npos;
     md << (pipe ? pct(mv("bubble")) : "-") << " | " << (pipe ? pct(m.p({"bubble"})) : "-")
        << " |\n";
   }
-  md << "\nMeasured bytes are what the data-parallel engine sends (`comm_bytes_per_rank` in the "
-        "metrics, ring accounting); tensor-parallel and pipeline traffic are not metered by the "
-        "runs, so only the planner's figures are shown. The measured bubble is the executor's "
+  md << "\nMeasured bytes are what each rank's engines count as sent in the last step (the "
+        "metrics' `comm_bytes_per_rank` less `tp_bytes_per_rank`, `tp_bytes_per_rank` and "
+        "`pp_bytes_per_rank`; collectives in ring accounting); expert all-to-all and "
+        "context-parallel bytes are not in these columns. The measured bubble is the executor's "
         "(idle share up to each rank's last backward, averaged over the stages); the planned one "
         "is the simulator's for the planner's stage costs.\n\n"
      << "![throughput](methods/throughput.svg)\n\n![memory](methods/memory.svg)\n\n"
@@ -332,7 +334,18 @@ int main(int argc, char** argv) {
      << (tok("MoE 4 experts, ep=2") ? "ep=2: " + ratio(tok("MoE 4 experts, ep=2"), tok("dp=2")) +
                                           " the dense dp=2 tokens/s"
                                     : std::string("not available in this build (planned only)"))
-     << " |\n";
+     << " |\n"
+     << "| context parallelism (after the seed) | each sequence split over ranks; attention "
+        "exchanges keys and values | cp=2 holds "
+     << ratio(peak("cp=2 ring"), peak("one rank"))
+     << " of one rank's memory per rank; tokens/s over one rank: all-gather "
+     << ratio(tok("cp=2 all-gather"), tok("one rank")) << ", ring "
+     << ratio(tok("cp=2 ring"), tok("one rank")) << ", ulysses "
+     << ratio(tok("cp=2 ulysses"), tok("one rank")) << " |\n"
+     << "| hybrid sharding (HSDP, after the seed) | ZeRO inside a host, replicas across | dp=4 "
+        "ZeRO-3 in shard groups of 2: "
+     << ratio(peak("dp=4 ZeRO-3, shard groups of 2 (HSDP)"), peak("dp=4 ZeRO-3"))
+     << " of plain ZeRO-3's memory per rank, for fewer bytes across hosts (docs/CLUSTER.md) |\n";
   write(argv[2], md.str());
   return 0;
 }

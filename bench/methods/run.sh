@@ -36,6 +36,12 @@ methods=(
   "pp=2 1f1b + full recompute|recomputation|--pp 2 --schedule 1f1b --micro-batch 1 --recompute full"
   "dp=2 tp=2 pp=2 (3D)|hybrid|--dp 2 --tp 2 --pp 2 --zero 1 --micro-batch 1"
   "MoE 4 experts, ep=2|mixture of experts|--dp 2 --ep 2 --moe-experts 4 --moe-top-k 2"
+  "dp=4 ZeRO-3, shard groups of 2 (HSDP)|data parallel|--dp 4 --zero 3 --zero-shard-group 2"
+  "cp=2 all-gather|context parallel|--cp 2 --cp-comm allgather --micro-batch 1"
+  "cp=2 ring|context parallel|--cp 2 --cp-comm ring --micro-batch 1"
+  "cp=2 ulysses|context parallel|--cp 2 --cp-comm ulysses --micro-batch 1"
+  "Llama, one rank|model family|--arch llama --kv-heads 2"
+  "Llama, dp=2 tp=2 ZeRO-1|model family|--arch llama --kv-heads 2 --dp 2 --tp 2 --zero 1"
 )
 model=(--layers 4 --dim 256 --heads 8 --seq 128 --vocab 512 --batch 8)
 run=(--steps "$steps" --warmup 1 --threads 1 --val-fraction 0 --eval-every 0 --sample-tokens 0
@@ -79,7 +85,11 @@ if row["available"] and os.path.exists(metrics):
     bubbles = [float(b) / 100 for b in re.findall(r"\d+: ([0-9.]+)% \(\d+ micro-batches", text)]
     row["measured"] = {"step_seconds": step, "tokens_per_second": 8 * 128 / step,
                        "memory_peaks": peaks, "memory_peak": max(peaks),
-                       "dp_bytes_per_step": steps[-1].get("comm_bytes_per_rank", 0),
+                       # comm_bytes_per_rank is data- plus tensor-parallel bytes
+                       "dp_bytes_per_step": steps[-1].get("comm_bytes_per_rank", 0)
+                                            - steps[-1].get("tp_bytes_per_rank", 0),
+                       "tp_bytes_per_step": steps[-1].get("tp_bytes_per_rank", 0),
+                       "pp_bytes_per_step": steps[-1].get("pp_bytes_per_rank", 0),
                        "bubble": statistics.mean(bubbles) if bubbles else None}
 if os.path.exists(plan):
     row["predicted"] = json.load(open(plan))["prediction"]
