@@ -5,10 +5,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tessera/comm/launch.h"
+
 namespace tessera::train {
 
+// Under mpirun a rank's output is a pseudo-terminal of Open MPI's whatever mpirun writes to, as
+// often a log file as a terminal: there the redrawn line would be every step on one line of the
+// log, so ranks launched by mpirun print lines.
 ProgressLine::ProgressLine(std::FILE* out, int every)
-    : out_(out), every_(every < 1 ? 1 : every), tty_(isatty(fileno(out)) != 0) {}
+    : out_(out),
+      every_(every < 1 ? 1 : every),
+      tty_(isatty(fileno(out)) != 0 && !comm::launched_by_mpi()) {}
 
 void ProgressLine::update(const StepStats& s) {
   char buf[1024];

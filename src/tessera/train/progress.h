@@ -1,5 +1,5 @@
 // The live progress line: step, loss, tokens/s, model FLOP/s, ETA. On a terminal it redraws one
-// line; otherwise (a log file, CI) it prints a line every `every` steps.
+// line; otherwise (a log file, CI, a rank under mpirun) it prints a line every `every` steps.
 #pragma once
 
 #include <cstdint>
