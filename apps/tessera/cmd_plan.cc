@@ -182,6 +182,12 @@ void run(PlanFlags& f, int& exit_code) {
     if (f.has("devices")) r.cluster = plan::with_devices(r.cluster, f.devices);
     const plan::Prediction p = plan::plan_layout(r, layout);
     std::printf("%s", plan::format_prediction(r, p).c_str());
+    if (layout.zero_shard == plan::Layout::kShardByHost && p.layout.zero_shard == 1)
+      std::printf(
+          "note: --zero-shard-group host: tp=%d fills a node of %d devices, so each ZeRO shard "
+          "group is one rank: nothing is sharded, and the replicas all-reduce every gradient "
+          "(plain data parallelism)\n",
+          layout.tp, r.cluster.devices_per_node);
     if (!f.json.empty()) {
       nlohmann::json j = {{"request", plan::request_json(r)}, {"prediction", plan::to_json(p)}};
       write_json(f.json, j);

@@ -131,6 +131,8 @@ check plan-rank 0 "layouts of 64 devices .* fit" -- "$bin" plan --layers 24 --di
   --heads 16 --seq 1024 --vocab 51200 --batch 64 --cluster dgx-a100-80gb --devices 64 --top 3
 check plan-train-config 0 "layout: dp=2 tp=1 pp=2" -- "$bin" plan --cluster dgx-a100-80gb \
   --config <(echo '{"layers": 4, "dim": 128, "dp": 2, "pp": 2, "batch": 8, "micro_batch": 1}')
+check plan-hsdp-host-one-rank 0 "note: --zero-shard-group host: tp=8 fills a node of 8 devices, so each ZeRO shard group is one rank" -- \
+  "$bin" plan "${gpt3[@]}" --tp 8 --pp 8 --dp 48 --zero 3 --zero-shard-group host --micro-batch 1 --recompute full
 check plan-bad-layout 1 "must divide the 96 attention heads" -- "$bin" plan "${gpt3[@]}" --tp 7
 check plan-bad-cluster 1 "neither a file nor a shipped cluster" -- "$bin" plan --cluster nope --dp 1
 check plan-too-many-ranks 1 "oversubscribe" -- "$bin" plan --cluster dev-vm --dp 64
