@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "tessera/core/error.h"
@@ -148,6 +149,30 @@ TEST(Prepare, TextIsTokenizedAndCached) {
   PreparedData fourth = prepare_data(with_tok);
   EXPECT_EQ(*fourth.tokenizer, *first.tokenizer);
   EXPECT_EQ(fourth.tokens->size(), first.tokens->size());
+
+  // The tokenizer a cached run trained, given back (as a resume reads it from its checkpoint),
+  // finds that run's tokens instead of encoding the corpus again.
+  with_tok.cache_dir = dir / "cache";
+  with_tok.tokenizer = dir / "trained.json";
+  first.tokenizer->save(*with_tok.tokenizer);
+  const PreparedData resumed = prepare_data(with_tok);
+  EXPECT_TRUE(resumed.reused_cache);
+  EXPECT_EQ(resumed.cache_entry, first.cache_entry);
+  EXPECT_EQ(*resumed.tokenizer, *first.tokenizer);
+  ASSERT_EQ(resumed.tokens->size(), first.tokens->size());
+  for (int64_t i = 0; i < first.tokens->size(); ++i)
+    ASSERT_EQ(resumed.tokens->get(i), first.tokens->get(i));
+  // Another tokenizer of the same size does not take them.
+  std::string other = small_corpus();
+  std::reverse(other.begin(), other.end());
+  const std::vector<std::string> others = {other, other};
+  const BpeTokenizer stranger = BpeTokenizer::train(others, {.vocab_size = 300});
+  ASSERT_FALSE(stranger == *first.tokenizer);
+  stranger.save(dir / "stranger.json");
+  with_tok.tokenizer = dir / "stranger.json";
+  const PreparedData other_tokens = prepare_data(with_tok);
+  EXPECT_FALSE(other_tokens.reused_cache);
+  EXPECT_NE(other_tokens.cache_entry, first.cache_entry);
 
   DataOptions tokens_in{.data = first.cache_entry / "tokens.tsrtok"};
   PreparedData fifth = prepare_data(tokens_in);

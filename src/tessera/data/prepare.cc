@@ -111,21 +111,35 @@ PreparedData prepare_text(const DataOptions& o, DataFormat format) {
     return p;
   }
   // The cache key: the corpus, and either the given tokenizer or the training settings.
-  uint64_t key = mix_stream(corpus.fingerprint, stable_hash("tessera-data-cache-v1"));
-  key = given ? mix_stream(key, given->fingerprint())
-              : mix_stream(mix_stream(key, static_cast<uint64_t>(o.vocab_size)),
-                           o.end_of_text ? 1 : 0);
+  const uint64_t corpus_key = mix_stream(corpus.fingerprint, stable_hash("tessera-data-cache-v1"));
+  auto trained_key = [&](int vocab_size, bool end_of_text) {
+    return mix_stream(mix_stream(corpus_key, static_cast<uint64_t>(vocab_size)),
+                      end_of_text ? 1 : 0);
+  };
+  const uint64_t key = given ? mix_stream(corpus_key, given->fingerprint())
+                             : trained_key(o.vocab_size, o.end_of_text);
 
   PreparedData p;
   if (!o.cache_dir.empty()) {
     const std::string vocab = std::to_string(given ? given->vocab_size() : o.vocab_size);
     p.cache_entry = o.cache_dir / ("text-v" + vocab + "-" + hex16(key));
-    if (auto cached = load_cache_entry(p.cache_entry);
-        cached && (!given || *cached->tokenizer == *given)) {
-      p.tokens = std::move(cached->tokens);
-      p.tokenizer = std::move(cached->tokenizer);
-      p.vocab_size = cached->vocab_size;
-      p.reused_cache = true;
+    // A given tokenizer is most often the one an earlier run trained on this corpus (a resume
+    // reads it from its checkpoint): that run's entry holds the tokens already.
+    std::vector<fs::path> entries = {p.cache_entry};
+    if (given)
+      for (const bool eot : {true, false})
+        entries.push_back(o.cache_dir /
+                          ("text-v" + vocab + "-" + hex16(trained_key(given->vocab_size(), eot))));
+    for (const fs::path& entry : entries) {
+      if (auto cached = load_cache_entry(entry);
+          cached && (!given || *cached->tokenizer == *given)) {
+        p.tokens = std::move(cached->tokens);
+        p.tokenizer = std::move(cached->tokenizer);
+        p.vocab_size = cached->vocab_size;
+        p.reused_cache = true;
+        p.cache_entry = entry;
+        break;
+      }
     }
   }
   if (!p.reused_cache) {
