@@ -101,6 +101,18 @@ TEST(Layout, ProblemsSayWhatToChange) {
   l.ep = 2;
   l.dp = 2;
   EXPECT_FALSE(layout_problems(l, m, 4, true).empty());  // no experts
+  // Grouped-query attention: tp splits the key/value heads too, under either engine's rules.
+  ModelSpec gqa = m;
+  gqa.arch = nn::Arch::Llama;
+  gqa.kv_heads = 4;
+  l = Layout{};
+  l.tp = 4;
+  EXPECT_TRUE(layout_problems(l, gqa, 4, true).empty());
+  l.tp = 6;  // divides the 12 heads, not the 4 key/value heads
+  const std::vector<std::string> p = layout_problems(l, gqa, 4, true);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "tp=6 must divide the 4 key/value heads (grouped-query attention)");
+  EXPECT_FALSE(layout_problems(l, gqa, 4, false).empty());
 }
 
 // HSDP (Layout::zero_shard): "host" resolves to a node's gradient-group ranks; the state is

@@ -35,7 +35,13 @@ std::vector<std::string> layout_problems(const Layout& l, const ModelSpec& m, in
         "positive");
     return p;
   }
-  if (m.heads % l.tp != 0) add("tp=", l.tp, " must divide the ", m.heads, " attention heads");
+  if (m.heads % l.tp != 0) {
+    add("tp=", l.tp, " must divide the ", m.heads, " attention heads");
+  } else if (const int kv = to_gpt_config(m).kv_heads(); kv % l.tp != 0) {
+    // Tensor parallelism splits the key/value heads, as tessera's trainer and Megatron-LM do
+    // (neither replicates a head over tensor-parallel ranks).
+    add("tp=", l.tp, " must divide the ", kv, " key/value heads (grouped-query attention)");
+  }
   if (l.cp > 1) {
     if (m.seq % (2 * l.cp) != 0)
       add("cp=", l.cp, " cuts each sequence into 2 x cp = ", 2 * l.cp,
