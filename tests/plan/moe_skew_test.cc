@@ -52,6 +52,18 @@ TEST(MoeSkew, OneExpertParallelRankRunsEveryRowWhateverTheRouting) {
   EXPECT_NEAR(skewed.step_seconds, balanced.step_seconds, 1e-9 * balanced.step_seconds);
 }
 
+// The all-to-alls' bytes: each rank routes its rows (batch 8 / dp 2 = 4 sequences of 32 tokens,
+// top-2) of 64 floats, and sends the half bound for the other expert-parallel rank, in a dispatch
+// and a combine forward and again backward, in each of the 2 MoE layers (as the run's
+// ep_bytes_per_rank counts them; docs/guide/06-experts.md checks one against a run).
+TEST(MoeSkew, ExpertBytesAreTheRowsSentToOtherRanks) {
+  const Prediction p = plan_layout(moe_request(1.0), expert_parallel(2));
+  ASSERT_TRUE(p.ok());
+  const double rows = 4 * 32 * 2, row_bytes = 64 * 4;
+  EXPECT_DOUBLE_EQ(p.ep_bytes, rows * row_bytes / 2 * 4 * 2);
+  EXPECT_EQ(plan_layout(moe_request(1.0), expert_parallel(1)).ep_bytes, 0);
+}
+
 TEST(MoeSkew, BelowBalancedIsAConfigError) {
   EXPECT_THROW(plan_layout(moe_request(0.5), expert_parallel(2)), ConfigError);
 }

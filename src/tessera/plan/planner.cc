@@ -225,11 +225,12 @@ class Evaluator {
     return costs;
   }
 
-  // Bytes per step of pipeline rank 0: tensor-parallel, point to point and context-parallel.
+  // Bytes per step of pipeline rank 0: tensor-parallel, point to point, context- and
+  // expert-parallel.
   void rank0_bytes(Prediction& p, const std::vector<StageSheet>& sheets) const {
     const Layout& l = p.layout;
     const int m = p.micro_batches, pp = l.pp, v = l.virtual_stages;
-    double tp_bytes = 0, p2p = 0, cp = 0;
+    double tp_bytes = 0, p2p = 0, cp = 0, ep = 0;
     const int last = pp * v - 1;
     for (int ch = 0; ch < v; ++ch) {
       const size_t s = static_cast<size_t>(ch * pp);
@@ -239,9 +240,11 @@ class Evaluator {
       if (static_cast<int>(s) != last) p2p += m * x.boundary_bytes;
       if (s != 0) p2p += m * x.boundary_bytes;
       cp += m * x.cp_bytes(r_.model, l);
+      if (l.ep > 1) ep += m * (x.a2a_fwd + x.a2a_bwd) * x.a2a_bytes * (l.ep - 1) / l.ep;
     }
     p.tp_bytes = tp_bytes;
     p.cp_bytes = cp;
+    p.ep_bytes = ep;
     p.p2p_bytes = pp > 1 ? p2p : 0;
   }
 

@@ -79,9 +79,10 @@ struct Prediction {
   double mfu = 0, hfu = 0;             // of the devices' peak
   double tflops_per_device = 0;        // hardware FLOP/s per device
   // Bytes one rank sends per step (ring accounting): data-parallel (as TrainResult's
-  // comm_bytes_per_step counts them, pipeline rank 0), tensor-parallel, point to point, and to its
-  // context-parallel ranks (TrainResult's cp_bytes_per_step).
-  double dp_bytes = 0, tp_bytes = 0, p2p_bytes = 0, cp_bytes = 0;
+  // comm_bytes_per_step counts them, pipeline rank 0), tensor-parallel, point to point, to its
+  // context-parallel ranks (TrainResult's cp_bytes_per_step) and to its expert-parallel ranks
+  // (the all-to-alls' rows for other ranks under balanced routing: ep_bytes_per_step).
+  double dp_bytes = 0, tp_bytes = 0, p2p_bytes = 0, cp_bytes = 0, ep_bytes = 0;
   bool ok() const { return problems.empty(); }
 };
 

@@ -114,7 +114,8 @@ std::string format_prediction(const PlanRequest& r, const Prediction& p) {
          "\n";
   s += "bytes sent per step by rank 0: data-parallel " + format_bytes(p.dp_bytes) +
        ", tensor-parallel " + format_bytes(p.tp_bytes) + ", pipeline " + format_bytes(p.p2p_bytes) +
-       (p.layout.cp > 1 ? ", context-parallel " + format_bytes(p.cp_bytes) : std::string()) + "\n";
+       (p.layout.cp > 1 ? ", context-parallel " + format_bytes(p.cp_bytes) : std::string()) +
+       (p.layout.ep > 1 ? ", expert-parallel " + format_bytes(p.ep_bytes) : std::string()) + "\n";
   return s;
 }
 
@@ -198,7 +199,8 @@ nlohmann::json to_json(const Prediction& p, bool per_rank) {
   j["bytes_per_step"] = {{"data_parallel", p.dp_bytes},
                          {"tensor_parallel", p.tp_bytes},
                          {"pipeline", p.p2p_bytes},
-                         {"context_parallel", p.cp_bytes}};
+                         {"context_parallel", p.cp_bytes},
+                         {"expert_parallel", p.ep_bytes}};
   return j;
 }
 
