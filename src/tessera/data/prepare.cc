@@ -122,14 +122,14 @@ PreparedData prepare_text(const DataOptions& o, DataFormat format) {
   PreparedData p;
   if (!o.cache_dir.empty()) {
     const std::string vocab = std::to_string(given ? given->vocab_size() : o.vocab_size);
-    p.cache_entry = o.cache_dir / ("text-v" + vocab + "-" + hex16(key));
+    auto entry_of = [&](uint64_t k) { return o.cache_dir / ("text-v" + vocab + "-" + hex16(k)); };
+    p.cache_entry = entry_of(key);
     // A given tokenizer is most often the one an earlier run trained on this corpus (a resume
     // reads it from its checkpoint): that run's entry holds the tokens already.
     std::vector<fs::path> entries = {p.cache_entry};
     if (given)
       for (const bool eot : {true, false})
-        entries.push_back(o.cache_dir /
-                          ("text-v" + vocab + "-" + hex16(trained_key(given->vocab_size(), eot))));
+        entries.push_back(entry_of(trained_key(given->vocab_size(), eot)));
     for (const fs::path& entry : entries) {
       if (auto cached = load_cache_entry(entry);
           cached && (!given || *cached->tokenizer == *given)) {

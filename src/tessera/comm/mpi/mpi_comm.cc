@@ -182,16 +182,16 @@ bool poll_until(Clock::time_point deadline, Test&& test) {
   }
 }
 
-// The wait-until-or-fail of the MPI backend: poll_until(deadline, test), and when the deadline
-// has passed, `give_up()`, which cancels or abandons what is still pending and returns what the
-// op was waiting for ("rank 1 to send"); then throws TimeoutError "<where>: timed out after
-// <timeout> ms waiting for <that>".
 // Set once any call of this process has timed out. The process is then on its way out with an
 // error, and a communicator's destructor no longer gives its unreceived sends a timeout of their
 // own: with sends pending on several communicators towards a peer behind a cut link, those waits
 // would add up to many timeouts before the error reaches the user.
 std::atomic<bool> a_call_timed_out{false};
 
+// The wait-until-or-fail of the MPI backend: poll_until(deadline, test), and when the deadline
+// has passed, `give_up()`, which cancels or abandons what is still pending and returns what the
+// op was waiting for ("rank 1 to send"); then throws TimeoutError "<where>: timed out after
+// <timeout> ms waiting for <that>".
 template <typename Test, typename GiveUp>
 void wait_until(const Where& where, Timeout timeout, Clock::time_point deadline, Test&& test,
                 GiveUp&& give_up) {
