@@ -9,6 +9,7 @@
 #include "tessera/comm/inproc/world.h"
 
 #ifdef TESSERA_HAVE_MPI
+#include "tessera/comm/mpi/hier_comm.h"
 #include "tessera/comm/mpi/mpi_comm.h"
 #endif
 
@@ -50,6 +51,34 @@ std::vector<std::exception_ptr> run_inproc_each(int world_size,
   return errors;
 }
 
+namespace {
+
+// The error to report of the ranks' `errors`, `when[r]` the order in which rank r failed: a
+// PeerFailedError is usually the consequence of another rank's failure, so the first error of any
+// other type is the cause, if there is one; else the first in time.
+void rethrow_first(const std::vector<std::exception_ptr>& errors, const std::vector<int>& when) {
+  auto is_consequence = [](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerFailedError&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  };
+  int first = -1;
+  for (int r = 0; r < static_cast<int>(errors.size()); ++r) {
+    if (!errors[r]) continue;
+    const bool better =
+        first < 0 || (is_consequence(errors[first]) && !is_consequence(errors[r])) ||
+        (is_consequence(errors[first]) == is_consequence(errors[r]) && when[r] < when[first]);
+    if (better) first = r;
+  }
+  if (first >= 0) std::rethrow_exception(errors[first]);
+}
+
+}  // namespace
+
 void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
                 const CommOptions& opts) {
   // Order errors by time: the first failure is usually the cause, the others its consequences.
@@ -66,26 +95,45 @@ void run_inproc(int world_size, const std::function<void(Communicator&)>& fn,
         }
       },
       opts);
-  // A PeerFailedError is usually the consequence of another rank's failure: the first error of
-  // any other type is the cause, if there is one.
-  auto is_consequence = [](const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const PeerFailedError&) {
-      return true;
-    } catch (...) {
-      return false;
-    }
-  };
-  int first = -1;
-  for (int r = 0; r < world_size; ++r) {
-    if (!errors[r]) continue;
-    const bool better =
-        first < 0 || (is_consequence(errors[first]) && !is_consequence(errors[r])) ||
-        (is_consequence(errors[first]) == is_consequence(errors[r]) && when[r] < when[first]);
-    if (better) first = r;
-  }
-  if (first >= 0) std::rethrow_exception(errors[first]);
+  rethrow_first(errors, when);
+}
+
+void run_hierarchical(int ranks_per_process, const std::function<void(Communicator&)>& fn,
+                      const CommOptions& opts) {
+#ifdef TESSERA_HAVE_MPI
+  auto world = mpi::make_hier_world(ranks_per_process, resolve_options(opts));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int t = 0; t < ranks_per_process; ++t) comms.push_back(mpi::hier_communicator(world, t));
+  std::atomic<int> clock{0};
+  std::vector<int> when(ranks_per_process, -1);
+  std::vector<std::exception_ptr> errors(ranks_per_process);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < ranks_per_process; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        fn(*comms[t]);
+        comms[t].reset();  // finishes queued asynchronous work first
+      } catch (const std::exception& e) {
+        errors[t] = std::current_exception();
+        when[t] = clock.fetch_add(1);
+        mpi::hier_fail(*world, e.what());
+      } catch (...) {
+        errors[t] = std::current_exception();
+        when[t] = clock.fetch_add(1);
+        mpi::hier_fail(*world, "unknown exception");
+      }
+    });
+  for (auto& th : threads) th.join();
+  comms.clear();
+  rethrow_first(errors, when);
+#else
+  (void)ranks_per_process;
+  (void)fn;
+  (void)opts;
+  throw CommError(
+      "several ranks per process need the MPI backend: tessera was built without MPI (install "
+      "libopenmpi-dev and reconfigure with -DTESSERA_MPI=ON)");
+#endif
 }
 
 bool launched_by_mpi() {

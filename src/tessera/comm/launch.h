@@ -50,6 +50,14 @@ bool mpi_available();
 // without MPI or when the MPI library does not provide MPI_THREAD_MULTIPLE.
 std::unique_ptr<Communicator> mpi_world(const CommOptions& opts = {});
 
+// Runs fn(comm) on `ranks_per_process` threads of each process of an mpirun job: a world of
+// (processes x ranks_per_process) ranks, world rank = process * ranks_per_process + thread, on the
+// hierarchical backend (mpi/hier_comm.h): ranks in one process talk in memory, across processes
+// over MPI, and every reduction combines in rank order, so the bits do not depend on how ranks map
+// to processes. Rethrows the first error, as run_inproc does. Throws CommError without MPI.
+void run_hierarchical(int ranks_per_process, const std::function<void(Communicator&)>& fn,
+                      const CommOptions& opts = {});
+
 enum class Backend { Auto, Inproc, Mpi };
 Backend parse_backend(std::string_view s);  // "auto" | "inproc" | "mpi"; throws ConfigError
 // Auto -> Mpi when launched_by_mpi(), else Inproc. Mpi without MPI support throws CommError.

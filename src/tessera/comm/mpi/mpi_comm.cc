@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/comm/mpi/runtime.h"
 #include "tessera/comm/reduce.h"
 #include "tessera/comm/watchdog.h"
 
@@ -922,3 +923,24 @@ std::unique_ptr<Communicator> make_world(const CommOptions& opts) {
 }
 
 }  // namespace tessera::comm::mpi
+
+namespace tessera::comm::mpi::runtime_access {
+
+void ensure_initialised() {
+  (void)runtime();
+}
+
+bool oversubscribed(int ranks_per_process) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 || static_cast<unsigned>(local_ranks() * ranks_per_process) > hw;
+}
+
+MPI_Datatype datatype(DType t) {
+  return mpi_type(t);
+}
+
+void check(int rc, const std::string& where) {
+  check_mpi(rc, where);
+}
+
+}  // namespace tessera::comm::mpi::runtime_access
