@@ -395,6 +395,12 @@ void parallel_fields(std::vector<ConfigField>& f) {
                      {{comm::Backend::Auto, "auto"},
                       {comm::Backend::Inproc, "inproc"},
                       {comm::Backend::Mpi, "mpi"}}));
+  f.push_back(value(par, "ranks_per_process", &T::ranks_per_process,
+                    "Under mpirun: ranks run as this many threads of each process, in memory "
+                    "inside a process and over MPI between processes, reductions in rank order "
+                    "(the same bits for any mapping); world = processes x this. 0: one rank per "
+                    "process",
+                    at_least(0, " (0: one rank per process)")));
   f.push_back(
       choice(par, "recompute", &T::recompute,
              "Activation recomputation: none, selective (the attention output, rerun by the "

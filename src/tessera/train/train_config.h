@@ -108,6 +108,9 @@ struct TrainConfig {
   double bucket_mb = 25;  // gradient bucket size (MiB)
   bool overlap = true;    // overlap bucket communication with backward
   comm::Backend backend = comm::Backend::Auto;
+  // Under mpirun: thread ranks in each process (the hierarchical backend, comm/mpi/hier_comm.h);
+  // 0 = one rank per process on the MPI backend.
+  int ranks_per_process = 0;
   std::string trace;  // Chrome trace-event JSON of the run's timeline
   nn::Recompute recompute = nn::Recompute::None;
   // Mixed precision (kernels/precision.h, docs/ARCHITECTURE.md decision 33): bf16 = GEMM inputs in

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -87,6 +88,67 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
   }
 }
 
+// This process's ranks of an mpirun job with --ranks-per-process R: R threads, world rank =
+// process x R + thread, on the hierarchical backend. As run_mpi_rank, with one plan per process
+// (made by its first thread; the others read it).
+TrainResult run_hierarchical_ranks(const TrainConfig& cfg, int threads,
+                                   const comm::CommOptions& copts, std::FILE* log,
+                                   const TrainHooks& hooks) {
+  const int R = cfg.ranks_per_process;
+  const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (np && std::atoi(np) > 0) {
+    const int procs = std::atoi(np);
+    const std::string fix = cfg.world() % R == 0
+                                ? detail::concat("start ", cfg.world() / R,
+                                                 " processes (mpirun -np ", cfg.world() / R, ")")
+                                : detail::concat("choose a ", config_key("ranks_per_process"),
+                                                 " that divides ", cfg.world());
+    TESSERA_CHECK_AS(ConfigError, procs * R == cfg.world(), "mpirun started ", procs,
+                     " processes of ", config_key("ranks_per_process"), " ", R, " = ", procs * R,
+                     " ranks, but the layout has ", cfg.world(), "; ", fix);
+  }
+  std::optional<RunPlan> plan;  // this process's, read by its R ranks
+  TrainResult result;
+  comm::run_hierarchical(
+      R,
+      [&](comm::Communicator& world) {
+        const bool first_here = world.rank() % R == 0;
+        const comm::BarrierOptions ready = file_work_wait(cfg, copts);
+        if (world.rank() == 0) plan.emplace(make_plan(cfg, log));
+        world.barrier(ready).wait();  // rank 0 has prepared the data (and filled the cache)
+        if (first_here && world.rank() != 0) plan.emplace(make_plan(cfg, nullptr));
+        world.barrier(ready).wait();
+        if (first_here) {
+          plan->threads = threads;
+          plan->on_step = hooks.on_step;
+        }
+        if (world.rank() == 0) {
+          choose_bf16_gemm(cfg, *plan);
+          choose_peak(cfg, *plan, log != nullptr || !cfg.metrics.empty());
+        }
+        world.barrier(ready).wait();
+        // Rank 0's time origin and bf16 GEMM path, as under one rank per process.
+        int64_t shared[2] = {plan->trace_origin.time_since_epoch().count(),
+                             static_cast<int64_t>(plan->bf16_gemm)};
+        world.broadcast(shared, 2, DType::I64).wait();
+        world.barrier(ready).wait();  // every rank here has read the plan
+        if (first_here) {
+          plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
+          plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
+        }
+        world.barrier(ready).wait();
+        try {
+          TrainResult r = train_rank(cfg, *plan, world, log);
+          if (first_here) result = std::move(r);
+        } catch (...) {
+          report_rank_fates(world.rank(), {fate_of(std::current_exception())});
+          throw;
+        }
+      },
+      copts);
+  return result;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, std::FILE* log, const TrainHooks& hooks) {
@@ -98,8 +160,15 @@ TrainResult run_training(const TrainConfig& cfg, std::FILE* log, const TrainHook
   // Before anything measures: the MFU's peak is measured with the ranks' threads.
   const int threads = set_compute_threads(cfg.threads > 0 ? cfg.threads : 0, cfg.world());
   const comm::CommOptions copts = comm_options(cfg);
-  if (comm::resolve_backend(cfg.backend) == comm::Backend::Mpi)
-    return run_mpi_rank(cfg, threads, copts, log, hooks);
+  const bool mpi = comm::resolve_backend(cfg.backend) == comm::Backend::Mpi;
+  TESSERA_CHECK_AS(ConfigError, mpi || cfg.ranks_per_process == 0, config_key("ranks_per_process"),
+                   " ", cfg.ranks_per_process,
+                   " applies under mpirun; without it every rank is a thread of this process "
+                   "already (drop ",
+                   config_key("ranks_per_process"), ", or start the processes with mpirun)");
+  if (mpi && cfg.ranks_per_process > 0)
+    return run_hierarchical_ranks(cfg, threads, copts, log, hooks);
+  if (mpi) return run_mpi_rank(cfg, threads, copts, log, hooks);
   RunPlan plan = make_plan(cfg, log);
   plan.threads = threads;
   plan.on_step = hooks.on_step;
