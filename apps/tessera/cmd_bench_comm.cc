@@ -42,6 +42,7 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
     std::string algorithm = "auto";
     double timeout_s = 300;
     bool membw = true;
+    int ranks_per_process = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = root.add_subcommand(
@@ -53,7 +54,9 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
       "each rank's bytes over the ranks unevenly (fixed pseudo-random weights). Every size is\n"
       "checked for correctness before it is timed.\n"
       "Inproc: `tessera bench-comm --ranks 4` (ranks are threads). MPI: `mpirun -np 4 tessera\n"
-      "bench-comm` (the MPI backend is chosen automatically under mpirun).");
+      "bench-comm` (the MPI backend is chosen automatically under mpirun). Several ranks per\n"
+      "process (the hierarchical backend): `mpirun -np 2 tessera bench-comm --ranks-per-process "
+      "2`.");
   cmd->add_option("--ranks", a->ranks, "Number of ranks (threads) for the inproc backend")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -86,6 +89,12 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
   cmd->add_option("--timeout-s", a->timeout_s, "Per-call timeout in seconds")
       ->capture_default_str();
   cmd->add_flag("!--no-membw", a->membw, "Skip the memory-bandwidth measurement");
+  cmd->add_option("--ranks-per-process", a->ranks_per_process,
+                  "Under mpirun: this many thread ranks in each process, on the hierarchical "
+                  "backend (in memory inside a process, MPI between processes); 0: one rank per "
+                  "process on the MPI backend")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
   cmd->callback([a, &exit_code] {
     comm::BenchOptions o;
     o.ops = comm::parse_bench_ops(a->ops);
@@ -105,14 +114,19 @@ void register_bench_comm(CLI::App& root, int& exit_code) {
                 << comm::measure_memcpy_gbs_threads(a->ranks) << " GB/s\n";
     }
     bool ok = true;
-    comm::run_ranks(
-        b, a->ranks,
-        [&](comm::Communicator& c) {
-          auto rows = comm::bench_collectives(c, o, c.rank() == 0 ? &std::cout : nullptr);
-          if (c.rank() == 0)
-            for (auto& r : rows) ok = ok && r.ok;
-        },
-        co);
+    auto bench = [&](comm::Communicator& c) {
+      auto rows = comm::bench_collectives(c, o, c.rank() == 0 ? &std::cout : nullptr);
+      if (c.rank() == 0)
+        for (auto& r : rows) ok = ok && r.ok;
+    };
+    if (a->ranks_per_process > 0) {
+      TESSERA_CHECK_AS(ConfigError, b == comm::Backend::Mpi,
+                       "--ranks-per-process applies under mpirun (without it --ranks sets the "
+                       "number of thread ranks)");
+      comm::run_hierarchical(a->ranks_per_process, bench, co);
+    } else {
+      comm::run_ranks(b, a->ranks, bench, co);
+    }
     if (!ok) std::cerr << "tessera bench-comm: some results were wrong (see the check column)\n";
     exit_code = ok ? 0 : 1;
   });
