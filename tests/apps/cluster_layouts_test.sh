@@ -13,6 +13,8 @@
 #   dp=4 ZeRO-3 with --zero-shard-group host (HSDP: sharded inside each host, replicated across
 #   the two): trains what one rank trains, and fewer bytes cross the links than under plain
 #   ZeRO-3, whose parameter gathers cross them.
+#   dp=2 x tp=2 --sp with one process per host of 2 thread ranks (--ranks-per-process 2): also
+#   equal, bit for bit, to the same layout as threads.
 #   2 hosts x 4 ranks: pp=2 x dp=2 x tp=2 ZeRO-1 (a pipeline stage per host), oversubscribed.
 # The round-robin tp run warns that its tensor-parallel groups span the hosts; the by-slot one
 # does not.
@@ -63,7 +65,7 @@ run() {
   local crossed=$((after - before)) took=$((SECONDS - t0)) d w
   crossed_of[$name]=$crossed
   log_of[$name]=$dir/$tag.log
-  grep -q "mpi backend" "$dir/$tag.log" || fail "$name: did not use the MPI backend" "$dir/$tag.log"
+  grep -Eq "(mpi|hier) backend" "$dir/$tag.log" || fail "$name: did not use an MPI backend" "$dir/$tag.log"
   if d=$(same_losses "$dir/$ref.jsonl" "$dir/$tag.jsonl" $steps 2>&1); then
     ok "$name: every step's loss equals one rank's (worst $d relative)"
   else
@@ -111,6 +113,18 @@ run "dp=2 x tp=2 --sp, tp across hosts" h1:2,h2:2 $((4 * act * steps)) one --map
 run "pp=2 x dp=2, a stage per host" h1:2,h2:2 $((2 * act * steps)) one -- --pp 2 --dp 2 --zero 1
 run "MoE dp=4 ep=2, ep across hosts" h1:2,h2:2 $((2 * P_dense * steps)) moe1 --map-by node -- \
   "${moe[@]}" --dp 4 --ep 2 --zero 1
+# Several ranks per process: one process per host with 2 thread ranks (the hierarchical backend)
+# trains, bit for bit, what the same layout trains as threads of one process.
+run "dp=2 x tp=2 --sp, 2 ranks per process (one process per host)" h1:1,h2:1 $((2 * P * steps)) \
+  one -- --dp 2 --tp 2 --sp --zero 1 --ranks-per-process 2
+"$bin" train "${args[@]}" --dp 2 --tp 2 --sp --zero 1 --save "$dir/threads_dp2_tp2" \
+  >"$dir/threads_dp2_tp2.log" 2>&1 || fail "dp=2 x tp=2 --sp as threads failed" "$dir/threads_dp2_tp2.log"
+if cmp -s "$dir/threads_dp2_tp2/model.safetensors" \
+    "$dir/dp_2_x_tp_2___sp__2_ranks_per_process__one_process_per_host_/model.safetensors"; then
+  ok "2 ranks per process across the hosts: the weights of the threads' run, bit for bit"
+else
+  fail "2 ranks per process across the hosts: the weights differ from the threads' run"
+fi
 run "pp=2 x dp=2 x tp=2 ZeRO-1 (2 hosts x 4)" h1:4,h2:4 $((2 * act * steps)) one -- \
   --pp 2 --dp 2 --tp 2 --zero 1
 

@@ -16,7 +16,7 @@ std::vector<std::string> host_names(comm::Communicator& world) {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) buf[0] = '\0';
   const std::string mine = buf[0] ? buf : "unknown";
-  if (world.backend() != "mpi")
+  if (world.backend() == "inproc")  // one process: one host
     return std::vector<std::string>(static_cast<size_t>(world.size()), mine);
   return parallel::all_gather_strings(world, mine);
 }
