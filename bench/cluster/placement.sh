@@ -6,9 +6,11 @@
 # data-parallel pairs stay inside the hosts instead. The two are timed interleaved, ROUNDS times;
 # the figure is each run's median step after the first 3, and the bytes that crossed the links.
 # Beside them, what `tessera plan` predicts for the topology placement on a two-level description
-# of this cluster: dev-vm's calibration (share/tessera/clusters/dev-vm.json) with 2 nodes x 2
-# devices, each device half a core (4 ranks share the 2 cores), the MPI link inside a node and
-# RATE between nodes (latency from ping).
+# of this cluster: 2 nodes x 2 devices, each device half a core (4 ranks share the 2 cores), the
+# MPI link inside a node, and between nodes RATE shared by a host's 2 ranks (latency from ping).
+# The compute rates come from `tessera plan --calibrate --quick` on this machine and the link
+# inside a host from the same calibration under the cluster's mpirun with both ranks in h1 (TCP,
+# as the runs use), unless CALIBRATE=0, which takes dev-vm's (share/tessera/clusters/dev-vm.json).
 # Usage: bench/cluster/placement.sh [build-dir] [RATE]   (default: build 1gbit); needs root.
 # ROUNDS (default 3), STEPS (default 20), MODEL (default "--layers 4 --dim 256 --heads 8 --seq 256
 # --vocab 512 --batch 8").
@@ -73,7 +75,19 @@ rtt_ms=0.1  # without ping (iputils-ping), a round trip of 100 us is assumed
 if command -v ping >/dev/null; then
   rtt_ms=$(bash "$cluster" exec h1 ping -c 5 -i 0.2 -q 10.77.5.2 | sed -n 's/.*= [0-9.]*\/\([0-9.]*\)\/.*/\1/p')
 fi
-python3 - "$root/share/tessera/clusters/dev-vm.json" "$out/test-cluster.json" "$rate" "$rtt_ms" <<'PY'
+base=$root/share/tessera/clusters/dev-vm.json
+if [ "${CALIBRATE:-1}" = 1 ]; then
+  base=$out/here.json
+  "$bin" plan --calibrate --quick --out "$base" >/dev/null
+  bash "$cluster" mpirun --host h1:2 -- "$bin" plan --calibrate --quick --out "$base" >/dev/null
+  python3 - "$base" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"# calibrated here: fp32 peak {d['peak_tflops']['fp32'] * 1e3:.1f} GFLOP/s a core, MPI over "
+      f"TCP inside a host {d['calibration']['mpi']['bandwidth_gbs']:.3f} GB/s")
+PY
+fi
+python3 - "$base" "$out/test-cluster.json" "$rate" "$rtt_ms" <<'PY'
 import json, re, sys
 src, dst, rate, rtt = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4] or 0.1)
 d = json.load(open(src))
@@ -84,7 +98,8 @@ d.update(name=f"test-cluster-{rate}", nodes=2, devices_per_node=2,
          description=f"dev-vm's calibration as 2 namespaces x 2 ranks on {cores} cores, links {rate}",
          intra_node={"bandwidth_gbs": d["calibration"]["mpi"]["bandwidth_gbs"],
                      "latency_us": d["calibration"]["mpi"]["latency_us"]},
-         inter_node={"bandwidth_gbs": gbs, "latency_us": rtt * 1000 / 2})
+         # inter_node is per device (plan/cluster.h): the host's 2 ranks share its link.
+         inter_node={"bandwidth_gbs": gbs / 2, "latency_us": rtt * 1000 / 2})
 d["peak_tflops"] = {k: v * cores / ranks for k, v in d["peak_tflops"].items()}
 json.dump(d, open(dst, "w"), indent=1)
 PY

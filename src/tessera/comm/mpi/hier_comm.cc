@@ -15,6 +15,7 @@
 #include <mutex>
 #include <numeric>
 #include <span>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -38,13 +39,20 @@ enum Stream : int { kChain = 1, kResult = 2, kGather = 3, kBroadcast = 4, kAllTo
 constexpr int kUserTags = 1024;  // send/recv tag t travels as stream kUserTags + t
 constexpr int kMaxUserTag = (1 << kStreamBits) - kUserTags - 1;
 
-// Chain segments: a received segment is reduced while the next ones are still arriving.
-constexpr size_t kSegmentBytes = 1 << 20;
-// Segments a rank has in flight towards one peer. MPI over TCP sends a pair's messages on one
-// connection in order, so the control message that lets a result travel back waits behind every
-// segment queued before it: with the whole buffer queued at once the two directions took turns
-// (2 x 64 MiB at 1 Gbit/s in 1.19 s, the time of both directions one after the other).
-constexpr size_t kSegmentsInFlight = 4;
+// Chain segments: a received segment is reduced while the next ones are still arriving, and a rank
+// keeps a bounded number of its sends in flight. Between hosts (TCP) segments stay below Open
+// MPI's eager limit (64 KiB), so that they travel without a rendezvous: a larger message waits
+// for a clear-to-send from its receiver, and that control message queues on the pair's one
+// connection behind the data going the other way (the result travels back while partial sums
+// still travel forward). 1 MiB segments took 0.96-1.19 s for 64 MiB at 1 Gbit/s, 60 KiB ones
+// 0.68 s, where a TCP transfer each way at once takes 0.56 s. Inside one host (shared memory)
+// 1 MiB segments were about 20% faster at 16-64 MiB (docs/PERFORMANCE.md).
+struct Segments {
+  size_t bytes;
+  size_t in_flight;
+};
+constexpr Segments kAcrossHosts{60 * 1024, 64};
+constexpr Segments kOneHost{1 << 20, 4};
 
 }  // namespace
 
@@ -73,6 +81,7 @@ struct LocalShared {
 
 struct HierWorld {
   int procs = 1, proc = 0, threads = 1;
+  std::vector<int> host_of_proc;  // an index per distinct MPI_Get_processor_name
   CommOptions opts;
   bool oversubscribed = false;
   std::vector<MPI_Comm> lanes;  // lanes[from_thread * threads + to_thread]
@@ -197,6 +206,8 @@ class HierCommunicator final : public Communicator {
       auto& members = by_proc_[proc_of(g)];
       members.push_back(g);
     }
+    for (int g = 0; g < n; ++g)
+      if (w_->host_of_proc[proc_of(g)] != w_->host_of_proc[proc_of(0)]) segments_ = kAcrossHosts;
     for (size_t j = 0; j < runs_.size(); ++j)
       if (rank_ >= runs_[j].first && rank_ < runs_[j].first + runs_[j].size)
         my_run_ = static_cast<int>(j);
@@ -307,6 +318,7 @@ class HierCommunicator final : public Communicator {
   std::map<int, std::vector<int>> by_proc_;  // process -> its ranks, in order
   std::shared_ptr<LocalShared> L_;
   uint64_t ops_ = 0;  // collectives run (splits included): the local phases' clock
+  Segments segments_ = kOneHost;
   std::deque<PendingSend> pending_;
   std::vector<unsigned char> tmp_;
   bool abandoned_ = false;
@@ -518,7 +530,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   auto slice_begin = [&](int s) {
     return total / slices * s + std::min<size_t>(s, total % slices);
   };
-  const size_t seg = std::max<size_t>(1, kSegmentBytes / ws);
+  const size_t seg = std::max<size_t>(1, segments_.bytes / ws);
   // Rank g's input and output at element e (all_reduce; reduce_scatter reads inputs only here).
   auto input = [&](int g, size_t e) {
     return static_cast<const unsigned char*>(slot(g).send) + e * es;
@@ -527,10 +539,10 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
 
   KeepIfAbandoned keep(abandoned_);
   std::vector<MPI_Request> sends, result_recvs;
-  // Before another send: waits until at most kSegmentsInFlight - 1 of the sends are pending.
+  // Before another send: waits until at most segments_.in_flight - 1 sends are pending.
   size_t oldest = 0;
   auto throttle = [&](std::vector<MPI_Request>& reqs, Clock::time_point until, const OpDesc& op) {
-    while (reqs.size() - oldest >= kSegmentsInFlight) {
+    while (reqs.size() - oldest >= segments_.in_flight) {
       wait_all({&reqs[oldest], 1}, until, op, "the next ranks of the chain to receive");
       ++oldest;
     }
@@ -862,6 +874,20 @@ std::shared_ptr<HierWorld> make_hier_world(int ranks_per_process, const CommOpti
     throw CommError(detail::concat("the MPI library's largest tag (", has ? *ub : 0,
                                    ") is below the ", (1 << (kIdBits + kStreamBits)) - 1,
                                    " the hierarchical backend needs"));
+  {  // the host of every process, for the segment sizes
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    std::vector<char> all(static_cast<size_t>(w->procs) * MPI_MAX_PROCESSOR_NAME);
+    rt::check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+              "gathering the hosts of the hierarchical backend's processes");
+    std::map<std::string, int> index;
+    for (int p = 0; p < w->procs; ++p) {
+      const std::string host(all.data() + static_cast<size_t>(p) * MPI_MAX_PROCESSOR_NAME);
+      w->host_of_proc.push_back(index.emplace(host, static_cast<int>(index.size())).first->second);
+    }
+  }
   w->lanes.resize(static_cast<size_t>(ranks_per_process) * ranks_per_process, MPI_COMM_NULL);
   for (MPI_Comm& c : w->lanes) {
     rt::check(MPI_Comm_dup(MPI_COMM_WORLD, &c),
