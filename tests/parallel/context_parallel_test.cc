@@ -520,6 +520,10 @@ std::vector<CpLayout> cp_layouts() {
   add(Family::Llama, 2, CpComm::Ulysses)->pp = 2, v.back().schedule = "zb-h1";
   add(Family::Gpt2, 2, CpComm::AllGather)->recompute = "full";
   add(Family::Llama, 2, CpComm::Ring)->recompute = "selective";
+  // The ring keeps its blocks in the block workspace's d_fc (two at cp 2 for GPT-2): dead during
+  // the attention core under recomputation and zero-bubble split backwards too.
+  add(Family::Gpt2, 2, CpComm::Ring)->recompute = "full";
+  add(Family::Gpt2, 2, CpComm::Ring)->pp = 2, v.back().schedule = "zb-h1";
   // Mixtures of experts: alone, and with expert parallelism over dp 2.
   add(Family::Gpt2Moe, 2, CpComm::AllGather);
   add(Family::LlamaMoe, 2, CpComm::Ring)->dp = 2, v.back().ep = 2, v.back().zero = 1;

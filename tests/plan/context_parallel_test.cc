@@ -46,7 +46,10 @@ struct CallMeasure {
   double fwd_peak = 0, bwd_peak = 0, fwd_sent = 0, bwd_sent = 0;
 };
 
-CallMeasure measure_call(CpComm comm, int n, int B, const kernels::AttentionHeads& heads) {
+// lent: floats of memory lent to the call (nn::ContextAttention::lent), lend_delta: its row term
+// lent too.
+CallMeasure measure_call(CpComm comm, int n, int B, const kernels::AttentionHeads& heads,
+                         int64_t lent = 0, bool lend_delta = false) {
   const int64_t T = 24, Tl = T / n, R = B * Tl, W = heads.row_width(),
                 Qw = int64_t{heads.q} * heads.size;
   std::mutex mu;
@@ -62,6 +65,10 @@ CallMeasure measure_call(CpComm comm, int n, int B, const kernels::AttentionHead
     nn::ContextAttention a;
     a.cp = &cp, a.B = B, a.T = static_cast<int>(Tl), a.seq_len = T, a.positions = pos.data();
     a.heads = heads, a.head_offset = 0, a.n_head = heads.q, a.label = "h.0";
+    std::vector<float> lent_memory(static_cast<size_t>(lent)),
+        lent_delta(lend_delta ? static_cast<size_t>(B * heads.q * Tl) : 0);
+    if (lent > 0) a.lent = lent_memory.data(), a.lent_floats = lent;
+    if (lend_delta) a.lent_delta = lent_delta.data();
     std::vector<float> out(static_cast<size_t>(R * Qw)), lse(static_cast<size_t>(B * heads.q * Tl));
     std::vector<float> dqkv(qkv.size());
     alloc.reset_peaks();
@@ -110,6 +117,48 @@ TEST(ContextParallelPlan, TransientBuffersAndBytesAreWhatACallAllocatesAndSends)
           ++checked;
         }
   EXPECT_EQ(checked, 2 * (3 * 2 * 3) + 2 * 2 * 3);  // ulysses: n = 2 and 4 (none at 3)
+}
+
+// Memory lent to the call (a block workspace's d_fc and delta, nn::ContextAttention::lent): the
+// ring keeps as many of its K/V blocks and dK/dV parts there as fit whole and allocates the rest;
+// every variant reads the lent row term instead of allocating one. The planner's bytes are still
+// the call's allocator peak, to the byte; at n = 2 with two blocks lent (a GPT-2 block's d_fc) the
+// ring allocates nothing.
+TEST(ContextParallelPlan, LentMemoryHoldsWhatFitsOfTheRingsBlocks) {
+  const std::vector<kernels::AttentionHeads> shapes = {{4, 4, 8}, {4, 2, 8}};
+  int checked = 0;
+  for (CpComm comm : kComms)
+    for (int n : {2, 3, 4})
+      for (int B : {1, 2})
+        for (const kernels::AttentionHeads& h : shapes)
+          for (double blocks : {0.0, 1.0, 1.5, 2.0, 3.0, 6.0})
+            for (bool delta : {false, true}) {
+              if (comm == CpComm::Ulysses && (h.q % n != 0 || (h.kv % n != 0 && n % h.kv != 0)))
+                continue;
+              if (comm != CpComm::Ring && blocks != 2.0) continue;  // they do not use it
+              SCOPED_TRACE(std::string(nn::to_string(comm)) + " n=" + std::to_string(n) +
+                           " B=" + std::to_string(B) + " kv heads " + std::to_string(h.kv) +
+                           " blocks lent " + std::to_string(blocks) + (delta ? " delta lent" : ""));
+              CpShape s;
+              s.n = n, s.comm = comm, s.batch = B, s.rows = B * 24.0 / n;
+              s.q = h.q, s.kv = h.kv, s.head_size = h.size, s.elem = 4;
+              const double block = s.rows * 2 * h.kv * h.size;
+              s.lent = blocks * block, s.lent_delta = delta;
+              const CallMeasure got =
+                  measure_call(comm, n, B, h, static_cast<int64_t>(s.lent), delta);
+              const CpTransient t = cp_transient_bytes(s);
+              EXPECT_EQ(t.fwd, got.fwd_peak);
+              EXPECT_EQ(t.bwd, got.bwd_peak);
+              if (comm == CpComm::Ring && n == 2 && blocks >= 2 && delta) {
+                EXPECT_EQ(got.fwd_peak, 0);
+                EXPECT_EQ(got.bwd_peak, 0);
+              }
+              const CpBytes b = cp_layer_bytes(s);  // lent memory changes no byte sent
+              EXPECT_EQ(b.fwd, got.fwd_sent);
+              EXPECT_EQ(b.bwd, got.bwd_sent);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * (3 * 2 * 2) + 6 * 2 * (3 * 2 * 2) + 2 * (2 * 2 * 2));
 }
 
 TEST(ContextParallelPlan, TheHeaderFormulas) {
@@ -253,7 +302,12 @@ TEST(ContextParallelPlan, ActivationsAreDividedByCp) {
       EXPECT_NEAR(a1 / a2, 2.0, 0.02);
       EXPECT_NEAR(a2 / a4, 2.0, 0.02);
       if (engine == "tessera") {
-        EXPECT_GT(two.memory.buffers, 0);  // the variant's transient buffers
+        if (c == CpComm::Ring) {  // two K/V blocks fit in the workspace's d_fc: none allocated
+          EXPECT_EQ(two.memory.buffers, 0);
+          EXPECT_GT(four.memory.buffers, 0);  // five blocks in the backward
+        } else {
+          EXPECT_GT(two.memory.buffers, 0);  // the variant's transient buffers
+        }
       } else {
         EXPECT_DOUBLE_EQ(a1 / a2, 2.0);  // every term / cp
       }

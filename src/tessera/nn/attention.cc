@@ -84,7 +84,7 @@ void Attention::run_forward(const BlockPass& mb, const float* x, float* y, Atten
                        ps_.param_data(ln_b_), R, static_cast<int>(C), cfg_.ln_eps);
   keep_rounded(r.ln1, ln1, R * C);
   column_linear(tp, ps_, c_attn_, r.qkv.f32(), ln1, kept(r.ln1));
-  core_forward(mb, r.qkv.f32(), r.atty.f32(), r.lse.f32());
+  core_forward(mb, r.qkv.f32(), r.atty.f32(), r.lse.f32(), ws);
   const BranchDropout drop = branch_dropout(mb, tp, site_resid_drop_, r.mask);
   if (y == nullptr) {  // recomputing an attention half: the mask is what the backward needs
     drop.draw_mask(R, static_cast<int>(C));

@@ -64,8 +64,18 @@ void AttentionBranch::reserve(BlockWorkspace& ws, int max_batch, Allocator& allo
   allocate_core(*ws.attention, max_batch, alloc, nullptr);
 }
 
-ContextAttention AttentionBranch::context_call(const BlockPass& mb) const {
+ContextAttention AttentionBranch::context_call(const BlockPass& mb, BlockWorkspace& ws) const {
   ContextAttention a;
+  // The MLP's gradient scratch is dead while the core runs (a block's MLP backward is done before
+  // its attention's begins, its forward begins after the attention's ends; zero-bubble W passes
+  // read their own copies), and so is the core's row term: the ring's blocks and delta live there.
+  if (ws.dfch.defined() && ws.dfch.dtype() == DType::F32)
+    a.lent = ws.dfch.f32(), a.lent_floats = ws.dfch.numel();
+  if (ws.delta.defined()) {
+    TESSERA_ASSERT(ws.delta.numel() >= mb.tokens() * core_.heads.q,
+                   "the workspace's attention row term is smaller than the micro-batch's");
+    a.lent_delta = ws.delta.f32();
+  }
   a.cp = &context_;
   a.B = mb.B, a.T = mb.T, a.seq_len = mb.seq_len, a.positions = mb.positions;
   a.heads = core_.heads;
@@ -77,10 +87,10 @@ ContextAttention AttentionBranch::context_call(const BlockPass& mb) const {
   return a;
 }
 
-void AttentionBranch::core_forward(const BlockPass& mb, const float* qkv, float* atty,
-                                   float* lse) const {
+void AttentionBranch::core_forward(const BlockPass& mb, const float* qkv, float* atty, float* lse,
+                                   BlockWorkspace& ws) const {
   if (mb.split() && context_.size() > 1)
-    return context_attention_forward(context_call(mb), qkv, atty, lse);
+    return context_attention_forward(context_call(mb, ws), qkv, atty, lse);
   const k::FlashAttention a =
       flash_call(mb, qkv, core_.heads, core_.head_offset, core_.n_head, core_.drop_site);
   k::flash_attention_forward(a, atty, atty_width(), lse);
@@ -89,7 +99,7 @@ void AttentionBranch::core_forward(const BlockPass& mb, const float* qkv, float*
 void AttentionBranch::core_backward(const BlockPass& mb, const AttentionRecord& r,
                                     const float* datty, float* dqkv, BlockWorkspace& ws) const {
   if (mb.split() && context_.size() > 1)
-    return context_attention_backward(context_call(mb), r.qkv.f32(), r.atty.f32(), r.lse.f32(),
+    return context_attention_backward(context_call(mb, ws), r.qkv.f32(), r.atty.f32(), r.lse.f32(),
                                       datty, dqkv);
   const k::AttentionHeads& h = core_.heads;
   const k::FlashAttention a =
@@ -151,7 +161,7 @@ void AttentionBranch::backward(const BlockPass& mb, const float* x, AttentionRec
       return;
     case Recompute::Selective: {  // the core again, from the kept qkv
       AttentionRecord& scratch = *ws.attention;
-      core_forward(mb, r.qkv.f32(), scratch.atty.f32(), scratch.lse.f32());
+      core_forward(mb, r.qkv.f32(), scratch.atty.f32(), scratch.lse.f32(), ws);
       std::swap(r.atty, scratch.atty), std::swap(r.lse, scratch.lse);
       run_backward(mb, x, r, dres, ws, d);
       std::swap(r.atty, scratch.atty), std::swap(r.lse, scratch.lse);

@@ -121,14 +121,17 @@ class AttentionBranch {
     std::string prefix;
   };
   // The attention core on qkv[tokens, heads.row_width()]: ASSIGNS atty[tokens, q * size] and
-  // lse[B, q, T] (causal, dropout p = mb.p on the probabilities at their global coordinates).
-  void core_forward(const BlockPass& mb, const float* qkv, float* atty, float* lse) const;
+  // lse[B, q, T] (causal, dropout p = mb.p on the probabilities at their global coordinates). A
+  // context-parallel core keeps its buffers in ws's dead scratch where they fit (context_call).
+  void core_forward(const BlockPass& mb, const float* qkv, float* atty, float* lse,
+                    BlockWorkspace& ws) const;
   // Its backward from r's qkv, atty and lse: ASSIGNS dqkv[tokens, heads.row_width()] given
   // datty[tokens, q * size]; ws.delta is its scratch.
   void core_backward(const BlockPass& mb, const AttentionRecord& r, const float* datty, float* dqkv,
                      BlockWorkspace& ws) const;
-  // The context-parallel core's call for a split micro-batch.
-  ContextAttention context_call(const BlockPass& mb) const;
+  // The context-parallel core's call for a split micro-batch, lent ws's d_fc (dead during the
+  // core) for the ring's blocks and ws's delta for the backward's row term.
+  ContextAttention context_call(const BlockPass& mb, BlockWorkspace& ws) const;
   // The width of this rank's atty (heads x head size).
   int64_t atty_width() const { return int64_t{core_.heads.q} * core_.heads.size; }
   // The record's zero-bubble copies for a micro-batch of mb's size (made on first use).

@@ -26,6 +26,88 @@ void copy_floats(float* dst, const float* src, int64_t n) {
   if (n > 0) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
 }
 
+// The backward's softmax row term, [B, heads.q, T]: the caller's lent_delta, or allocated.
+class Delta {
+ public:
+  explicit Delta(const ContextAttention& a) : p_(a.lent_delta) {
+    if (p_ != nullptr) return;
+    own_ = cp_buffer(int64_t{a.B} * a.T * a.heads.q, "cp.delta");
+    p_ = own_.f32();
+  }
+  float* f32() const { return p_; }
+
+ private:
+  Tensor own_;
+  float* p_;
+};
+
+// The ring's K/V blocks and dK/dV parts, `floats` each: whole blocks of the memory the caller
+// lends (ContextAttention::lent) while one is free, allocated Buffers otherwise. A block returns
+// its slot when it is destroyed or assigned to; `zeroed` blocks (a part the kernel accumulates
+// into) start at zero, as an allocated one does.
+class BlockPool {
+ public:
+  class Block {
+   public:
+    Block() = default;
+    Block(Block&& o) noexcept { *this = std::move(o); }
+    Block& operator=(Block&& o) noexcept {
+      if (this != &o) {
+        release();
+        own_ = std::move(o.own_);
+        p_ = std::exchange(o.p_, nullptr);
+        pool_ = std::exchange(o.pool_, nullptr);
+        slot_ = std::exchange(o.slot_, -1);
+      }
+      return *this;
+    }
+    Block(const Block&) = delete;
+    Block& operator=(const Block&) = delete;
+    ~Block() { release(); }
+    float* f32() const { return p_; }
+
+   private:
+    friend class BlockPool;
+    void release() {
+      if (pool_ != nullptr && slot_ >= 0) pool_->free_[static_cast<size_t>(slot_)] = true;
+      own_ = Tensor();
+      p_ = nullptr, pool_ = nullptr, slot_ = -1;
+    }
+    Tensor own_;
+    float* p_ = nullptr;
+    BlockPool* pool_ = nullptr;
+    int slot_ = -1;
+  };
+
+  BlockPool(const ContextAttention& a, int64_t floats)
+      : base_(a.lent),
+        floats_(floats),
+        free_(static_cast<size_t>(a.lent != nullptr && floats > 0 ? a.lent_floats / floats : 0),
+              true) {}
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  Block take(const char* name, bool zeroed = false) {
+    Block b;
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i]) {
+        free_[i] = false;
+        b.pool_ = this, b.slot_ = static_cast<int>(i);
+        b.p_ = base_ + static_cast<int64_t>(i) * floats_;
+        if (zeroed) std::memset(b.p_, 0, sizeof(float) * static_cast<size_t>(floats_));
+        return b;
+      }
+    b.own_ = cp_buffer(floats_, name);
+    b.p_ = b.own_.f32();
+    return b;
+  }
+
+ private:
+  float* base_;
+  int64_t floats_;
+  std::vector<bool> free_;
+};
+
 // The positions of every rank's rows, rank after rank ([n T]): what a rank holding another rank's
 // keys (or the whole sequence, head-split) gives the kernel.
 std::vector<int64_t> positions_of_all(const ContextAttention& a) {
@@ -110,7 +192,7 @@ void allgather_backward(const ContextAttention& a, const float* qkv, const float
                 KV2 = 2 * int64_t{a.heads.kv} * a.heads.size;
   const std::vector<int64_t> pos = positions_of_all(a);
   const Tensor kv = gather_kv(a, qkv);  // again: the forward kept nothing of it
-  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta");
+  const Delta delta(a);
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(R * W));
   Tensor dkv = cp_buffer(n * R * KV2, "cp.dkv_whole");
@@ -156,7 +238,8 @@ void ring_forward(const ContextAttention& a, const float* qkv, float* atty, floa
                 Qw = int64_t{a.heads.q} * a.heads.size,
                 KV2 = 2 * int64_t{a.heads.kv} * a.heads.size;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor cur = cp_buffer(R * KV2, "cp.kv_block"), next = cp_buffer(R * KV2, "cp.kv_block");
+  BlockPool pool(a, R * KV2);
+  BlockPool::Block cur = pool.take("cp.kv_block"), next = pool.take("cp.kv_block");
   for (int64_t i = 0; i < R; ++i) copy_floats(cur.f32() + i * KV2, qkv + i * W + Qw, KV2);
   for (int i = 0; i < n; ++i) {
     const int src = (r - i + n) % n;  // whose keys this rank holds now
@@ -192,7 +275,8 @@ PendingExchange exchange_with(const ContextAttention& a, const float* send, int 
 // last hop). Step i's part travels while the kernel computes step i + 1. Held at once: at n = 2
 // two blocks (the K/V block and its incoming one, or a part going and the one coming), at n = 3
 // four, from n = 4 five (the held and incoming K/V blocks, this step's part, the previous part
-// going and the one coming).
+// going and the one coming); those that fit whole in the caller's lent memory are not allocated
+// (BlockPool).
 void ring_backward(const ContextAttention& a, const float* qkv, const float* atty, const float* lse,
                    const float* datty, float* dqkv) {
   const int n = a.cp->size(), r = a.cp->rank();
@@ -200,12 +284,14 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
                 Qw = int64_t{a.heads.q} * a.heads.size, KV = int64_t{a.heads.kv} * a.heads.size,
                 KV2 = 2 * KV;
   const std::vector<int64_t> pos = positions_of_all(a);
-  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta");
+  const Delta delta(a);
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(R * W));
-  Tensor cur = cp_buffer(R * KV2, "cp.kv_block");
+  BlockPool pool(a, R * KV2);
+  BlockPool::Block cur = pool.take("cp.kv_block");
   for (int64_t i = 0; i < R; ++i) copy_floats(cur.f32() + i * KV2, qkv + i * W + Qw, KV2);
-  Tensor going, coming;  // the previous step's part on its way to its owner; this rank's keys' part
+  // The previous step's part on its way to its owner; this rank's keys' part coming.
+  BlockPool::Block going, coming;
   PendingExchange parts;
   auto add_coming = [&] {
     parts.wait();
@@ -214,23 +300,23 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
       const float* c = coming.f32() + i * KV2;
       for (int64_t e = 0; e < KV2; ++e) d[e] += c[e];
     }
-    going = Tensor();
-    coming = Tensor();
+    going = BlockPool::Block();
+    coming = BlockPool::Block();
   };
   for (int i = 0; i < n; ++i) {
     const int src = (r - i + n) % n;  // whose keys this rank holds now
-    Tensor next;
+    BlockPool::Block next;
     PendingExchange kv;
     if (i + 1 < n) {
-      next = cp_buffer(R * KV2, "cp.kv_block");
+      next = pool.take("cp.kv_block");
       kv = pass_on(a, cur.f32(), next.f32(), R * KV2, kKvTag, "k/v (backward)");
     }
     // This rank's own keys (step 0): their part straight into dqkv; another rank's: a part to send.
-    Tensor part;
+    BlockPool::Block part;
     float* dk = dqkv + Qw;
     int64_t ld = W;
     if (i > 0) {
-      part = cp_buffer(R * KV2, "cp.dkv_part");
+      part = pool.take("cp.dkv_part", true);  // the kernel accumulates
       dk = part.f32(), ld = KV2;
     }
     {
@@ -245,7 +331,7 @@ void ring_backward(const ContextAttention& a, const float* qkv, const float* att
     if (i > 0) {
       if (parts.posted()) add_coming();
       going = std::move(part);
-      coming = cp_buffer(R * KV2, "cp.dkv_part");
+      coming = pool.take("cp.dkv_part");
       parts =
           exchange_with(a, going.f32(), src, coming.f32(), (r + i) % n, R * KV2, kAccTag, "dk/dv");
     }
@@ -404,8 +490,8 @@ void ulysses_backward(const ContextAttention& a, const float* qkv, const float* 
       a, datty, Qw, [&](int j) { return q_columns(h, j); }, Qh, dout_h.f32());
   // The softmax row term, on this rank's rows (it needs only a row's own out and dout), then to
   // the head split: [B, heads, T] -> [B, qh, n T].
-  Tensor delta = cp_buffer(R * a.heads.q, "cp.delta"),
-         delta_h = cp_buffer(Rn * h.qh, "cp.delta_heads");
+  const Delta delta(a);
+  Tensor delta_h = cp_buffer(Rn * h.qh, "cp.delta_heads");
   k::flash_attention_delta(delta.f32(), atty, Qw, datty, Qw, a.B, a.T, a.heads);
   {
     const int64_t per = int64_t{a.B} * h.qh * a.T;  // one rank's block

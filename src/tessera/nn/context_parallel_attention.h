@@ -25,7 +25,9 @@
 //              adds the n - 1 parts to its own in step order, the sum a travelling accumulator
 //              would carry (8 KV R (n - 1)). Total 8 KV R (3n - 3) bytes; two K/V blocks held in
 //              the forward, in the backward two blocks at n = 2, four at n = 3, five from n = 4:
-//              memory O(R), whatever n.
+//              memory O(R), whatever n; blocks that fit in the memory the caller lends (`lent`)
+//              are not allocated (in a GPT-2 block's d_fc, R x 4C floats, two of them: at n = 2
+//              the ring allocates nothing).
 //   Ulysses    forward: all-to-all of q, k, v from sequence-split to head-split (each rank then
 //              holds Q / n query columns and their key/value columns KV_n of the whole sequence),
 //              one kernel call over the whole sequence, all-to-all of the output back:
@@ -63,6 +65,15 @@ struct ContextAttention {
   int head_offset = 0, n_head = 0;
   kernels::AttentionDropout drop;  // head_offset, n_head_global and seq_len are filled here
   std::string label;               // the layer, for the timeline ("h.3")
+  // Memory the caller lends the call, which nothing else reads or writes while it runs (a block's
+  // MLP gradient scratch, BlockWorkspace::dfch: dead during the attention core). The ring keeps
+  // its K/V blocks and dK/dV parts in as many whole blocks of it as fit (2 KV R floats each) and
+  // allocates only the rest; the other variants allocate theirs. lent_delta: [B, heads.q, T]
+  // floats for the backward's softmax row term (BlockWorkspace::delta), every variant; null:
+  // allocated.
+  float* lent = nullptr;
+  int64_t lent_floats = 0;
+  float* lent_delta = nullptr;
 };
 
 // ConfigError unless the variant can split these heads over n ranks (Ulysses' rule above).

@@ -127,7 +127,7 @@ void RotaryAttention::run_forward(const BlockPass& mb, const float* x, float* y,
     linear_forward(ps_, v_, qkv + q_.out + k_.out, W, in, BT);
   }
   rotate(qkv, mb, false);
-  core_forward(mb, qkv, r.atty.f32(), r.lse.f32());
+  core_forward(mb, qkv, r.atty.f32(), r.lse.f32(), ws);
   if (y == nullptr) return;  // recomputing an attention half: nothing more for the backward
   row_linear(tp, ps_, o_, y, kept(r.atty), x, BranchDropout{});
 }

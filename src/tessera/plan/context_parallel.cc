@@ -1,6 +1,7 @@
 #include "tessera/plan/context_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tessera::plan {
 
@@ -55,7 +56,7 @@ CpBytes cp_layer_bytes(const CpShape& s) {
 
 CpTransient cp_transient_bytes(const CpShape& s) {
   if (s.n <= 1) return {};
-  const double n = s.n, R = s.rows, e = s.elem, KV2 = kv2(s), delta = R * s.q;
+  const double n = s.n, R = s.rows, e = s.elem, KV2 = kv2(s), delta = s.lent_delta ? 0 : R * s.q;
   switch (s.comm) {
     case nn::CpComm::AllGather: {
       // Forward: this rank's K, V and the gathered ones (B > 1: and their copy in sequence order,
@@ -71,8 +72,12 @@ CpTransient cp_transient_bytes(const CpShape& s) {
       // blocks, later the part going to its owner and the one coming); at n = 3 four (the held
       // block, this step's part and the previous one's, going and coming); from n = 4 five (the
       // incoming block as well).
+      // Blocks that fit in the lent memory whole are not allocated (nn's BlockPool: a block takes
+      // a free lent one first, so at most the blocks held at once less the lent ones are).
       const double blocks = s.n == 2 ? 2 : s.n == 3 ? 4 : 5;
-      return {e * 2 * R * KV2, e * (blocks * R * KV2 + delta)};
+      const double lent = R * KV2 > 0 ? std::floor(s.lent / (R * KV2)) : 0;
+      return {e * std::max(0.0, 2 - lent) * R * KV2,
+              e * (std::max(0.0, blocks - lent) * R * KV2 + delta)};
     }
     case nn::CpComm::Ulysses: {
       const double N = n * R, w = ulysses_row(s), o = ulysses_out(s);
@@ -80,7 +85,7 @@ CpTransient cp_transient_bytes(const CpShape& s) {
       // head-split output and its all-to-all's buffers. Backward, at the last all-to-all (dq, dk,
       // dv back): q, k, v and dO head-split, delta and its head-split copy, the head-split
       // gradients, and the send and receive buffers.
-      return {e * N * std::max(3 * w, w + 3 * o), e * N * (4 * w + o + 2 * s.ulysses_q())};
+      return {e * N * std::max(3 * w, w + 3 * o), e * (N * (4 * w + o + s.ulysses_q()) + delta)};
     }
   }
   return {};

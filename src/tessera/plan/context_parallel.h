@@ -34,6 +34,12 @@ struct CpShape {
   // Ring's backward: dK/dV accumulators that travel the ring, n hops each (Megatron's
   // TransformerEngine), or, as tessera, each held block's part sent to its owner (n - 1).
   bool travelling_accumulators = false;
+  // Memory the attention's caller lends the call (nn::ContextAttention::lent; tessera: the block
+  // workspace's d_fc, B s / n x the MLP's hidden width / tp elements), in elements: the ring's
+  // blocks that fit in it whole are not allocated. lent_delta: the backward's row term is lent too
+  // (the workspace's delta).
+  double lent = 0;
+  bool lent_delta = false;
   // Ulysses' head split: query heads per rank and the key/value heads each receives (kv / n, or
   // one, replicated, when n exceeds them).
   int ulysses_q() const { return q / n; }
@@ -51,8 +57,8 @@ CpBytes cp_layer_bytes(const CpShape& s);
 // The most bytes of transient buffers one forward and one backward call hold at once: allgather
 // the whole sequence's K and V (with B > 1 a copy in sequence order) and in the backward their
 // gradients, ring two K/V blocks and in the backward K/V blocks and dK/dV parts (two blocks at
-// n = 2, four at n = 3, five from n = 4), ulysses the head-split rows and the all-to-all buffers.
-// 0 without context parallelism.
+// n = 2, four at n = 3, five from n = 4) less those that fit in the lent memory, ulysses the
+// head-split rows and the all-to-all buffers. 0 without context parallelism.
 struct CpTransient {
   double fwd = 0, bwd = 0;
 };

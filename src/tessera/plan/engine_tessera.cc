@@ -92,7 +92,13 @@ class TesseraEngine final : public Engine {
       rules.moe_skew = options.moe_skew;
     }
     add_unit_work(s, m, l, rules, 4);  // keys, values and their gradients travel in fp32
-    if (s.cp_cores > 0) s.cp_transient = cp_transient_bytes(s.cp);
+    if (s.cp_cores > 0) {
+      // The attention core is lent the block workspace's d_fc (micro-batch rows x the MLP's
+      // hidden width / tp) for the ring's blocks, and its delta for the backward's row term.
+      s.cp.lent = s.cp.rows * static_cast<double>(to_gpt_config(m).mlp_hidden() / l.tp);
+      s.cp.lent_delta = true;
+      s.cp_transient = cp_transient_bytes(s.cp);
+    }
     const double tokens = local_tokens(m, l);
     s.tp_bytes = options.activation_comm_bytes * tokens * m.hidden;
     // A hidden state passed between stages: this rank's rows under sequence parallelism.
