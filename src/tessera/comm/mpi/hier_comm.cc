@@ -444,6 +444,8 @@ void HierCommunicator::collective(const OpDesc& d) {
     if (in) std::memcpy(tmp_.data(), d.send, tmp_.size());
     me.send = tmp_.data();
   }
+  // A barrier all-reduces this; it must outlive the last phase (peers read it until then).
+  int32_t one = 1;
   local_phase(base + 1, d, deadline, "to arrive");
   {
     std::vector<detail::Fingerprint> fps;
@@ -475,7 +477,6 @@ void HierCommunicator::collective(const OpDesc& d) {
       all_to_allv(d, deadline);
       break;
     case OpType::Barrier: {
-      int32_t one = 1;
       OpDesc b = d;
       b.type = OpType::AllReduce;
       b.send = b.recv = &one;
