@@ -5,7 +5,8 @@
 # rank: the same loss at every step and the same model.safetensors. Layouts: dp=4 with ZeRO 1
 # (a gradient group across both processes), dp=2 x tp=2 with sequence parallelism, pp=2 x dp=2
 # with ZeRO 3, a mixture of experts at dp=4 with ep=2, and cp=2 (ring) x dp=2. Then the errors: a
-# process count that does not match the layout, and --ranks-per-process without mpirun.
+# process count that does not match the layout, --ranks-per-process without mpirun, and one that
+# does not divide the layout.
 set -u
 bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 mpiexec=$2
@@ -56,6 +57,12 @@ if echo "$out" | grep -q "applies under mpirun"; then
   echo "ok   --ranks-per-process without mpirun: a clear error"
 else
   echo "FAIL --ranks-per-process without mpirun: $out"; failures=$((failures + 1))
+fi
+out=$("$bin" train "${args[@]}" --dp 3 --ranks-per-process 2 2>&1)
+if echo "$out" | grep -q "ranks-per-process 2 does not divide the 3 ranks of the layout"; then
+  echo "ok   --ranks-per-process that does not divide the layout: a clear error"
+else
+  echo "FAIL --ranks-per-process that does not divide the layout: $out"; failures=$((failures + 1))
 fi
 [ "$failures" = 0 ] && echo "all mixed-mapping checks passed" && exit 0
 echo "$failures failure(s)"

@@ -319,7 +319,9 @@ int supervise(const TrainConfig& cfg, const std::vector<std::string>& command, s
     // [mpirun OPTIONS -np N -x VAR...] tessera train FLAGS [--dp D] [--resume DIR]
     std::vector<std::string> argv = launcher;
     if (under_mpirun) {
-      argv.insert(argv.end(), {"-np", std::to_string(current.world())});
+      // With --ranks-per-process R each process runs R ranks.
+      const int processes = current.world() / std::max(1, current.ranks_per_process);
+      argv.insert(argv.end(), {"-np", std::to_string(processes)});
       for (const char* v :
            {"TESSERA_SUPERVISED", "TESSERA_ATTEMPT", "TESSERA_HEARTBEAT", "TESSERA_FAILURE_DIR"})
         argv.insert(argv.end(), {"-x", v});

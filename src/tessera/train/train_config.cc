@@ -714,6 +714,9 @@ void TrainConfig::validate() const {
                    " (context parallelism cuts each sequence into 2 x cp chunks, rank r holding "
                    "chunks r and 2cp-1-r); choose a ",
                    key("seq"), " that is a multiple of ", 2 * cp);
+  TESSERA_CHECK_AS(ConfigError, ranks_per_process == 0 || world() % ranks_per_process == 0,
+                   key("ranks_per_process"), " ", ranks_per_process, " does not divide the ",
+                   world(), " ranks of the layout; each process runs that many ranks");
   TESSERA_CHECK_AS(ConfigError, batch % dp == 0, key("batch"), " ", batch, " does not split over ",
                    key("dp"), " ", dp, " ranks; choose a batch that is a multiple of dp");
   TESSERA_CHECK_AS(ConfigError, micro_batch == 0 || (batch / dp) % micro_batch == 0,
