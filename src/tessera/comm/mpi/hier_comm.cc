@@ -179,7 +179,7 @@ void fold(void* dst, const void* acc, std::span<const void* const> srcs, size_t 
 }
 
 // A run: consecutive ranks of a communicator in one process.
-struct Run {
+struct ProcessRun {
   int proc = 0;
   int first = 0, size = 0;  // ranks first .. first + size - 1
 };
@@ -311,7 +311,7 @@ class HierCommunicator final : public Communicator {
   std::vector<int> world_ranks_;  // rank here -> world rank
   int rank_;
   int id_;
-  std::vector<Run> runs_;
+  std::vector<ProcessRun> runs_;
   int my_run_ = 0;
   std::vector<int> local_;                   // the ranks in this process, in order
   std::vector<int> local_index_;             // rank -> index in local_, or -1
@@ -497,12 +497,12 @@ void HierCommunicator::collective(const OpDesc& d) {
 
 // Buffers that MPI requests of one call read or write: after a timeout abandoned requests may
 // still use them, so they are leaked rather than freed.
-class KeepIfAbandoned {
+class RequestBuffers {
  public:
-  explicit KeepIfAbandoned(const bool& abandoned) : abandoned_(abandoned) {}
-  KeepIfAbandoned(const KeepIfAbandoned&) = delete;
-  KeepIfAbandoned& operator=(const KeepIfAbandoned&) = delete;
-  ~KeepIfAbandoned() {
+  explicit RequestBuffers(const bool& abandoned) : abandoned_(abandoned) {}
+  RequestBuffers(const RequestBuffers&) = delete;
+  RequestBuffers& operator=(const RequestBuffers&) = delete;
+  ~RequestBuffers() {
     if (abandoned_) (void)new auto(std::move(bufs_));  // NOLINT: owned by MPI from now on
   }
   unsigned char* add(size_t bytes) {
@@ -519,7 +519,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   const int n = size();
   const int m = static_cast<int>(runs_.size());
   const int j = my_run_;
-  const Run& run = runs_[j];
+  const ProcessRun& run = runs_[j];
   const bool last = j == m - 1;
   const size_t es = dtype_size(d.dtype);
   const size_t total = scatter ? d.count * static_cast<size_t>(n) : d.count;
@@ -527,7 +527,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   const DType wire = d.dtype == DType::BF16 ? DType::F32 : d.dtype;
   const size_t ws = dtype_size(wire);
   int slices = 0;
-  for (const Run& r : runs_) slices = std::max(slices, r.size);
+  for (const ProcessRun& r : runs_) slices = std::max(slices, r.size);
   auto slice_begin = [&](int s) {
     return total / slices * s + std::min<size_t>(s, total % slices);
   };
@@ -538,7 +538,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   };
   auto output = [&](int g, size_t e) { return static_cast<unsigned char*>(slot(g).recv) + e * es; };
 
-  KeepIfAbandoned keep(abandoned_);
+  RequestBuffers keep(abandoned_);
   std::vector<MPI_Request> sends, result_recvs;
   // Before another send: waits until at most segments_.in_flight - 1 sends are pending.
   size_t oldest = 0;
@@ -781,7 +781,7 @@ void HierCommunicator::recv(const OpDesc& d, void* buf, size_t count, int from, 
   }
   // Receives up to one element more than expected, so that a longer message is an error here
   // rather than a truncation.
-  KeepIfAbandoned keep(abandoned_);
+  RequestBuffers keep(abandoned_);
   unsigned char* landing = keep.add((count + 1) * es);
   MPI_Request r = irecv(landing, count + 1, d.dtype, from, kUserTags + tag, d);
   MPI_Status st;
