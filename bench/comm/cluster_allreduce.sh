@@ -8,20 +8,9 @@
 # Usage: bench/comm/cluster_allreduce.sh [build-dir] [RATE...]   (default: build 1gbit 10gbit)
 # MIN_ITERS (default 8) sets bench_comm --min-iters.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-$here/../../build}" && pwd)
-shift || true
-rates=("$@")
-[ ${#rates[@]} -gt 0 ] || rates=(1gbit 10gbit)
-bin="$build/bench/comm/bench_comm"
-[ -x "$bin" ] || { echo "cluster_allreduce.sh: $bin not found; build the bench_comm target first" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "cluster_allreduce.sh: the test cluster needs root" >&2; exit 1; }
-cluster=$(cd "$here/../../scripts" && pwd)/cluster.sh
-export TESSERA_CLUSTER_PREFIX=tsrb
-trap 'bash "$cluster" down >/dev/null 2>&1 || true' EXIT
-bash "$cluster" up 2 --bandwidth "${rates[0]}" --subnet 10.77.4.0/24
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, kernel $(uname -r), $(mpirun --version | head -1)"
-echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck source=bench/comm/cluster_bench_lib.sh
+. "$(cd "$(dirname "$0")" && pwd)/cluster_bench_lib.sh"
+cluster_bench_start cluster_allreduce.sh tsrb 10.77.4.0/24 bench/comm/bench_comm "$@"
 for rate in "${rates[@]}"; do
   bash "$cluster" shape "$rate" >/dev/null
   cmd=(bash "$cluster" mpirun --host "h1:2,h2:2" --bind-to none -- "$bin" --mpi-only --ops all_reduce

@@ -8,20 +8,9 @@
 # (default 3) alternate the two, flat first, and each prints the bytes that crossed the links.
 # Needs root. Usage: bench/comm/cluster_hier.sh [build-dir] [RATE...] (default: build 1gbit 10gbit)
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-$here/../../build}" && pwd)
-shift || true
-rates=("$@")
-[ ${#rates[@]} -gt 0 ] || rates=(1gbit 10gbit)
-bin="$build/apps/tessera/tessera"
-[ -x "$bin" ] || { echo "cluster_hier.sh: $bin not found; build the tessera target first" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "cluster_hier.sh: the test cluster needs root" >&2; exit 1; }
-cluster=$(cd "$here/../../scripts" && pwd)/cluster.sh
-export TESSERA_CLUSTER_PREFIX=tsrh
-trap 'bash "$cluster" down >/dev/null 2>&1 || true' EXIT
-bash "$cluster" up 2 --bandwidth "${rates[0]}" --subnet 10.77.6.0/24
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, kernel $(uname -r), $(mpirun --version | head -1)"
-echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck source=bench/comm/cluster_bench_lib.sh
+. "$(cd "$(dirname "$0")" && pwd)/cluster_bench_lib.sh"
+cluster_bench_start cluster_hier.sh tsrh 10.77.6.0/24 apps/tessera/tessera "$@"
 bench=(--ops all_reduce --min-bytes 1MiB --max-bytes 64MiB --iters 8 --min-iters "${MIN_ITERS:-5}"
        --warmup 2 --no-membw --timeout-s 120)
 crossed() { bash "$cluster" bytes | awk '{s += $2} END {printf "%.0f", s}'; }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -33,7 +34,7 @@ void Communicator::drain() {
   cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
 }
 
-static std::string what_of(const std::exception_ptr& e) {
+std::string Communicator::what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& x) {
@@ -334,6 +335,13 @@ detail::FaultInjector* Communicator::fault_injector() {
   if (!faults_ && opts_.fault && opts_.fault->rank == world_rank())
     faults_ = std::make_shared<detail::FaultInjector>(*opts_.fault);
   return faults_.get();
+}
+
+void Communicator::exit_process(const std::string& why, int status) {
+  std::fprintf(stderr, "tessera: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(status);
 }
 
 void Communicator::exit_rank(const std::string& why, int status) {

@@ -178,6 +178,11 @@ class Communicator {
   // An injected exit (fault.h): throws InjectedExit, which ends an inproc rank's thread; the MPI
   // backend ends the process with `status` instead.
   [[noreturn]] virtual void exit_rank(const std::string& why, int status);
+  // What an exception says ("unknown error" for one that is not a std::exception).
+  static std::string what_of(const std::exception_ptr& e);
+  // Ends the process as a crash would (no destructors, no MPI_Finalize) after printing
+  // "tessera: <why>": an injected exit on the backends whose ranks are processes.
+  [[noreturn]] static void exit_process(const std::string& why, int status);
   // Derived destructors call this first: finishes queued work and joins the progress thread.
   void stop_progress_thread();
   Timeout resolve_timeout(Timeout t) const { return t == kDefaultTimeout ? opts_.timeout : t; }

@@ -86,16 +86,8 @@ class InprocCommunicator final : public Communicator {
 };
 
 void InprocCommunicator::on_failure(const std::exception_ptr& e) {
-  std::string what;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    what = x.what();
-  } catch (...) {
-    what = "unknown error";
-  }
   g_->world->poison(detail::concat("rank ", rank_, " of communicator '", name(), "' (world rank ",
-                                   g_->world_ranks[rank_], ") failed: ", what));
+                                   g_->world_ranks[rank_], ") failed: ", what_of(e)));
 }
 
 void InprocCommunicator::execute(const OpDesc& d) {

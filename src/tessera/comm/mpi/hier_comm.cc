@@ -241,24 +241,13 @@ class HierCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key, const std::string& child_name,
                                          Timeout timeout) override;
   void on_failure(const std::exception_ptr& e) override {
-    std::string what;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-      what = "unknown error";
-    }
     w_->poison(detail::concat("rank ", rank_, " of communicator '", name(), "' (world rank ",
-                              world_rank(), ") failed: ", what));
+                              world_rank(), ") failed: ", what_of(e)));
   }
   bool world_failed() const override { return w_->poisoned.load(std::memory_order_acquire); }
   // An injected exit ends the process, as on the MPI backend: its ranks end together.
   [[noreturn]] void exit_rank(const std::string& why, int status) override {
-    std::fprintf(stderr, "tessera: %s\n", why.c_str());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(status);
+    exit_process(why, status);
   }
 
  private:

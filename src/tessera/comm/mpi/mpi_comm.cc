@@ -286,10 +286,7 @@ class MpiCommunicator final : public Communicator {
                                          Timeout timeout) override;
   // An injected exit ends the process as a crash would: no destructors, no MPI_Finalize.
   [[noreturn]] void exit_rank(const std::string& why, int status) override {
-    std::fprintf(stderr, "tessera: %s\n", why.c_str());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(status);
+    exit_process(why, status);
   }
 
  private:
