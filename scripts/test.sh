@@ -41,9 +41,10 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   # components it unloads, so they cannot be suppressed by name). Memory errors and undefined
   # behaviour are still fatal. The guide's commands (label guide) run in the Release pass only:
   # they check that its commands work as written, and under ASan they took 4.3 of the suite's 32
-  # minutes on 2 cores for code the other tests already cover.
+  # minutes on 2 cores for code the other tests already cover. Likewise the hierarchical backend's
+  # extra process shapes (label shapes: 4 x 1 and 2 x 3 ranks; 2 x 2 runs under ASan).
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 900 -L mpi \
-    -LE guide)
+    -LE "guide|shapes")
 
   echo "== ThreadSanitizer on the in-process communicator"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON \
