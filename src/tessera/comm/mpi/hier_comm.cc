@@ -22,6 +22,7 @@
 
 #include "tessera/comm/mpi/runtime.h"
 #include "tessera/comm/reduce.h"
+#include "tessera/comm/watchdog.h"
 
 namespace tessera::comm::mpi {
 namespace {
@@ -864,6 +865,13 @@ std::shared_ptr<HierWorld> make_hier_world(int ranks_per_process, const CommOpti
     throw CommError(detail::concat("the MPI library's largest tag (", has ? *ub : 0,
                                    ") is below the ", (1 << (kIdBits + kStreamBits)) - 1,
                                    " the hierarchical backend needs"));
+  // Blocking collectives with no deadline of their own (a process that left would hang them).
+  const detail::Watchdog watchdog(opts.timeout, [&] {
+    return detail::concat("creating the hierarchical backend's world: timed out after ",
+                          opts.timeout.count(),
+                          " ms in MPI_Allgather / MPI_Comm_dup (a process "
+                          "has left)");
+  });
   {  // the host of every process, for the segment sizes
     char name[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
