@@ -46,8 +46,8 @@ echo "parameters: $P bytes (the MoE model without its experts: $P_dense); activa
 
 # run NAME HOSTS MIN_BYTES REFERENCE [mpirun options] -- train options: trains on the cluster,
 # compares with REFERENCE (one, moe1), checks the bytes into the hosts during the run (kept in
-# crossed_of[NAME]; its log is log_of[NAME]).
-declare -A crossed_of log_of
+# crossed_of[NAME]; its log is log_of[NAME], its folder dir_of[NAME]).
+declare -A crossed_of log_of dir_of
 run() {
   local name=$1 hosts=$2 min=$3 ref=$4
   shift 4
@@ -65,6 +65,7 @@ run() {
   local crossed=$((after - before)) took=$((SECONDS - t0)) d w
   crossed_of[$name]=$crossed
   log_of[$name]=$dir/$tag.log
+  dir_of[$name]=$dir/$tag
   grep -Eq "(mpi|hier) backend" "$dir/$tag.log" || fail "$name: did not use an MPI backend" "$dir/$tag.log"
   if d=$(same_losses "$dir/$ref.jsonl" "$dir/$tag.jsonl" $steps 2>&1); then
     ok "$name: every step's loss equals one rank's (worst $d relative)"
@@ -120,7 +121,7 @@ run "dp=2 x tp=2 --sp, 2 ranks per process (one process per host)" h1:1,h2:1 $((
 "$bin" train "${args[@]}" --dp 2 --tp 2 --sp --zero 1 --save "$dir/threads_dp2_tp2" \
   >"$dir/threads_dp2_tp2.log" 2>&1 || fail "dp=2 x tp=2 --sp as threads failed" "$dir/threads_dp2_tp2.log"
 if cmp -s "$dir/threads_dp2_tp2/model.safetensors" \
-    "$dir/dp_2_x_tp_2___sp__2_ranks_per_process__one_process_per_host_/model.safetensors"; then
+    "${dir_of["dp=2 x tp=2 --sp, 2 ranks per process (one process per host)"]:-none}/model.safetensors"; then
   ok "2 ranks per process across the hosts: the weights of the threads' run, bit for bit"
 else
   fail "2 ranks per process across the hosts: the weights differ from the threads' run"

@@ -142,22 +142,29 @@ static std::string rank_list(const std::vector<int>& ranks) {
 
 void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& comm_name,
                         int my_rank) {
+  std::vector<int> ranks(fps.size());
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+  check_fingerprints(fps, ranks, comm_name, my_rank, static_cast<int>(fps.size()));
+}
+
+void check_fingerprints(const std::vector<Fingerprint>& fps, const std::vector<int>& ranks,
+                        const std::string& comm_name, int my_rank, int comm_size) {
   bool same = true;
   for (const auto& f : fps) same = same && f == fps[0];
   if (same) return;
   // Group ranks by what they called, in order of first appearance.
   std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(fps.size()); ++r) {
+  for (size_t i = 0; i < fps.size(); ++i) {
     bool found = false;
     for (auto& g : groups)
-      if (g.first == fps[r]) {
-        g.second.push_back(r);
+      if (g.first == fps[i]) {
+        g.second.push_back(ranks[i]);
         found = true;
       }
-    if (!found) groups.push_back({fps[r], {r}});
+    if (!found) groups.push_back({fps[i], {ranks[i]}});
   }
   std::ostringstream os;
-  os << op_context("collective mismatch", comm_name, my_rank, static_cast<int>(fps.size())) << ": ";
+  os << op_context("collective mismatch", comm_name, my_rank, comm_size) << ": ";
   for (size_t i = 0; i < groups.size(); ++i)
     os << (i ? "; " : "") << rank_list(groups[i].second) << " called "
        << fingerprint_str(groups[i].first);

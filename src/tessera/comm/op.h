@@ -79,6 +79,9 @@ std::string fingerprint_str(const Fingerprint& f);  // "all_reduce #5 (F32 x 100
 // 1)"); only the rank in it differs between ranks.
 void check_fingerprints(const std::vector<Fingerprint>& fps, const std::string& comm_name,
                         int my_rank);
+// The same for some of the ranks of a communicator of `comm_size`: fps[i] is rank ranks[i]'s.
+void check_fingerprints(const std::vector<Fingerprint>& fps, const std::vector<int>& ranks,
+                        const std::string& comm_name, int my_rank, int comm_size);
 
 // Whether all_reduce and reduce_scatter accept elements of this dtype (F32, F64, BF16, I32, I64;
 // every reduce op applies to each of them).

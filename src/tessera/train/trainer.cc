@@ -47,6 +47,25 @@ comm::CommOptions comm_options(const TrainConfig& cfg) {
 
 namespace {
 
+// Rank 0's settings that every rank must share: one time origin for every rank's timeline (the
+// monotonic clock is shared by the processes of one machine; across machines the tracks are
+// aligned to within clock skew) and the bf16 GEMM path. Collective over `world`.
+struct Rank0Settings {
+  TraceClock::time_point trace_origin;
+  kernels::Bf16Gemm bf16_gemm;
+};
+Rank0Settings rank0_settings(comm::Communicator& world, const RunPlan& plan) {
+  int64_t shared[2] = {plan.trace_origin.time_since_epoch().count(),
+                       static_cast<int64_t>(plan.bf16_gemm)};
+  world.broadcast(shared, 2, DType::I64).wait();
+  return {TraceClock::time_point(TraceClock::duration(shared[0])),
+          static_cast<kernels::Bf16Gemm>(shared[1])};
+}
+void adopt(RunPlan& plan, const Rank0Settings& s) {
+  plan.trace_origin = s.trace_origin;
+  plan.bf16_gemm = s.bf16_gemm;
+}
+
 // This process's rank of an mpirun job (one rank per process).
 TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOptions& copts,
                          std::FILE* log, const TrainHooks& hooks) {
@@ -72,14 +91,7 @@ TrainResult run_mpi_rank(const TrainConfig& cfg, int threads, const comm::CommOp
     choose_peak(cfg, *plan, log != nullptr || !cfg.metrics.empty());  // rank 0 reports MFU
   }
   world->barrier(ready).wait();
-  // One time origin for every rank's timeline: rank 0's (the monotonic clock is shared by the
-  // processes of one machine; across machines the tracks are aligned to within clock skew);
-  // and rank 0's bf16 GEMM path.
-  int64_t shared[2] = {plan->trace_origin.time_since_epoch().count(),
-                       static_cast<int64_t>(plan->bf16_gemm)};
-  world->broadcast(shared, 2, DType::I64).wait();
-  plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
-  plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
+  adopt(*plan, rank0_settings(*world, *plan));
   try {
     return train_rank(cfg, *plan, *world, log);
   } catch (...) {
@@ -127,15 +139,9 @@ TrainResult run_hierarchical_ranks(const TrainConfig& cfg, int threads,
           choose_peak(cfg, *plan, log != nullptr || !cfg.metrics.empty());
         }
         world.barrier(ready).wait();
-        // Rank 0's time origin and bf16 GEMM path, as under one rank per process.
-        int64_t shared[2] = {plan->trace_origin.time_since_epoch().count(),
-                             static_cast<int64_t>(plan->bf16_gemm)};
-        world.broadcast(shared, 2, DType::I64).wait();
+        const Rank0Settings settings = rank0_settings(world, *plan);
         world.barrier(ready).wait();  // every rank here has read the plan
-        if (first_here) {
-          plan->trace_origin = TraceClock::time_point(TraceClock::duration(shared[0]));
-          plan->bf16_gemm = static_cast<kernels::Bf16Gemm>(shared[1]);
-        }
+        if (first_here) adopt(*plan, settings);
         world.barrier(ready).wait();
         try {
           TrainResult r = train_rank(cfg, *plan, world, log);

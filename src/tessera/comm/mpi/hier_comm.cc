@@ -268,6 +268,12 @@ class HierCommunicator final : public Communicator {
   // members in this process (deadline, poison).
   void local_phase(uint64_t value, const OpDesc& d, Clock::time_point deadline,
                    std::string_view what);
+  // Waits on the process's condition variable (lk holds L_->mu) until done(); fails with
+  // PeerFailedError when a rank of the process failed, or TimeoutError "... waiting for
+  // <missing()>" at the deadline.
+  template <typename Done, typename Missing>
+  void wait_local(std::unique_lock<std::mutex>& lk, const OpDesc& d, Clock::time_point deadline,
+                  Done&& done, Missing&& missing);
   void check_poison(const OpDesc& d) const {
     if (w_->poisoned.load(std::memory_order_acquire))
       throw PeerFailedError(where(d) + " aborted: " + w_->poison_reason());
@@ -321,20 +327,28 @@ void HierCommunicator::local_phase(uint64_t value, const OpDesc& d, Clock::time_
   std::unique_lock lk(L.mu);
   L.phase[local_index_[rank_]] = value;
   L.cv.notify_all();
-  for (;;) {
-    bool all = true;
-    for (uint64_t p : L.phase) all = all && p >= value;
-    if (all) return;
+  wait_local(
+      lk, d, deadline,
+      [&] {
+        return std::all_of(L.phase.begin(), L.phase.end(), [&](uint64_t p) { return p >= value; });
+      },
+      [&] {
+        std::string missing;
+        for (size_t i = 0; i < L.phase.size(); ++i)
+          if (L.phase[i] < value) missing += detail::concat(missing.empty() ? "" : ",", local_[i]);
+        return detail::concat("ranks ", missing, " (in this process) ", what);
+      });
+}
+
+template <typename Done, typename Missing>
+void HierCommunicator::wait_local(std::unique_lock<std::mutex>& lk, const OpDesc& d,
+                                  Clock::time_point deadline, Done&& done, Missing&& missing) {
+  while (!done()) {
     check_poison(d);
-    if (Clock::now() >= deadline) {
-      std::string missing;
-      for (size_t i = 0; i < L.phase.size(); ++i)
-        if (L.phase[i] < value) missing += detail::concat(missing.empty() ? "" : ",", local_[i]);
+    if (Clock::now() >= deadline)
       throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                        " ms waiting for ranks ", missing, " (in this process) ",
-                                        what));
-    }
-    L.cv.wait_for(lk, std::chrono::milliseconds(2));
+                                        " ms waiting for ", missing()));
+    L_->cv.wait_for(lk, std::chrono::milliseconds(2));
   }
 }
 
@@ -354,15 +368,17 @@ void HierCommunicator::wait_all(std::span<MPI_Request> reqs, Clock::time_point d
     rt::check(rc, where(d));
     if (flag) return;
     if ((iter & 255) != 255) continue;
-    check_poison(d);
     const auto now = Clock::now();
-    if (now >= deadline) break;
+    if (now >= deadline || w_->poisoned.load(std::memory_order_acquire)) break;
     if (now >= yield_from) std::this_thread::yield();
   }
+  // Given up (a deadline, or a rank of this process failed): the requests may still use their
+  // buffers, which the caller's RequestBuffers then keeps.
   for (MPI_Request& r : reqs)
     if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);  // receives; a send cannot be taken back
   abandoned_ = true;
   w_->abandoned.store(true);
+  check_poison(d);
   throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
                                     " ms waiting for ", waiting_for));
 }
@@ -437,18 +453,9 @@ void HierCommunicator::collective(const OpDesc& d) {
   // A barrier all-reduces this; it must outlive the last phase (peers read it until then).
   int32_t one = 1;
   local_phase(base + 1, d, deadline, "to arrive");
-  {
-    std::vector<detail::Fingerprint> fps;
-    for (int g : local_) fps.push_back(slot(g).fp);
-    if (std::any_of(fps.begin(), fps.end(), [&](auto& f) { return !(f == fps[0]); })) {
-      std::string calls;
-      for (size_t i = 0; i < fps.size(); ++i)
-        calls += detail::concat(i ? "; " : "", "rank ", local_[i], " called ",
-                                detail::fingerprint_str(fps[i]));
-      throw MismatchError(detail::concat("collective mismatch on communicator '", name(), "' rank ",
-                                         rank_, "/", size(), ": ", calls));
-    }
-  }
+  std::vector<detail::Fingerprint> fps;  // of the ranks in this process
+  for (int g : local_) fps.push_back(slot(g).fp);
+  detail::check_fingerprints(fps, local_, name(), rank_, size());
   switch (d.type) {
     case OpType::AllReduce:
       chain_reduce(d, deadline, false);
@@ -473,8 +480,7 @@ void HierCommunicator::collective(const OpDesc& d) {
       b.count = 1;
       b.dtype = DType::I32;
       b.op = ReduceOp::Sum;
-      L_->slots[local_index_[rank_]].send = &one;
-      L_->slots[local_index_[rank_]].recv = &one;
+      me.send = me.recv = &one;
       local_phase(base + 2, d, deadline, "to arrive");
       chain_reduce(b, deadline, false);
       break;
@@ -532,11 +538,9 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   std::vector<MPI_Request> sends, result_recvs;
   // Before another send: waits until at most segments_.in_flight - 1 sends are pending.
   size_t oldest = 0;
-  auto throttle = [&](std::vector<MPI_Request>& reqs, Clock::time_point until, const OpDesc& op) {
-    while (reqs.size() - oldest >= segments_.in_flight) {
-      wait_all({&reqs[oldest], 1}, until, op, "the next ranks of the chain to receive");
-      ++oldest;
-    }
+  auto throttle = [&] {
+    for (; sends.size() - oldest >= segments_.in_flight; ++oldest)
+      wait_all({&sends[oldest], 1}, deadline, d, "the next ranks of the chain to receive");
   };
   struct Span {
     size_t a, len;
@@ -564,7 +568,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
       const void* acc = prev >= 0 ? in + a * ws : nullptr;
       if (!last) {
         fold(out + a * ws, acc, srcs, len, d.dtype, d.op, false, n);
-        throttle(sends, deadline, d);
+        throttle();
         sends.push_back(isend(out + a * ws, len, wire, next, kChain, d));
         // The result comes back here unless the last run's handler is in this process (it then
         // writes every output here itself). Posted after this segment's input was read.
@@ -578,7 +582,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
         for (int r = 0; r < m - 1; ++r) {
           const int h = handler(r, s);
           if (runs_[r].proc == w_->proc) continue;
-          throttle(sends, deadline, d);
+          throttle();
           sends.push_back(isend(output(rank_, e), len, d.dtype, h, kResult, d));
         }
         held.push_back({e, len});
@@ -753,13 +757,8 @@ void HierCommunicator::recv(const OpDesc& d, void* buf, size_t count, int from, 
   if (is_local(from)) {
     std::unique_lock lk(L_->mu);
     auto& q = L_->mail[{from, rank_, tag}];
-    while (q.empty()) {
-      check_poison(d);
-      if (Clock::now() >= deadline)
-        throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                          " ms waiting for ", waiting));
-      L_->cv.wait_for(lk, std::chrono::milliseconds(2));
-    }
+    wait_local(
+        lk, d, deadline, [&] { return !q.empty(); }, [&] { return waiting; });
     LocalShared::Message msg = std::move(q.front());
     q.pop_front();
     if (msg.dtype != d.dtype || msg.count != count)
@@ -775,24 +774,7 @@ void HierCommunicator::recv(const OpDesc& d, void* buf, size_t count, int from, 
   unsigned char* landing = keep.add((count + 1) * es);
   MPI_Request r = irecv(landing, count + 1, d.dtype, from, kUserTags + tag, d);
   MPI_Status st;
-  const auto yield_from =
-      w_->oversubscribed ? Clock::time_point::min() : Clock::now() + std::chrono::milliseconds(1);
-  for (long iter = 0;; ++iter) {
-    int flag = 0;
-    rt::check(MPI_Test(&r, &flag, &st), where(d));
-    if (flag) break;
-    if ((iter & 255) != 255) continue;
-    const auto now = Clock::now();
-    if (w_->poisoned.load(std::memory_order_acquire) || now >= deadline) {
-      MPI_Cancel(&r);
-      abandoned_ = true;
-      w_->abandoned.store(true);
-      check_poison(d);
-      throw TimeoutError(detail::concat(where(d), ": timed out after ", d.timeout.count(),
-                                        " ms waiting for ", waiting));
-    }
-    if (now >= yield_from) std::this_thread::yield();
-  }
+  wait_all({&r, 1}, deadline, d, waiting, &st);
   int got = 0;
   MPI_Get_count(&st, rt::datatype(d.dtype), &got);
   if (static_cast<size_t>(got) != count)
