@@ -4,9 +4,10 @@
 # as its ranks run as threads of one process, as 2 processes of 2 ranks and as 4 processes of 1
 # rank: the same loss at every step and the same model.safetensors. Layouts: dp=4 with ZeRO 1
 # (a gradient group across both processes), dp=2 x tp=2 with sequence parallelism, pp=2 x dp=2
-# with ZeRO 3, a mixture of experts at dp=4 with ep=2, and cp=2 (ring) x dp=2. Then the errors: a
-# process count that does not match the layout, --ranks-per-process without mpirun, and one that
-# does not divide the layout.
+# with ZeRO 3, a mixture of experts at dp=4 with ep=2, cp=2 (ring) x dp=2, and the Llama family
+# at dp=2 x tp=2 with sequence parallelism; dropout 0.1 throughout. Then the errors: a process
+# count that does not match the layout, --ranks-per-process without mpirun, and one that does not
+# divide the layout.
 set -u
 bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 mpiexec=$2
@@ -21,7 +22,8 @@ losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss'
 failures=0
 n=0
 for layout in "--dp 4 --zero 1" "--dp 2 --tp 2 --sp --zero 1" "--pp 2 --dp 2 --zero 3" \
-              "--dp 4 --ep 2 --moe-experts 4 --moe-top-k 2" "--cp 2 --cp-comm ring --dp 2 --zero 1"; do
+              "--dp 4 --ep 2 --moe-experts 4 --moe-top-k 2" "--cp 2 --cp-comm ring --dp 2 --zero 1" \
+              "--arch llama --kv-heads 2 --dp 2 --tp 2 --sp --zero 1"; do
   n=$((n + 1))
   read -ra flags <<<"$layout"
   # Threads of one process, then 2 x 2 and 4 x 1 processes x ranks.
