@@ -3,13 +3,16 @@
 // tests in the same order. Skips (saying why) when built without MPI or not launched by mpiexec.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 
 #include "helpers.h"
+#include "tessera/comm/fault.h"
 #include "tessera/comm/reduce.h"
 
 namespace tessera::comm::test {
@@ -23,9 +26,11 @@ int ranks_per_process() {
 }
 
 // Runs fn on every rank of a fresh hierarchical world; fails the test with the first error.
-void on_world(const std::function<void(Communicator&)>& fn, Timeout timeout = 60s) {
+void on_world(const std::function<void(Communicator&)>& fn, Timeout timeout = 60s,
+              bool debug = false) {
   CommOptions o;
   o.timeout = timeout;
+  o.debug = debug;
   try {
     run_hierarchical(ranks_per_process(), fn, o);
   } catch (const std::exception& e) {
@@ -167,6 +172,131 @@ TEST_F(Hier, ReductionsCombineInRankOrder) {
           }
     }
   });
+}
+
+// Debug mode compares the fingerprints of every rank of a communicator, across processes too:
+// calls that match give the same results as without it, and a mismatch between processes fails
+// on every rank of every process with the same MismatchError (only "rank r/n" differs), where
+// without it the ranks would wait for each other until the deadline or mix up data.
+TEST_F(Hier, DebugModeMatchingCallsOnEveryGroup) {
+  on_world(
+      [](Communicator& w) {
+        for (auto& c : groups(w))
+          for (size_t count : {size_t{0}, size_t{13}, 100 * static_cast<size_t>(c->size()) + 1}) {
+            check_all_reduce(*c, count, count < 100);
+            check_all_gather(*c, count, false);
+            check_reduce_scatter(*c, count, false);
+            check_broadcast(*c, count, false);
+            check_all_to_all(*c, count, false);
+            check_all_to_allv(*c, count);
+            check_send_recv(*c, count);
+            c->barrier().wait();
+          }
+      },
+      60s, true);
+}
+
+// "ranks 0,2 called " or "rank 3 called ", as check_fingerprints names them.
+std::string called(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += detail::concat(i ? "," : "", ranks[i]);
+  return s + " called ";
+}
+
+// What every rank of `c` is to read: "collective mismatch on communicator 'x' rank r/n: <calls>".
+std::string mismatch(const Communicator& c, const std::string& calls) {
+  return detail::concat("collective mismatch on communicator '", c.name(), "' rank ", c.rank(), "/",
+                        c.size(), ": ", calls);
+}
+
+// Runs fn on every rank of a fresh debug-mode world whose deadline is 30 s: fn sets `want` and
+// issues a call that must fail with a MismatchError saying exactly that, on every rank of this
+// process (each process checks its own), in well under the deadline.
+void expect_mismatch_everywhere(const std::function<void(Communicator&, std::string& want)>& fn,
+                                CommOptions o = {}) {
+  o.debug = true;
+  o.timeout = 30s;
+  std::atomic<int> caught{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_hierarchical(
+        ranks_per_process(),
+        [&](Communicator& w) {
+          std::string want;
+          try {
+            fn(w, want);
+            ADD_FAILURE() << "world rank " << w.rank() << ": no MismatchError";
+          } catch (const MismatchError& e) {
+            EXPECT_EQ(std::string(e.what()), want);
+            ++caught;
+          }
+        },
+        o);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  EXPECT_EQ(caught.load(), ranks_per_process());
+  EXPECT_LT(since_ms(t0), 10000);
+}
+
+// Whether world rank `world_rank` runs in the world's last process.
+bool in_last_process(int world_rank, int world_size) {
+  return world_rank / ranks_per_process() == world_size / ranks_per_process() - 1;
+}
+
+// The last process's ranks all-reduce 12 elements, the others 10: every rank of every process
+// catches it (the ranks of one process agree, so only the exchange across processes can).
+TEST_F(Hier, DebugModeCountMismatchAcrossProcessesFailsEveryRank) {
+  expect_mismatch_everywhere([](Communicator& w, std::string& want) {
+    const int n = w.size();
+    std::vector<float> x(12, static_cast<float>(w.rank()));
+    w.all_reduce(x.data(), 10, DType::F32).wait();  // #1 matches
+    EXPECT_EQ(x[0], static_cast<float>(n * (n - 1) / 2));
+    std::vector<int> first, last;
+    for (int r = 0; r < n; ++r) (in_last_process(r, n) ? last : first).push_back(r);
+    want = mismatch(w, called(first) + "all_reduce #2 (F32 x 10, sum); " + called(last) +
+                           "all_reduce #2 (F32 x 12, sum)");
+    w.all_reduce(x.data(), in_last_process(w.rank(), n) ? 12 : 10, DType::F32).wait();
+  });
+}
+
+// On a group whose ranks in one process are not consecutive (the scrambled order of groups()),
+// the last process's ranks all-gather where the others all-reduce.
+TEST_F(Hier, DebugModeOpMismatchAcrossProcessesFailsEveryRank) {
+  expect_mismatch_everywhere([](Communicator& w, std::string& want) {
+    const int n = w.size();
+    auto c = w.split(0, w.rank() % 2 ? 2 * n - w.rank() : w.rank(), "scrambled");
+    auto rank_in_c = [&](int r) { return r % 2 == 0 ? r / 2 : n / 2 + (n - 1 - r) / 2; };
+    ASSERT_EQ(c->rank(), rank_in_c(w.rank()));
+    std::vector<int> first, last;
+    for (int g = 0; g < n; ++g)
+      for (int r = 0; r < n; ++r)
+        if (rank_in_c(r) == g) (in_last_process(r, n) ? last : first).push_back(g);
+    want = mismatch(*c, called(first) + "all_reduce #1 (F32 x 2, sum); " + called(last) +
+                            "all_gather #1 (F32 x 1)");
+    std::vector<float> x(static_cast<size_t>(n), 1.0f), y(static_cast<size_t>(n));
+    if (in_last_process(w.rank(), n))
+      c->all_gather(x.data(), y.data(), 1, DType::F32).wait();
+    else
+      c->all_reduce(x.data(), 2, DType::F32).wait();
+  });
+}
+
+// An injected mismatch (TESSERA_FAULT kind=mismatch turns on debug mode): world rank 0 issues a
+// barrier where the others all-reduce; the ranks of the other processes learn it too.
+TEST_F(Hier, InjectedMismatchFailsEveryRankOfEveryProcess) {
+  CommOptions o;
+  o.fault = std::make_shared<const FaultSpec>(parse_fault_spec("rank=0,op=1,kind=mismatch"));
+  expect_mismatch_everywhere(
+      [](Communicator& w, std::string& want) {
+        std::vector<int> others(static_cast<size_t>(w.size() - 1));
+        std::iota(others.begin(), others.end(), 1);
+        want = mismatch(
+            w, "rank 0 called barrier #1; " + called(others) + "all_reduce #1 (F32 x 100, sum)");
+        std::vector<float> x(100, 1.0f);
+        w.all_reduce(x.data(), x.size(), DType::F32).wait();
+      },
+      o);
 }
 
 // A collective that one process's ranks never join ends in time with TimeoutError on the others,

@@ -36,7 +36,14 @@ namespace rt = runtime_access;
 // share a pair of ranks), the stream of messages in the low ones.
 constexpr int kIdBits = 10;
 constexpr int kStreamBits = 20;
-enum Stream : int { kChain = 1, kResult = 2, kGather = 3, kBroadcast = 4, kAllToAll = 5 };
+enum Stream : int {
+  kChain = 1,
+  kResult = 2,
+  kGather = 3,
+  kBroadcast = 4,
+  kAllToAll = 5,
+  kFingerprints = 6  // debug mode (HierCommunicator::group_fingerprints)
+};
 constexpr int kUserTags = 1024;  // send/recv tag t travels as stream kUserTags + t
 constexpr int kMaxUserTag = (1 << kStreamBits) - kUserTags - 1;
 
@@ -78,6 +85,9 @@ struct LocalShared {
   std::vector<Slot> slots;                                        // by local index; owner writes
   std::vector<uint64_t> phase;                                    // by local index; under mu
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag); under mu
+  // Debug mode: the fingerprints of every member of the communicator, by rank; the first member
+  // here writes them (HierCommunicator::group_fingerprints).
+  std::vector<detail::Fingerprint> group_fps;
 };
 
 struct HierWorld {
@@ -264,6 +274,11 @@ class HierCommunicator final : public Communicator {
   }
   int tag(int stream) const { return (id_ << kStreamBits) | stream; }
 
+  // The steps of collective #ops_ at which the members in this process wait for each other, as
+  // local_phase(phase(step)). Phase values only grow: kFinished of one collective is below
+  // kArrived of the next.
+  enum Step : uint64_t { kArrived = 1, kExchanged = 2, kBlocks = 3, kFinished = 4 };
+  uint64_t phase(Step s) const { return ops_ * kFinished + s; }
   // The local phase barrier: publishes that this rank reached `value` and waits for the other
   // members in this process (deadline, poison).
   void local_phase(uint64_t value, const OpDesc& d, Clock::time_point deadline,
@@ -286,6 +301,8 @@ class HierCommunicator final : public Communicator {
   MPI_Request irecv(void* buf, size_t count, DType dt, int from, int stream, const OpDesc& d);
 
   void collective(const OpDesc& d);
+  // Debug mode: the fingerprints of this collective of every member, by rank, from every process.
+  std::vector<detail::Fingerprint> group_fingerprints(const OpDesc& d, Clock::time_point deadline);
   // all_reduce (scatter == false: every rank gets the whole result) and reduce_scatter (block b of
   // the result to rank b only): the chain of the header comment.
   void chain_reduce(const OpDesc& d, Clock::time_point deadline, bool scatter);
@@ -435,7 +452,7 @@ void HierCommunicator::execute(const OpDesc& d) {
 
 void HierCommunicator::collective(const OpDesc& d) {
   const auto deadline = Clock::now() + d.timeout;
-  const uint64_t base = ++ops_ * 4;
+  ++ops_;
   LocalShared::Slot& me = L_->slots[local_index_[rank_]];
   me.fp = detail::fingerprint_of(d);
   me.send = d.send;
@@ -452,10 +469,17 @@ void HierCommunicator::collective(const OpDesc& d) {
   }
   // A barrier all-reduces this; it must outlive the last phase (peers read it until then).
   int32_t one = 1;
-  local_phase(base + 1, d, deadline, "to arrive");
-  std::vector<detail::Fingerprint> fps;  // of the ranks in this process
-  for (int g : local_) fps.push_back(slot(g).fp);
-  detail::check_fingerprints(fps, local_, name(), rank_, size());
+  local_phase(phase(kArrived), d, deadline, "to arrive");
+  // The members here compare fingerprints on every call; in debug mode every member compares
+  // every member's, from all processes, so that each gets the same MismatchError (else a
+  // mismatch across processes would hang or mix data).
+  if (options().debug && by_proc_.size() > 1) {
+    detail::check_fingerprints(group_fingerprints(d, deadline), name(), rank_);
+  } else {
+    std::vector<detail::Fingerprint> fps;  // of the ranks in this process
+    for (int g : local_) fps.push_back(slot(g).fp);
+    detail::check_fingerprints(fps, local_, name(), rank_, size());
+  }
   switch (d.type) {
     case OpType::AllReduce:
       chain_reduce(d, deadline, false);
@@ -481,14 +505,14 @@ void HierCommunicator::collective(const OpDesc& d) {
       b.dtype = DType::I32;
       b.op = ReduceOp::Sum;
       me.send = me.recv = &one;
-      local_phase(base + 2, d, deadline, "to arrive");
+      local_phase(phase(kBlocks), d, deadline, "to arrive");
       chain_reduce(b, deadline, false);
       break;
     }
     default:
       throw CommUsageError(where(d) + ": unexpected operation");
   }
-  local_phase(base + 3, d, deadline, "to finish reading this rank's buffers");
+  local_phase(phase(kFinished), d, deadline, "to finish reading this rank's buffers");
 }
 
 // Buffers that MPI requests of one call read or write: after a timeout abandoned requests may
@@ -510,6 +534,45 @@ class RequestBuffers {
   const bool& abandoned_;
   std::vector<std::vector<unsigned char>> bufs_;
 };
+
+// The first member of each process sends the fingerprints its process's members published (at
+// kArrived) to the first member of every other process, and receives theirs; its peers here wait
+// for it at kExchanged, so that no member fails (and poisons the process) before all of them
+// hold the same list. It writes L_->group_fps after kArrived, when the members here have read the
+// previous collective's.
+std::vector<detail::Fingerprint> HierCommunicator::group_fingerprints(const OpDesc& d,
+                                                                      Clock::time_point deadline) {
+  constexpr size_t fs = sizeof(detail::Fingerprint);
+  if (rank_ == local_[0]) {
+    std::vector<detail::Fingerprint>& all = L_->group_fps;
+    all.resize(static_cast<size_t>(size()));
+    RequestBuffers keep(abandoned_);
+    unsigned char* mine = keep.add(local_.size() * fs);
+    for (size_t i = 0; i < local_.size(); ++i) {
+      all[local_[i]] = slot(local_[i]).fp;
+      std::memcpy(mine + i * fs, &all[local_[i]], fs);
+    }
+    std::vector<MPI_Request> reqs;
+    std::vector<std::pair<const std::vector<int>*, const unsigned char*>> theirs;
+    std::string from;
+    for (const auto& [proc, ranks] : by_proc_) {
+      if (proc == w_->proc) continue;
+      reqs.push_back(isend(mine, local_.size() * fs, DType::U8, ranks[0], kFingerprints, d));
+      unsigned char* in = keep.add(ranks.size() * fs);
+      reqs.push_back(irecv(in, ranks.size() * fs, DType::U8, ranks[0], kFingerprints, d));
+      theirs.emplace_back(&ranks, in);
+      from += detail::concat(from.empty() ? "" : ", ", peer(ranks[0]));
+    }
+    wait_all(reqs, deadline, d,
+             detail::concat("the other processes to reach this collective (debug mode: the "
+                            "fingerprints of their ranks, from ",
+                            from, ")"));
+    for (const auto& [ranks, in] : theirs)
+      for (size_t i = 0; i < ranks->size(); ++i) std::memcpy(&all[(*ranks)[i]], in + i * fs, fs);
+  }
+  local_phase(phase(kExchanged), d, deadline, "to receive the fingerprints of the other processes");
+  return L_->group_fps;
+}
 
 void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline, bool scatter) {
   const int n = size();
@@ -651,7 +714,7 @@ void HierCommunicator::all_gather(const OpDesc& d, Clock::time_point deadline) {
         reqs.push_back(irecv(out + g * bytes, d.count, d.dtype, g, kGather, d));
   }
   wait_all(reqs, deadline, d, "the ranks of the other processes to exchange blocks");
-  local_phase(ops_ * 4 + 2, d, deadline, "to receive their blocks");
+  local_phase(phase(kBlocks), d, deadline, "to receive their blocks");
   for (int g = 0; g < size(); ++g) {
     const void* from =
         is_local(g)
@@ -675,7 +738,7 @@ void HierCommunicator::broadcast(const OpDesc& d, Clock::time_point deadline) {
     reqs.push_back(irecv(d.recv, d.count, d.dtype, root, kBroadcast, d));
   }
   wait_all(reqs, deadline, d, detail::concat(peer(root), " (the root) to send"));
-  local_phase(ops_ * 4 + 2, d, deadline, "to receive the root's buffer");
+  local_phase(phase(kBlocks), d, deadline, "to receive the root's buffer");
   const int from = is_local(root) ? root : local_[0];
   if (from != rank_ && bytes) std::memcpy(d.recv, slot(from).recv, bytes);
 }
