@@ -46,8 +46,8 @@ set(TESSERA_PUBLIC_HEADERS_train
     trainer.h)
 # The planner: `tessera plan`'s model of memory and step time, usable from code.
 set(TESSERA_PUBLIC_HEADERS_plan
-    calibrate.h cluster.h collectives.h context_parallel.h engine.h gemm_efficiency.h
-    korthikanti.h layout.h model_spec.h planner.h report.h work.h)
+    calibrate.h cluster.h collectives.h context_parallel.h cross_node.h engine.h
+    gemm_efficiency.h korthikanti.h layout.h model_spec.h planner.h report.h work.h)
 
 # The generated version header, tessera/version.h.
 configure_file(${PROJECT_SOURCE_DIR}/cmake/version.h.in

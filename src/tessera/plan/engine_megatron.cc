@@ -40,6 +40,7 @@ class MegatronEngine final : public Engine {
     n.optimizer = 12;
     n.comm = 2;
     n.gather = 2;
+    n.activation = 2;
     // Reads the 2-byte gradient and the fp32 master, momentum and variance, writes the three and
     // the 2-byte parameter.
     n.optimizer_traffic = 2 + 12 + 12 + 2;

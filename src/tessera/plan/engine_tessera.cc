@@ -49,6 +49,7 @@ class TesseraEngine final : public Engine {
     n.optimizer = options.sgd ? 4 : 8;
     n.comm = options.grad_comm_bytes;
     n.gather = options.param_gather_bytes;
+    n.activation = options.activation_comm_bytes;
     // AdamW reads p, g, m, v and writes p, m, v; the norm reads g, clipping rewrites it, the next
     // step zeroes it.
     n.optimizer_traffic = options.sgd ? 32 : 44;

@@ -1,6 +1,7 @@
 #include "tessera/plan/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -129,6 +130,9 @@ class Evaluator {
       p.rank_memory.push_back(mem);
       if (rank == 0) p.dp_bytes = engine_->dp_bytes_per_step(l, chunks, m);
     }
+    const int ranks_per_node = r_.cluster.devices_per_node * share_;
+    p.nodes_spanned = (world + ranks_per_node - 1) / ranks_per_node;
+    p.across = cross_node_bytes(l, groups(l, ranks_per_node), sheets, m, engine_->numerics());
     p.fits = p.memory.total() <= p.capacity;
     if (!p.fits) p.why_not = why_not(p);
     if (timing == Timing::Simulate || (timing == Timing::EstimateIfFits && p.fits))
@@ -401,7 +405,17 @@ class Evaluator {
     return (m - 1) * slowest + sum + fill_p2p;  // gpipe, 1f1b
   }
 
+  // How l's communicators fall on the nodes, worked out once per shape (a ranking plans many
+  // layouts of one shape).
+  const LayoutGroups& groups(const Layout& l, int ranks_per_node) {
+    const std::array<int, 7> key = {l.dp, l.tp, l.pp, l.cp, l.ep, l.shard_ranks(), ranks_per_node};
+    auto it = groups_.find(key);
+    if (it == groups_.end()) it = groups_.emplace(key, layout_groups(l, ranks_per_node)).first;
+    return it->second;
+  }
+
   const PlanRequest& r_;
+  std::map<std::array<int, 7>, LayoutGroups> groups_;
   std::unique_ptr<Engine> engine_;
   std::string precision_;
   double peak_ = 0, rate_ = 0, mem_bw_ = 0, overlap_ = 0;

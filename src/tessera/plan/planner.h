@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tessera/plan/cluster.h"
+#include "tessera/plan/cross_node.h"
 #include "tessera/plan/engine.h"
 #include "tessera/plan/layout.h"
 #include "tessera/plan/model_spec.h"
@@ -83,6 +84,10 @@ struct Prediction {
   // context-parallel ranks (TrainResult's cp_bytes_per_step) and to its expert-parallel ranks
   // (the all-to-alls' rows for other ranks under balanced routing: ep_bytes_per_step).
   double dp_bytes = 0, tp_bytes = 0, p2p_bytes = 0, cp_bytes = 0, ep_bytes = 0;
+  // Bytes between nodes per step, all nodes summed, each byte once, as the hierarchical backend
+  // sends them with one process per node (plan/cross_node.h); all zero inside one node.
+  CrossNodeBytes across;
+  int nodes_spanned = 1;  // nodes the layout's ranks occupy
   bool ok() const { return problems.empty(); }
 };
 

@@ -116,6 +116,18 @@ std::string format_prediction(const PlanRequest& r, const Prediction& p) {
        ", tensor-parallel " + format_bytes(p.tp_bytes) + ", pipeline " + format_bytes(p.p2p_bytes) +
        (p.layout.cp > 1 ? ", context-parallel " + format_bytes(p.cp_bytes) : std::string()) +
        (p.layout.ep > 1 ? ", expert-parallel " + format_bytes(p.ep_bytes) : std::string()) + "\n";
+  if (p.nodes_spanned > 1) {
+    const CrossNodeBytes& a = p.across;
+    s +=
+        "bytes between nodes per step (" + std::to_string(p.nodes_spanned) +
+        " nodes summed, one process per node: --ranks-per-process): " + format_bytes(a.total()) +
+        " (data-parallel " + format_bytes(a.data_parallel) + ", tensor-parallel " +
+        format_bytes(a.tensor_parallel) + ", pipeline " + format_bytes(a.pipeline) +
+        (p.layout.ep > 1 ? ", expert-parallel " + format_bytes(a.expert_parallel) : std::string()) +
+        (a.cp_spans_nodes ? "; context-parallel exchanges across nodes not modelled"
+                          : std::string()) +
+        ")\n";
+  }
   return s;
 }
 
@@ -201,6 +213,15 @@ nlohmann::json to_json(const Prediction& p, bool per_rank) {
                          {"pipeline", p.p2p_bytes},
                          {"context_parallel", p.cp_bytes},
                          {"expert_parallel", p.ep_bytes}};
+  const CrossNodeBytes& a = p.across;
+  j["bytes_across_nodes_per_step"] = {
+      {"nodes", p.nodes_spanned},
+      {"total", a.total()},
+      {"data_parallel", a.data_parallel},
+      {"tensor_parallel", a.tensor_parallel},
+      {"pipeline", a.pipeline},
+      {"expert_parallel", a.expert_parallel},
+      {"context_parallel", a.cp_spans_nodes ? nlohmann::json() : nlohmann::json(0.0)}};
   return j;
 }
 
