@@ -47,6 +47,8 @@ struct Case {
   std::string cp_comm = "allgather";
   // Above the run's peak by up to this much (0: the usual bound, both ways; see cp_cases).
   double over = 0;
+  std::string zero_shard_group = "all";  // HSDP: a number of ranks
+  DType grad_reduce = DType::F32;        // --grad-reduce-dtype
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -116,6 +118,8 @@ TEST_P(MemoryValidation, AllocatorPeakWithinTenPercentOfThePlan) {
   c.bf16_weight_copies = nn::parse_weight_copies(k.weight_copies);
   c.cp = k.cp;
   c.cp_comm = nn::parse_cp_comm(k.cp_comm);
+  c.zero_shard_group = k.zero_shard_group;
+  c.grad_reduce_dtype = k.grad_reduce;
   if (k.llama) {
     c.arch = nn::Arch::Llama;
     c.kv_heads = 2;
@@ -243,6 +247,29 @@ std::vector<Case> cases() {
       {"pp2_zb_h1_mid_block_full", 1, 1, 2, 0, 2, 1, "zb-h1", "full", 3},
       {"pp2_dp2_tp2_mid_block_selective", 2, 2, 2, 1, 2, 1, "1f1b", "selective", 3},
       {"dp2_zero3_m2_bf16", 2, 1, 1, 3, 2, 1, "1f1b", "none", 4, "bf16"},
+      // HSDP with bf16 gradient reductions: the shards' all-reduce over their replicas stays fp32.
+      {"dp4_zero3_hsdp2_bf16",
+       4,
+       1,
+       1,
+       3,
+       0,
+       1,
+       "1f1b",
+       "none",
+       4,
+       "bf16",
+       false,
+       1,
+       0,
+       0.0f,
+       "auto",
+       false,
+       1,
+       "allgather",
+       0,
+       "2",
+       DType::BF16},
       {"pp2_dp2_tp2_zero3", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4},
       {"pp2_dp2_tp2_zero3_bf16", 2, 2, 2, 3, 2, 1, "1f1b", "none", 4, "bf16"},
       {"pp2_zb_h1_bf16", 1, 1, 2, 0, 2, 1, "zb-h1", "none", 4, "bf16"},
