@@ -31,7 +31,8 @@ if [[ -n "$bundle" ]]; then
   tar -xJf "$bundle" -C "$dir"
   bin=$dir/bin
   data=$dir/data/fortunes
-  # cuBLAS and NCCL from the device's toolkit or from the Python wheels that carry them.
+  # cuBLAS and NCCL from the device's toolkit or from the Python wheels that carry them (tessera
+  # opens libcublas.so.13, beside libcublasLt, through this LD_LIBRARY_PATH at its first handle).
   extra=""
   for lib in 'libcublasLt.so.13*' 'libnccl.so.2*'; do
     found=$(find /usr/local /opt /usr/lib -maxdepth 9 -name "$lib" -printf '%h\n' 2>/dev/null |

@@ -9,7 +9,7 @@ namespace tessera::cuda {
 
 void check_cublas(cublasStatus_t s, std::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(detail::concat("cublas: ", what, " failed: ", cublasGetStatusName(s)));
+  throw Error(detail::concat("cublas: ", what, " failed: ", cublas_library().get_status_name(s)));
 }
 
 namespace {
@@ -18,18 +18,18 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 }  // namespace
 
-Blas::Blas(cudaStream_t stream) : stream_(stream) {
-  check_cublas(cublasCreate(&h_), "cublasCreate");
+Blas::Blas(cudaStream_t stream) : lib_(&cublas_library()), stream_(stream) {
+  check_cublas(lib_->create(&h_), "cublasCreate");
   try {
     // The stream first: cublasSetStream resets the workspace to cuBLAS's own.
-    check_cublas(cublasSetStream(h_, stream_), "cublasSetStream");
+    check_cublas(lib_->set_stream(h_, stream_), "cublasSetStream");
     check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc of cuBLAS's 32 MiB workspace");
-    check_cublas(cublasSetWorkspace(h_, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
+    check_cublas(lib_->set_workspace(h_, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
     // fp32 GEMMs stay fp32: no TF32 (CUBLAS_DEFAULT_MATH; NVIDIA_TF32_OVERRIDE=1 in the environment
     // would still force it, which tessera never sets).
-    check_cublas(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check_cublas(lib_->set_math_mode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   } catch (...) {
-    (void)cublasDestroy(h_);
+    (void)lib_->destroy(h_);
     if (workspace_ != nullptr) (void)cudaFree(workspace_);
     throw;
   }
@@ -38,7 +38,7 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
 Blas::~Blas() {
   // Errors ignored: a destructor does not throw. The handle goes first (it may still reference
   // the workspace).
-  if (h_ != nullptr) (void)cublasDestroy(h_);
+  if (h_ != nullptr) (void)lib_->destroy(h_);
   if (workspace_ != nullptr) (void)cudaFree(workspace_);
 }
 
@@ -83,10 +83,11 @@ void gemm(const Blas& blas, bool trans_a, bool trans_b, int M, int N, int K, flo
   check_types<TA, TC>();
   if (M == 0 || N == 0) return;
   // K == 0: cuBLAS scales C by beta (BLAS semantics), as kernels::sgemm does.
-  check_cublas(cublasGemmEx(blas.handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B,
-                            data_type<TA>(), ldb, A, data_type<TA>(), lda, &beta, C,
-                            data_type<TC>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               detail::concat("cublasGemmEx ", shape(trans_a, trans_b, M, N, K, lda, ldb, ldc)));
+  check_cublas(
+      blas.library().gemm_ex(blas.handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B,
+                             data_type<TA>(), ldb, A, data_type<TA>(), lda, &beta, C,
+                             data_type<TC>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      detail::concat("cublasGemmEx ", shape(trans_a, trans_b, M, N, K, lda, ldb, ldc)));
 }
 
 template <typename TA, typename TC>
@@ -96,11 +97,11 @@ void gemm_batched(const Blas& blas, bool trans_a, bool trans_b, int M, int N, in
   check_types<TA, TC>();
   if (M == 0 || N == 0 || batch == 0) return;
   check_cublas(
-      cublasGemmStridedBatchedEx(blas.handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B,
-                                 data_type<TA>(), ldb, static_cast<long long>(stride_b), A,
-                                 data_type<TA>(), lda, static_cast<long long>(stride_a), &beta, C,
-                                 data_type<TC>(), ldc, static_cast<long long>(stride_c), batch,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      blas.library().gemm_strided_batched_ex(
+          blas.handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, data_type<TA>(), ldb,
+          static_cast<long long>(stride_b), A, data_type<TA>(), lda,
+          static_cast<long long>(stride_a), &beta, C, data_type<TC>(), ldc,
+          static_cast<long long>(stride_c), batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       detail::concat("cublasGemmStridedBatchedEx ", shape(trans_a, trans_b, M, N, K, lda, ldb, ldc),
                      " x ", batch));
 }

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "tessera/cuda/cublas_library.h"
+
 namespace tessera::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -24,7 +26,8 @@ using bf16 = __nv_bfloat16;
 // Throws tessera::Error "cublas: <what> failed: <status name>" unless s == CUBLAS_STATUS_SUCCESS.
 void check_cublas(cublasStatus_t s, std::string_view what);
 
-// A cuBLAS handle bound to one stream (one per rank), with a workspace for cuBLAS's kernels.
+// A cuBLAS handle bound to one stream (one per rank), with a workspace for cuBLAS's kernels. The
+// first Blas of the process opens cuBLAS (cublas_library.h).
 class Blas {
  public:
   explicit Blas(cudaStream_t stream);
@@ -33,8 +36,10 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   cublasHandle_t handle() const { return h_; }
   cudaStream_t stream() const { return stream_; }
+  const CublasLibrary& library() const { return *lib_; }
 
  private:
+  const CublasLibrary* lib_;
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
