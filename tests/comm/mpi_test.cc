@@ -9,6 +9,7 @@
 
 #include "helpers.h"
 #include "tessera/comm/fault.h"
+#include "tessera/comm/mpi/runtime.h"
 
 namespace tessera::comm::test {
 namespace {
@@ -46,6 +47,16 @@ class Mpi : public ::testing::Test {
 TEST_F(Mpi, WorldIsMpi) {
   EXPECT_EQ(world().backend(), "mpi");
   EXPECT_GE(world().size(), 2);
+}
+
+// Every process of these tests runs on this machine (under mpiexec, or in the test cluster's
+// network namespaces of one kernel: tests/apps/cluster_script_test.sh), so the world counts them
+// all, and waits yield their core at once when they outnumber its hardware threads.
+TEST_F(Mpi, CountsEveryProcessOnThisMachine) {
+  EXPECT_EQ(mpi::runtime_access::machine_processes(), world().size());
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(mpi::runtime_access::oversubscribed(1), world().size() > hw);
+  EXPECT_TRUE(mpi::runtime_access::oversubscribed(hw));  // hw threads in each process
 }
 
 TEST_F(Mpi, AllOpsSmallCounts) {

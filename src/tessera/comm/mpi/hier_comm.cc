@@ -900,7 +900,6 @@ std::shared_ptr<HierWorld> make_hier_world(int ranks_per_process, const CommOpti
   MPI_Comm_rank(MPI_COMM_WORLD, &w->proc);
   w->threads = ranks_per_process;
   w->opts = opts;
-  w->oversubscribed = rt::oversubscribed(ranks_per_process);
   w->next_id = std::make_unique<std::atomic<int>[]>(ranks_per_process);
   for (int t = 0; t < ranks_per_process; ++t) w->next_id[t].store(1);
   int* ub = nullptr;
@@ -931,6 +930,8 @@ std::shared_ptr<HierWorld> make_hier_world(int ranks_per_process, const CommOpti
       w->host_of_proc.push_back(index.emplace(host, static_cast<int>(index.size())).first->second);
     }
   }
+  rt::count_machine_processes(MPI_COMM_WORLD);
+  w->oversubscribed = rt::oversubscribed(ranks_per_process);
   w->lanes.resize(static_cast<size_t>(ranks_per_process) * ranks_per_process, MPI_COMM_NULL);
   for (MPI_Comm& c : w->lanes) {
     rt::check(MPI_Comm_dup(MPI_COMM_WORLD, &c),

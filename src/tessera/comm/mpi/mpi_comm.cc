@@ -60,12 +60,32 @@ void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
   detail::reduce_n(inout, srcs, 2, static_cast<size_t>(*len), DType::BF16, Op, 0);
 }
 
-// Ranks of this job on this machine, from the launcher's environment (Open MPI, MPICH); 1 when
-// it does not say.
+// Processes of this job on this machine: counted at the world's creation (count_machine_processes)
+// and, until then, the launcher's node-local size (Open MPI, MPICH; 1 when it does not say).
+std::atomic<int> counted_machine_processes{0};
 int local_ranks() {
+  if (const int n = counted_machine_processes.load(std::memory_order_relaxed); n > 0) return n;
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
     if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
   return 1;
+}
+
+// What tells machines apart: the kernel's boot id, which network and UTS namespaces share (the
+// test cluster's hosts are one machine, their processes share its cores), else the host name.
+std::string machine_key() {
+  std::string key;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char id[64] = {};
+    if (std::fgets(id, sizeof id, f)) key = std::string("boot:") + id;
+    std::fclose(f);
+  }
+  if (key.empty()) {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    key = std::string("host:") + name;
+  }
+  return key;
 }
 
 // MPI is initialised once per process (MPI_THREAD_MULTIPLE) and finalised at exit.
@@ -73,7 +93,7 @@ struct Runtime {
   bool we_initialised = false;
   // More ranks on this machine than hardware threads: a waiting rank needs to give its core to
   // the peer it waits for (Open MPI's own rule for mpi_yield_when_idle).
-  bool oversubscribed = false;
+  std::atomic<bool> oversubscribed{false};
   MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL, bf16_min = MPI_OP_NULL;
   Runtime() {
     int inited = 0, provided = 0;
@@ -91,7 +111,7 @@ struct Runtime {
           "requires (its communicators progress asynchronous calls on their own threads)");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     const unsigned hw = std::thread::hardware_concurrency();
-    oversubscribed = hw == 0 || static_cast<unsigned>(local_ranks()) > hw;
+    oversubscribed = hw == 0 || static_cast<unsigned>(local_ranks()) > hw;  // until counted
     MPI_Op_create(&bf16_op<ReduceOp::Sum>, 1, &bf16_sum);
     MPI_Op_create(&bf16_op<ReduceOp::Max>, 1, &bf16_max);
     MPI_Op_create(&bf16_op<ReduceOp::Min>, 1, &bf16_min);
@@ -171,8 +191,9 @@ constexpr auto kSpinBeforeYield = std::chrono::milliseconds(1);
 template <typename Test>
 bool poll_until(Clock::time_point deadline, Test&& test) {
   if (test()) return true;
-  const auto yield_from =
-      runtime().oversubscribed ? Clock::time_point::min() : Clock::now() + kSpinBeforeYield;
+  const auto yield_from = runtime().oversubscribed.load(std::memory_order_relaxed)
+                              ? Clock::time_point::min()
+                              : Clock::now() + kSpinBeforeYield;
   for (long iter = 1;; ++iter) {
     if (test()) return true;
     if ((iter & 255) == 255) {
@@ -915,7 +936,9 @@ std::unique_ptr<Communicator> make_world(const CommOptions& opts) {
       hosts->of_world_rank.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
       hosts->several = hosts->several || hosts->of_world_rank.back() != hosts->of_world_rank[0];
     }
+    runtime_access::count_machine_processes(c);
   }
+  runtime().oversubscribed = runtime_access::oversubscribed(1);
   return std::make_unique<MpiCommunicator>(c, opts, std::move(hosts));
 }
 
@@ -925,6 +948,25 @@ namespace tessera::comm::mpi::runtime_access {
 
 void ensure_initialised() {
   (void)runtime();
+}
+
+void count_machine_processes(MPI_Comm world) {
+  constexpr int kKey = 128;
+  std::string key = machine_key();
+  key.resize(kKey, '\0');
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  std::vector<char> all(static_cast<size_t>(kKey) * size);
+  check_mpi(MPI_Allgather(key.data(), kKey, MPI_CHAR, all.data(), kKey, MPI_CHAR, world),
+            "counting the processes on this machine (MPI_Allgather)");
+  int n = 0;
+  for (int r = 0; r < size; ++r)
+    n += std::memcmp(all.data() + static_cast<size_t>(r) * kKey, key.data(), kKey) == 0;
+  counted_machine_processes.store(n, std::memory_order_relaxed);
+}
+
+int machine_processes() {
+  return local_ranks();
 }
 
 bool oversubscribed(int ranks_per_process) {
