@@ -3,8 +3,11 @@
 # (scripts/cluster.sh, docs/CLUSTER.md; 2 hosts x 2 ranks, links shaped to RATE) placed as tessera
 # and Megatron place it, each tensor-parallel pair inside a host (mpirun's default mapping, by
 # slot), against the opposite placement, each pair across the link (`--map-by node`), where the
-# data-parallel pairs stay inside the hosts instead. The two are timed interleaved, ROUNDS times;
-# the figure is each run's median step after the first 3, and the bytes that crossed the links.
+# data-parallel pairs stay inside the hosts instead; and the topology placement again as one
+# process per host of 2 thread ranks (`--ranks-per-process 2`: the hierarchical backend, whose
+# collectives are the hierarchical ones the planner models). The three are timed interleaved,
+# ROUNDS times; the figure is each run's median step after the first 3, and the bytes that
+# crossed the links.
 # Beside them, what `tessera plan` predicts for the topology placement on a two-level description
 # of this cluster: 2 nodes x 2 devices, each device half a core (4 ranks share the 2 cores), the
 # MPI link inside a node, and between nodes RATE shared by a host's 2 ranks (latency from ping).
@@ -34,13 +37,14 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'
 args=(train "${model[@]}" --dp 2 --tp 2 --threads 1
       --steps "$steps" --warmup 1 --eval-every 0 --val-fraction 0 --sample-tokens 0)
 bytes_in() { bash "$cluster" bytes | awk '{s += $2} END {printf "%.0f\n", s}'; }
-# run NAME MPIRUN-OPTIONS...: one run; prints "median_ms bytes".
+# run NAME MPIRUN-OPTIONS...: one run; prints "median_ms bytes". hosts= and extra= (one more
+# train flag) in its environment change mpirun's hosts and the command.
 run() {
   local name=$1 before after
   shift
   before=$(bytes_in)
-  bash "$cluster" mpirun --host h1:2,h2:2 --bind-to none "$@" -- "$bin" "${args[@]}" \
-    --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||
+  bash "$cluster" mpirun --host "${hosts:-h1:2,h2:2}" --bind-to none "$@" -- "$bin" "${args[@]}" \
+    ${extra:+"$extra"} --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||
     { echo "placement.sh: the $name run failed:" >&2; grep -a "error" "$out/$name.log" | head -5 >&2; exit 1; }
   after=$(bytes_in)
   python3 - "$out/$name.jsonl" "$((after - before))" <<'PY'
@@ -50,15 +54,17 @@ print(f"{statistics.median(steps[3:]):.1f} {sys.argv[2]}")
 PY
 }
 echo "# each run: mpirun --host h1:2,h2:2 --bind-to none [--map-by node] -- tessera ${args[*]}"
-echo "| round | by topology: step ms | MB across | opposite (--map-by node): step ms | MB across | opposite / topology |"
-echo "|---|---|---|---|---|---|"
-topo=() oppo=()
+echo "# a process per host: mpirun --host h1:1,h2:1 --bind-to none -- tessera ... --ranks-per-process 2"
+echo "| round | by topology: step ms | MB across | opposite (--map-by node): step ms | MB across | opposite / topology | by topology, a process per host: step ms | MB across |"
+echo "|---|---|---|---|---|---|---|---|"
+topo=() oppo=() hier=()
 for r in $(seq 1 "$rounds"); do
   read -r t tb < <(run "topology$r")
   read -r o ob < <(run "opposite$r" --map-by node)
-  topo+=("$t") oppo+=("$o")
-  awk -v r="$r" -v t="$t" -v tb="$tb" -v o="$o" -v ob="$ob" \
-    'BEGIN {printf "| %d | %.1f | %.2f | %.1f | %.2f | %.2fx |\n", r, t, tb / 1e6, o, ob / 1e6, o / t}'
+  read -r h hb < <(hosts=h1:1,h2:1 extra=--ranks-per-process=2 run "hier$r")
+  topo+=("$t") oppo+=("$o") hier+=("$h")
+  awk -v r="$r" -v t="$t" -v tb="$tb" -v o="$o" -v ob="$ob" -v h="$h" -v hb="$hb" \
+    'BEGIN {printf "| %d | %.1f | %.2f | %.1f | %.2f | %.2fx | %.1f | %.2f |\n", r, t, tb / 1e6, o, ob / 1e6, o / t, h, hb / 1e6}'
 done
 python3 - "${topo[*]}" "${oppo[*]}" <<'PY'
 import statistics, sys
@@ -109,9 +115,12 @@ echo "# ${plan[*]/$out\//}   (ping round trip ${rtt_ms} ms)"
 predicted=$("${plan[@]}" --json "$out/plan.json" >/dev/null 2>&1 &&
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prediction"]["step_seconds"] * 1e3)' "$out/plan.json" || echo "")
 if [ -n "$predicted" ]; then
-  python3 - "$predicted" "${topo[*]}" <<'PY'
+  python3 - "$predicted" "${topo[*]}" "${hier[*]}" <<'PY'
 import statistics, sys
-p = float(sys.argv[1]); t = statistics.median(float(x) for x in sys.argv[2].split())
-print(f"# planned step {p:.1f} ms against {t:.1f} ms measured by topology: {100 * (p - t) / t:+.0f}%")
+p = float(sys.argv[1])
+for what, runs in (("by topology, a process per rank (flat MPI)", sys.argv[2]),
+                   ("by topology, a process per host (hierarchical)", sys.argv[3])):
+    t = statistics.median(float(x) for x in runs.split())
+    print(f"# planned step {p:.1f} ms against {t:.1f} ms measured {what}: {100 * (p - t) / t:+.0f}%")
 PY
 fi
