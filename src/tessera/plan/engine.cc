@@ -65,9 +65,8 @@ double Engine::dp_bytes_per_step(const Layout& l, const std::vector<StageSheet>&
         bytes += 2 * ring(c);  // all-reduce once
       else
         bytes += reductions * ring(c);  // reduce-scatter into the shards
-      // HSDP: the reduced shards all-reduced over their replicas, once per step, in fp32 whatever
-      // the wire of the reduce-scatter (parallel/zero.cc, reduce_over_replicas).
-      if (z.sharded() && R > 1) bytes += 2 * (R - 1) / R * 4.0 * elems / group;
+      // HSDP: the reduced shards all-reduced over their replicas, once per step.
+      if (z.sharded() && R > 1) bytes += 2 * (R - 1) / R * n.replica_comm * elems / group;
       if (z.shards_parameters)
         bytes += 2 * m * ring(n.gather);  // gathers before each forward and backward
       else if (z.sharded())

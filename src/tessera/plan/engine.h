@@ -26,6 +26,7 @@ namespace tessera::plan {
 struct Numerics {
   double param = 4, grad = 4, optimizer = 8;  // optimizer: all of its state per element
   double comm = 4;                            // gradient reductions
+  double replica_comm = 4;  // HSDP: the reduced shards' all-reduce over their replicas
   double gather = 4;  // ZeRO-3 parameter gathers (ZeRO-1/2's gather after the step moves `param`)
   double activation = 4;          // tensor- and pipeline-parallel activations on the wire
   double optimizer_traffic = 40;  // memory traffic of one optimizer step per element

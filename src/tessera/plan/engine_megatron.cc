@@ -39,6 +39,7 @@ class MegatronEngine final : public Engine {
     n.grad = 2;
     n.optimizer = 12;
     n.comm = 2;
+    n.replica_comm = 2;
     n.gather = 2;
     n.activation = 2;
     // Reads the 2-byte gradient and the fp32 master, momentum and variance, writes the three and

@@ -48,6 +48,7 @@ class TesseraEngine final : public Engine {
     n.grad = 4;
     n.optimizer = options.sgd ? 4 : 8;
     n.comm = options.grad_comm_bytes;
+    n.replica_comm = 4;  // fp32 whatever the reduce-scatter's wire (zero.cc, reduce_over_replicas)
     n.gather = options.param_gather_bytes;
     n.activation = options.activation_comm_bytes;
     // AdamW reads p, g, m, v and writes p, m, v; the norm reads g, clipping rewrites it, the next

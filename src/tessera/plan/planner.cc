@@ -260,13 +260,13 @@ class Evaluator {
     const Numerics n = engine_->numerics();
     // The gradient groups: dp x cp, and the experts' holders x cp.
     // HSDP: the dense set's ZeRO shard group; the reduced shards are all-reduced over their
-    // replicas once, after the backward (data_parallel.cc), in fp32 whatever the reduce-scatter's
-    // wire (zero.cc, reduce_over_replicas): exposed.
+    // replicas once, after the backward (data_parallel.cc): exposed.
     const Group gd = zero_shard_group(c, l), ge = expert_gradient_group(c, l);
     const Group gr = zero_replica_group(c, l);
-    const double replicas = parallel::traits(l.zero).sharded() && gr.size > 1
-                                ? all_reduce_seconds(c, gr, 4.0 * dense / l.shard_ranks())
-                                : 0;
+    const double replicas =
+        parallel::traits(l.zero).sharded() && gr.size > 1
+            ? all_reduce_seconds(c, gr, n.replica_comm * dense / l.shard_ranks())
+            : 0;
     auto rs = [&]() {
       return reduce_scatter_seconds(c, gd, n.comm * dense) +
              reduce_scatter_seconds(c, ge, n.comm * expert);
