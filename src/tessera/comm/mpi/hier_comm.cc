@@ -195,6 +195,40 @@ struct ProcessRun {
   int first = 0, size = 0;  // ranks first .. first + size - 1
 };
 
+// Scratch memory of one communicator's calls, kept from one call to the next (a rank's calls run
+// one at a time). Allocated afresh, a buffer of 32 MiB or more is a new mapping on every call
+// (glibc's largest mmap threshold), and its first touch faults in and zeroes every page: the
+// chain of a 64 MiB all-reduce holds 32 MiB a rank. It keeps the kKept largest buffers it got
+// back; its buffers are uninitialised.
+class Scratch {
+ public:
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    size_t bytes = 0;
+  };
+  Buffer take(size_t bytes) {
+    auto best = kept_.end();  // the smallest kept buffer that holds `bytes`
+    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+      if (it->bytes >= bytes && (best == kept_.end() || it->bytes < best->bytes)) best = it;
+    if (best == kept_.end())
+      return {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes};
+    Buffer b = std::move(*best);
+    kept_.erase(best);
+    return b;
+  }
+  void give(Buffer b) {
+    kept_.push_back(std::move(b));
+    if (kept_.size() <= kKept) return;
+    kept_.erase(std::min_element(kept_.begin(), kept_.end(), [](const Buffer& x, const Buffer& y) {
+      return x.bytes < y.bytes;
+    }));
+  }
+
+ private:
+  static constexpr size_t kKept = 4;
+  std::vector<Buffer> kept_;
+};
+
 class HierCommunicator final : public Communicator {
  public:
   HierCommunicator(std::shared_ptr<HierWorld> w, int thread, std::vector<int> world_ranks, int rank,
@@ -334,6 +368,7 @@ class HierCommunicator final : public Communicator {
   Segments segments_ = kOneHost;
   std::deque<PendingSend> pending_;
   std::vector<unsigned char> tmp_;
+  Scratch scratch_;
   bool abandoned_ = false;
 };
 
@@ -515,24 +550,31 @@ void HierCommunicator::collective(const OpDesc& d) {
   local_phase(phase(kFinished), d, deadline, "to finish reading this rank's buffers");
 }
 
-// Buffers that MPI requests of one call read or write: after a timeout abandoned requests may
-// still use them, so they are leaked rather than freed.
+// Buffers that MPI requests of one call read or write, from the communicator's scratch and back
+// to it at the end of the call: after a timeout abandoned requests may still use them, so they
+// are leaked rather than returned.
 class RequestBuffers {
  public:
-  explicit RequestBuffers(const bool& abandoned) : abandoned_(abandoned) {}
+  RequestBuffers(const bool& abandoned, Scratch& scratch)
+      : abandoned_(abandoned), scratch_(scratch) {}
   RequestBuffers(const RequestBuffers&) = delete;
   RequestBuffers& operator=(const RequestBuffers&) = delete;
   ~RequestBuffers() {
-    if (abandoned_) (void)new auto(std::move(bufs_));  // NOLINT: owned by MPI from now on
+    for (Scratch::Buffer& b : bufs_)
+      if (abandoned_)
+        (void)b.data.release();  // NOLINT: owned by MPI from now on
+      else
+        scratch_.give(std::move(b));
   }
   unsigned char* add(size_t bytes) {
-    bufs_.emplace_back(bytes);
-    return bufs_.back().data();  // moving the outer vector keeps each buffer where it is
+    bufs_.push_back(scratch_.take(bytes));
+    return bufs_.back().data.get();  // moving the outer vector keeps each buffer where it is
   }
 
  private:
   const bool& abandoned_;
-  std::vector<std::vector<unsigned char>> bufs_;
+  Scratch& scratch_;
+  std::vector<Scratch::Buffer> bufs_;
 };
 
 // The first member of each process sends the fingerprints its process's members published (at
@@ -546,7 +588,7 @@ std::vector<detail::Fingerprint> HierCommunicator::group_fingerprints(const OpDe
   if (rank_ == local_[0]) {
     std::vector<detail::Fingerprint>& all = L_->group_fps;
     all.resize(static_cast<size_t>(size()));
-    RequestBuffers keep(abandoned_);
+    RequestBuffers keep(abandoned_, scratch_);
     unsigned char* mine = keep.add(local_.size() * fs);
     for (size_t i = 0; i < local_.size(); ++i) {
       all[local_[i]] = slot(local_[i]).fp;
@@ -597,7 +639,7 @@ void HierCommunicator::chain_reduce(const OpDesc& d, Clock::time_point deadline,
   };
   auto output = [&](int g, size_t e) { return static_cast<unsigned char*>(slot(g).recv) + e * es; };
 
-  RequestBuffers keep(abandoned_);
+  RequestBuffers keep(abandoned_, scratch_);
   std::vector<MPI_Request> sends, result_recvs;
   // Before another send: waits until at most segments_.in_flight - 1 sends are pending.
   size_t oldest = 0;
@@ -833,7 +875,7 @@ void HierCommunicator::recv(const OpDesc& d, void* buf, size_t count, int from, 
   }
   // Receives up to one element more than expected, so that a longer message is an error here
   // rather than a truncation.
-  RequestBuffers keep(abandoned_);
+  RequestBuffers keep(abandoned_, scratch_);
   unsigned char* landing = keep.add((count + 1) * es);
   MPI_Request r = irecv(landing, count + 1, d.dtype, from, kUserTags + tag, d);
   MPI_Status st;
