@@ -16,22 +16,12 @@
 # --vocab 512 --batch 8 --micro-batch 1": 1.73M parameters, 6.6 MiB in fp32, 2 micro-batches of
 # one sequence per rank and step).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-build=$(cd "${1:-$root/build}" && pwd)
-rate=${2:-1gbit}
-bin=$build/apps/tessera/tessera
-[ -x "$bin" ] || { echo "bytes.sh: $bin not found; build the tessera target first" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "bytes.sh: the test cluster needs root" >&2; exit 1; }
+# shellcheck source=bench/cluster/lib.sh
+. "$(dirname "$0")/lib.sh"
+cluster_run_start bytes.sh tsrx 10.77.9.0/24 "$@"
 steps1=${STEPS1:-2} steps2=${STEPS2:-6}
 [ "$steps2" -gt "$steps1" ] || { echo "bytes.sh: STEPS2 must exceed STEPS1" >&2; exit 1; }
 read -r -a model <<<"${MODEL:---layers 2 --dim 256 --heads 4 --seq 64 --vocab 512 --batch 8 --micro-batch 1}"
-cluster=$root/scripts/cluster.sh
-export TESSERA_CLUSTER_PREFIX=tsrx
-out=$(mktemp -d)
-trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
-bash "$cluster" up 2 --bandwidth "$rate" --subnet 10.77.9.0/24 >/dev/null
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; links $rate; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # Bytes and packets into the hosts (the root-side ends of the veths transmit into the hosts).
 counters() {

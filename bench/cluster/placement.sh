@@ -18,21 +18,11 @@
 # ROUNDS (default 3), STEPS (default 20), MODEL (default "--layers 4 --dim 256 --heads 8 --seq 256
 # --vocab 512 --batch 8").
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-build=$(cd "${1:-$root/build}" && pwd)
-rate=${2:-1gbit}
-bin=$build/apps/tessera/tessera
-[ -x "$bin" ] || { echo "placement.sh: $bin not found; build the tessera target first" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "placement.sh: the test cluster needs root" >&2; exit 1; }
+# shellcheck source=bench/cluster/lib.sh
+. "$(dirname "$0")/lib.sh"
+cluster_run_start placement.sh tsrp 10.77.5.0/24 "$@"
 rounds=${ROUNDS:-3} steps=${STEPS:-20}
 read -r -a model <<<"${MODEL:---layers 4 --dim 256 --heads 8 --seq 256 --vocab 512 --batch 8}"
-cluster=$root/scripts/cluster.sh
-export TESSERA_CLUSTER_PREFIX=tsrp
-out=$(mktemp -d)
-trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
-bash "$cluster" up 2 --bandwidth "$rate" --subnet 10.77.5.0/24 >/dev/null
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; links $rate; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 args=(train "${model[@]}" --dp 2 --tp 2 --threads 1
       --steps "$steps" --warmup 1 --eval-every 0 --val-fraction 0 --sample-tokens 0)
