@@ -56,7 +56,7 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
     -DTESSERA_SANITIZE=thread -DTESSERA_BENCH=OFF -DTESSERA_TEST_SHARDS=4 >/dev/null
   cmake --build build-tsan -j"$jobs" --target test_comm test_comm_faults test_kernels
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
-    --timeout 900 -L inproc)
+    --timeout 900 -L '^inproc$')
   echo "== ThreadSanitizer on the threaded kernels (fused attention, parallel rows)"
   # Not the bf16 test: oneDNN's OpenMP runtime is not instrumented (reports inside libdnnl).
   TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/kernels/test_kernels \
