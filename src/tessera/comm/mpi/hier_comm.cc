@@ -198,8 +198,9 @@ struct ProcessRun {
 // Scratch memory of one communicator's calls, kept from one call to the next (a rank's calls run
 // one at a time). Allocated afresh, a buffer of 32 MiB or more is a new mapping on every call
 // (glibc's largest mmap threshold), and its first touch faults in and zeroes every page: the
-// chain of a 64 MiB all-reduce holds 32 MiB a rank. It keeps the kKept largest buffers it got
-// back; its buffers are uninitialised.
+// chain of a 64 MiB all-reduce holds 32 MiB a rank. It keeps the kKept largest buffers of at least
+// kKeepFrom bytes it got back (a smaller one is an ordinary allocation, so that a small receive
+// does not take a chain's buffer); its buffers are uninitialised.
 class Scratch {
  public:
   struct Buffer {
@@ -208,7 +209,7 @@ class Scratch {
   };
   Buffer take(size_t bytes) {
     auto best = kept_.end();  // the smallest kept buffer that holds `bytes`
-    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+    for (auto it = kept_.begin(); it != kept_.end() && bytes >= kKeepFrom; ++it)
       if (it->bytes >= bytes && (best == kept_.end() || it->bytes < best->bytes)) best = it;
     if (best == kept_.end())
       return {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes};
@@ -217,6 +218,7 @@ class Scratch {
     return b;
   }
   void give(Buffer b) {
+    if (b.bytes < kKeepFrom) return;
     kept_.push_back(std::move(b));
     if (kept_.size() <= kKept) return;
     kept_.erase(std::min_element(kept_.begin(), kept_.end(), [](const Buffer& x, const Buffer& y) {
@@ -226,6 +228,7 @@ class Scratch {
 
  private:
   static constexpr size_t kKept = 4;
+  static constexpr size_t kKeepFrom = size_t{1} << 20;
   std::vector<Buffer> kept_;
 };
 

@@ -60,15 +60,9 @@ void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
   detail::reduce_n(inout, srcs, 2, static_cast<size_t>(*len), DType::BF16, Op, 0);
 }
 
-// Processes of this job on this machine: counted at the world's creation (count_machine_processes)
-// and, until then, the launcher's node-local size (Open MPI, MPICH; 1 when it does not say).
+// Processes of this job on this machine, counted at the world's creation
+// (runtime_access::count_machine_processes); 0 until then.
 std::atomic<int> counted_machine_processes{0};
-int local_ranks() {
-  if (const int n = counted_machine_processes.load(std::memory_order_relaxed); n > 0) return n;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
-  return 1;
-}
 
 // What tells machines apart: the kernel's boot id, which network and UTS namespaces share (the
 // test cluster's hosts are one machine, their processes share its cores), else the host name.
@@ -110,8 +104,7 @@ struct Runtime {
           "the MPI library does not provide MPI_THREAD_MULTIPLE, which the tessera MPI backend "
           "requires (its communicators progress asynchronous calls on their own threads)");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    const unsigned hw = std::thread::hardware_concurrency();
-    oversubscribed = hw == 0 || static_cast<unsigned>(local_ranks()) > hw;  // until counted
+    oversubscribed = runtime_access::oversubscribed(1);  // until the world counts the processes
     MPI_Op_create(&bf16_op<ReduceOp::Sum>, 1, &bf16_sum);
     MPI_Op_create(&bf16_op<ReduceOp::Max>, 1, &bf16_max);
     MPI_Op_create(&bf16_op<ReduceOp::Min>, 1, &bf16_min);
@@ -966,12 +959,16 @@ void count_machine_processes(MPI_Comm world) {
 }
 
 int machine_processes() {
-  return local_ranks();
+  if (const int n = counted_machine_processes.load(std::memory_order_relaxed); n > 0) return n;
+  // Before the count: the launcher's node-local size (Open MPI, MPICH; 1 when it does not say).
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
+  return 1;
 }
 
 bool oversubscribed(int ranks_per_process) {
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 || static_cast<unsigned>(local_ranks() * ranks_per_process) > hw;
+  return hw == 0 || static_cast<unsigned>(machine_processes() * ranks_per_process) > hw;
 }
 
 MPI_Datatype datatype(DType t) {
