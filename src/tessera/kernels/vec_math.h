@@ -13,7 +13,13 @@ namespace tessera::kernels::detail {
 // degree-6 minimax polynomial (Cephes coefficients), 2^n assembled in the exponent bits.
 // Inputs are clamped to [-87, 88], so the result is finite and positive.
 inline float exp_f(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  // The clamp as two selects on x, not std::min/std::max: GCC (12, -fno-trapping-math) turned
+  // max(x, -87) into a select whose arm it folded to a constant and carried through the caller,
+  // so that SwiGLU computed g * 1/(1 + e^88), a product with a subnormal constant, on every lane
+  // before masking it away: a microcode assist per vector, 7x slower (docs/PERFORMANCE.md,
+  // "Subnormal constants"). Same values for every x, NaN included.
+  x = x > 88.0f ? 88.0f : x;
+  x = x < -87.0f ? -87.0f : x;
   // n = round(x / ln2) without a float->int conversion (which GCC will not vectorise under the
   // default -ftrapping-math): adding 1.5 * 2^23 leaves n in the low mantissa bits.
   constexpr float kShifter = 12582912.0f;
