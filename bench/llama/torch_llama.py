@@ -8,7 +8,8 @@ Two implementations of each architecture:
   hf     Hugging Face transformers' LlamaForCausalLM / GPT2LMHeadModel (attn_implementation
          "sdpa").
   plain  a short module written here that calls torch.nn.functional.scaled_dot_product_attention.
-Random tokens, AdamW, fp32. Prints one JSON line: the median step time and tokens/s of the steps
+Random tokens, AdamW, fp32, the global gradient norm clipped to 1.0 as tessera train does by
+default (--grad-clip 1.0): the same step's work on both sides. Prints one JSON line: the median step time and tokens/s of the steps
 after the warm-up ones. Needs torch (and transformers for hf), e.g. a venv with
 `pip install torch transformers`; nothing in tessera's build or tests needs them.
 """
@@ -163,6 +164,7 @@ def main():
         loss = F.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())

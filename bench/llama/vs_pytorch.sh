@@ -6,7 +6,10 @@
 # warm-up, then per thread count each round's tessera / faster PyTorch ratio. FAMILY=llama (the
 # default): a Llama-style decoder of ~100M parameters (L=12, C=768, 12 query heads over 4
 # key/value heads, SwiGLU 2048, vocabulary 16384, untied head); FAMILY=gpt2: the engine's
-# benchmark GPT-2 (L=6, C=512, 8 heads, vocabulary 4096, tied head).
+# benchmark GPT-2 (L=6, C=512, 8 heads, vocabulary 4096, tied head). Both sides clip the gradient
+# norm to 1.0 (tessera's default). Each round also times the step's GEMMs alone through the same
+# OpenBLAS (bench_step_gemms, built beside tessera): no framework whose step is those GEMMs can
+# run faster than that, so (GEMMs-alone tokens/s) / (faster PyTorch) is the ceiling of the ratio.
 #
 # Usage: bench/llama/vs_pytorch.sh [tessera] [python with torch and transformers]
 #   env: FAMILY (llama), ROUNDS (3), STEPS (8), THREADS ("1 2")
@@ -14,6 +17,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(realpath "${1:-$here/../../build/apps/tessera/tessera}")
+gemms=$(realpath "$(dirname "$bin")/../../bench/engine/bench_step_gemms")
 py=${2:-python3}
 rounds=${ROUNDS:-3}
 steps=${STEPS:-8}
@@ -29,10 +33,12 @@ family=${FAMILY:-llama}
 if [ "$family" = gpt2 ]; then
   vocab=4096
   model=(--layers 6 --dim 512 --heads 8 --vocab 4096)
+  gemm_model=(--family gpt2 --layers 6 --dim 512 --heads 8 --vocab 4096)
   torch_model=(--family gpt2 --layers 6 --dim 512 --heads 8 --vocab 4096)
 else
   vocab=16384
   model=(--model "$work/config.json")
+  gemm_model=(--family llama)
   torch_model=(--family llama)
 fi
 python3 -c "import random,struct,sys
@@ -60,9 +66,12 @@ for r in $(seq 1 "$rounds"); do
     a=$(tessera_run "$t")
     h=$(torch_run hf "$t")
     p=$(torch_run plain "$t")
+    g=$("$gemms" "${gemm_model[@]}" --threads "$t" --rounds 3 |
+      python3 -c "import json,sys; print(round(json.loads(sys.stdin.read())['tokens_per_s']))")
     ratio=$(python3 -c "print('%.2f' % ($a / max($h, $p)))")
+    ceiling=$(python3 -c "print('%.2f' % ($g / max($h, $p)))")
     ratios[$t]="${ratios[$t]:-} $ratio"
-    echo "round $r threads $t tok/s: tessera $a hf $h plain $p | tessera / faster torch ${ratio}x ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))"
+    echo "round $r threads $t tok/s: tessera $a hf $h plain $p GEMMs alone $g | tessera / faster torch ${ratio}x, ceiling ${ceiling}x ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))"
   done
 done
 for t in ${THREADS:-1 2}; do
