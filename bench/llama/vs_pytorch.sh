@@ -17,7 +17,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(realpath "${1:-$here/../../build/apps/tessera/tessera}")
-gemms=$(realpath "$(dirname "$bin")/../../bench/engine/bench_step_gemms")
+gemms=$(realpath -m "$(dirname "$bin")/../../bench/engine/bench_step_gemms")
+[ -x "$gemms" ] || { echo "vs_pytorch.sh: no $gemms: pass the tessera of a build tree (build/apps/tessera/tessera), whose bench/engine/bench_step_gemms it runs" >&2; exit 2; }
 py=${2:-python3}
 rounds=${ROUNDS:-3}
 steps=${STEPS:-8}
