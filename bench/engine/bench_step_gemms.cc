@@ -1,6 +1,6 @@
 // The GEMMs of one training step and nothing else: what a step could take if every other kernel
-// were free. Runs, through the same sgemm the model calls (OpenBLAS), each dense layer's forward
-// (in . W), input gradient (dout . W^T) and weight gradient (W += in^T . dout) on the shapes of a
+// were free. Runs the model's own dense-layer kernels (kernels/gemm.h: matmul_forward and
+// matmul_backward, matmul_nt_* for a tied head; fp32, OpenBLAS) on the shapes of a
 // Llama-style or GPT-2 decoder, and prints the median over rounds of their summed time and the
 // tokens/s that time allows. The attention core (query-key and probability-value products) is
 // left out: it runs in the fused attention kernel, a small share at T = 256.
@@ -17,10 +17,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/kernels/blas_setup.h"
@@ -30,7 +33,8 @@ namespace {
 
 struct Options {
   std::string family = "llama";
-  int layers = 12, dim = 768, heads = 12, kv_heads = 4, ffn = 2048, vocab = 16384, tokens = 1024;
+  int layers = 12, dim = 768, heads = 12, kv_heads = 4, vocab = 16384, tokens = 1024;
+  int ffn = 0;  // 0: the family's (llama 2048, gpt2 4 x dim)
   int threads = 1, rounds = 5;
 };
 
@@ -45,7 +49,10 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  bool ffn_given = false;
+  const std::pair<const char*, int*> counts[] = {
+      {"--layers", &o.layers},     {"--dim", &o.dim},         {"--heads", &o.heads},
+      {"--kv-heads", &o.kv_heads}, {"--ffn", &o.ffn},         {"--vocab", &o.vocab},
+      {"--tokens", &o.tokens},     {"--threads", &o.threads}, {"--rounds", &o.rounds}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(("missing value after " + flag).c_str());
@@ -55,35 +62,17 @@ Options parse(int argc, char** argv) {
       o.family = value;
       continue;
     }
+    const auto* it = std::find_if(std::begin(counts), std::end(counts),
+                                  [&](const auto& c) { return flag == c.first; });
+    if (it == std::end(counts)) usage(("unknown flag " + flag).c_str());
     char* end = nullptr;
     const long v = std::strtol(value.c_str(), &end, 10);
-    if (*end != '\0' || v <= 0) usage((flag + " takes a positive integer, not " + value).c_str());
-    const int n = static_cast<int>(v);
-    if (flag == "--layers")
-      o.layers = n;
-    else if (flag == "--dim")
-      o.dim = n;
-    else if (flag == "--heads")
-      o.heads = n;
-    else if (flag == "--kv-heads")
-      o.kv_heads = n;
-    else if (flag == "--ffn")
-      o.ffn = n, ffn_given = true;
-    else if (flag == "--vocab")
-      o.vocab = n;
-    else if (flag == "--tokens")
-      o.tokens = n;
-    else if (flag == "--threads")
-      o.threads = n;
-    else if (flag == "--rounds")
-      o.rounds = n;
-    else
-      usage(("unknown flag " + flag).c_str());
+    if (*end != '\0' || v <= 0 || v > INT_MAX)
+      usage((flag + " takes a positive integer, not " + value).c_str());
+    *it->second = static_cast<int>(v);
   }
-  if (o.family == "gpt2") {
-    if (!ffn_given) o.ffn = 4 * o.dim;
-    o.kv_heads = o.heads;
-  }
+  if (o.family == "gpt2") o.kv_heads = o.heads;
+  if (o.ffn == 0) o.ffn = o.family == "gpt2" ? 4 * o.dim : 2048;
   if (o.dim % o.heads != 0) usage("--dim must be a multiple of --heads");
   if (o.heads % o.kv_heads != 0) usage("--heads must be a multiple of --kv-heads");
   return o;
@@ -97,19 +86,13 @@ struct Layer {
 
 std::vector<Layer> step_layers(const Options& o) {
   const int C = o.dim, kv = C / o.heads * o.kv_heads;
+  const int mlp_in = o.family == "llama" ? 2 * o.ffn : o.ffn;  // SwiGLU: gate and up as one GEMM
   std::vector<Layer> layers;
   for (int l = 0; l < o.layers; ++l) {
-    if (o.family == "llama") {
-      layers.push_back({C, C + 2 * kv});  // q, k, v as one GEMM
-      layers.push_back({C, C});           // attention output
-      layers.push_back({C, 2 * o.ffn});   // gate and up as one GEMM
-      layers.push_back({o.ffn, C});       // down
-    } else {
-      layers.push_back({C, 3 * C});
-      layers.push_back({C, C});
-      layers.push_back({C, o.ffn});
-      layers.push_back({o.ffn, C});
-    }
+    layers.push_back({C, C + 2 * kv});  // q, k, v as one GEMM
+    layers.push_back({C, C});           // attention output
+    layers.push_back({C, mlp_in});
+    layers.push_back({o.ffn, C});
   }
   layers.push_back({C, o.vocab, o.family == "gpt2"});  // the head (tied to the embedding for gpt2)
   return layers;
@@ -144,14 +127,13 @@ int main(int argc, char** argv) {
     const double start = now();
     for (const Layer& l : layers) {
       const int K = l.K, N = l.N;
-      if (l.transposed_weight) {  // out = in . W^T; din = dout . W; dW += dout^T . in
-        k::sgemm(false, true, M, N, K, 1.0f, in.data(), K, w.data(), K, 0.0f, out.data(), N);
-        k::sgemm(false, false, M, K, N, 1.0f, dout.data(), N, w.data(), K, 0.0f, din.data(), K);
-        k::sgemm(true, false, N, K, M, 1.0f, dout.data(), N, in.data(), K, 1.0f, dw.data(), K);
-      } else {  // out = in . W; din = dout . W^T; dW += in^T . dout
-        k::sgemm(false, false, M, N, K, 1.0f, in.data(), K, w.data(), N, 0.0f, out.data(), N);
-        k::sgemm(false, true, M, K, N, 1.0f, dout.data(), N, w.data(), N, 0.0f, din.data(), K);
-        k::sgemm(true, false, K, N, M, 1.0f, in.data(), K, dout.data(), N, 1.0f, dw.data(), N);
+      if (l.transposed_weight) {
+        k::matmul_nt_forward(out.data(), in.data(), w.data(), M, K, N);
+        k::matmul_nt_backward(din.data(), dw.data(), dout.data(), in.data(), w.data(), M, K, N);
+      } else {
+        k::matmul_forward(out.data(), in.data(), w.data(), nullptr, nullptr, M, K, N);
+        k::matmul_backward(din.data(), dw.data(), nullptr, dout.data(), in.data(), w.data(), M, K,
+                           N);
       }
     }
     if (r > 0) times.push_back(now() - start);
