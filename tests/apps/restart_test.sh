@@ -74,6 +74,20 @@ check "three faults: the failures are named" has three "attempt 2 failed at step
 check "three faults: restarts resume the newest checkpoint" has three "restart [123] of 3( in [0-9]+ s)?: from ($dir/three/step-|step 0)"
 check "three faults: it says when it trained again" has three "attempt 3 is training again [0-9.]+ s after the failure"
 check "three faults: it finished after 3 restarts" has three "the run finished after 3 restarts"
+# An attempt that saved a checkpoint trained steps, and the supervisor says so, also when the
+# attempt trained and ended between two of its polls (50 ms apart; it reads the heartbeat once more
+# after the exit). The step each restart resumed from: restart_from K.
+restart_from() { grep -oE "restart $1 of 3( in [0-9]+ s)?: from (step 0|[^ ]+)" "$dir/three.log" | grep -oE '[0-9]+$' | sed -E 's/^0+([0-9])/\1/'; }
+trained_are_named() {
+  local k prev=0 next
+  for k in 1 2 3; do
+    next=$(restart_from "$k")
+    [ -n "$next" ] || return 1
+    if [ "$next" -gt "$prev" ] && has three "attempt $((k - 1)) failed before its first step"; then return 1; fi
+    prev=$next
+  done
+}
+check "three faults: each attempt that saved a checkpoint is said to have trained" trained_are_named
 for f in model.safetensors optimizer.safetensors; do
   check "three faults: the final $f is the uninterrupted run's, bit for bit" \
     cmp -s "$dir/ref/step-00000012/$f" "$dir/three/step-00000012/$f"

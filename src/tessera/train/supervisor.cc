@@ -176,12 +176,31 @@ Attempt watch(pid_t pid, int attempt, const std::string& heartbeat, double hang,
               std::optional<Clock::time_point> failed_at, std::FILE* log) {
   Attempt a;
   auto last_progress = Clock::now();
+  // Reads the heartbeat; says when the attempt trains its first step after a failure.
+  auto observe = [&](Clock::time_point now) {
+    const auto [start, step] = read_heartbeat(heartbeat);
+    if (step == a.last_step) return;
+    if (a.start_step < 0 && step >= 0) {
+      a.start_step = start;
+      if (failed_at) {
+        std::fprintf(log,
+                     "tessera: attempt %d is training again %.1f s after the failure (from "
+                     "step %lld)\n",
+                     attempt, seconds_between(*failed_at, now), static_cast<long long>(start));
+        std::fflush(log);
+      }
+    }
+    a.last_step = step;
+    last_progress = now;
+  };
   int seen_signals = g_signals;
   Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL then, after a SIGTERM
   for (;;) {
     int st = 0;
     const pid_t r = ::waitpid(pid, &st, WNOHANG);
     if (r == pid) {
+      // The steps it took since the last poll (an attempt can train and end within one).
+      observe(Clock::now());
       a.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       return a;
     }
@@ -197,21 +216,7 @@ Attempt watch(pid_t pid, int attempt, const std::string& heartbeat, double hang,
       ::kill(-pid, under_mpirun ? SIGUSR1 : a.forwarded);
       if (g_signals >= 2) ::kill(-pid, SIGKILL);  // a second signal ends it at once, as without
     }
-    const auto [start, step] = read_heartbeat(heartbeat);
-    if (step != a.last_step) {
-      if (a.start_step < 0 && step >= 0) {
-        a.start_step = start;
-        if (failed_at) {
-          std::fprintf(log,
-                       "tessera: attempt %d is training again %.1f s after the failure (from "
-                       "step %lld)\n",
-                       attempt, seconds_between(*failed_at, now), static_cast<long long>(start));
-          std::fflush(log);
-        }
-      }
-      a.last_step = step;
-      last_progress = now;
-    }
+    observe(now);
     if (!a.hung && a.forwarded == 0 && seconds_between(last_progress, now) > hang) {
       std::fprintf(log,
                    "tessera: the attempt reported no step for %.0f s (--hang-timeout; last "
