@@ -36,12 +36,15 @@ void use_fast_blas_kernels(char** argv) {
   const char* core = faster_blas_core();
   const bool spin =
       std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr;
-  if (core == nullptr && !spin) return;
+  const bool blas_wait = std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr;
+  if (core == nullptr && !spin && !blas_wait) return;
   if (core != nullptr) setenv("OPENBLAS_CORETYPE", core, 1);
   if (spin) setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 1);
+  if (blas_wait) setenv("OPENBLAS_THREAD_TIMEOUT", kOpenBlasThreadTimeout, 1);
   execv("/proc/self/exe", argv);  // returns only on failure: keep running as loaded
   if (core != nullptr) unsetenv("OPENBLAS_CORETYPE");
   if (spin) unsetenv("GOMP_SPINCOUNT");
+  if (blas_wait) unsetenv("OPENBLAS_THREAD_TIMEOUT");
 }
 
 }  // namespace tessera::kernels
