@@ -3,6 +3,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "tessera/kernels/parallel_rows.h"
+
 namespace tessera::kernels {
 
 void rope_inverse_frequencies(float* inv_freq, int head_dim, double theta,
@@ -41,21 +43,24 @@ void rope_apply(float* x, int64_t rows, int heads, int head_dim, int64_t ld, con
                 const float* cos, const float* sin, bool inverse) {
   const int half = head_dim / 2;
   const float sign = inverse ? -1.0f : 1.0f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* c = cos + pos[r] * half;
-    const float* s = sin + pos[r] * half;
-    for (int h = 0; h < heads; ++h) {
-      float* a = x + r * ld + static_cast<int64_t>(h) * head_dim;
-      float* b = a + half;
+  // Rows are spread over the rank's compute threads (parallel_rows): bitwise one thread's result.
+  parallel_rows(rows, int64_t{heads} * head_dim, [&](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) {
+      const float* c = cos + pos[r] * half;
+      const float* s = sin + pos[r] * half;
+      for (int h = 0; h < heads; ++h) {
+        float* a = x + r * ld + static_cast<int64_t>(h) * head_dim;
+        float* b = a + half;
 #pragma omp simd
-      for (int i = 0; i < half; ++i) {
-        const float si = sign * s[i];
-        const float ai = a[i], bi = b[i];
-        a[i] = ai * c[i] - bi * si;
-        b[i] = bi * c[i] + ai * si;
+        for (int i = 0; i < half; ++i) {
+          const float si = sign * s[i];
+          const float ai = a[i], bi = b[i];
+          a[i] = ai * c[i] - bi * si;
+          b[i] = bi * c[i] + ai * si;
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace tessera::kernels

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
@@ -224,8 +225,14 @@ bool ParameterSet::contains(std::string_view name) const {
   return by_name_.count(std::string(name)) != 0;
 }
 
+// Spread over the rank's compute threads: one thread alone writes the 400 MB of a 100M-parameter
+// model's gradients at well under the memory's speed.
 void ParameterSet::zero_grads() {
-  if (flat_grads_.defined()) flat_grads_.zero_();
+  if (!flat_grads_.defined()) return;
+  float* g = flat_grads_.f32();
+  kernels::parallel_rows(flat_grads_.numel(), 1, [&](int64_t first, int64_t end) {
+    std::memset(g + first, 0, sizeof(float) * static_cast<size_t>(end - first));
+  });
 }
 
 }  // namespace tessera::nn
