@@ -128,6 +128,46 @@ TEST(GradClip, ScalesToMaxNormOnlyWhenAbove) {
   EXPECT_NEAR(std::sqrt(grad_sum_of_squares(f.ps)), 1.0, 1e-5);
 }
 
+// Clipping folded into the step (scale_gradients_in_next_step, as the engines clip): bitwise the
+// update from gradients scaled in place first, for AdamW and SGD with momentum; the gradients are
+// left as they were, and the scale holds for one step only.
+TEST(GradClip, ScaleInTheStepIsBitwiseScalingInPlace) {
+  auto run = [](bool in_step, bool adamw) {
+    Fixture f;
+    AdamW a(f.ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, f.alloc);
+    SGD s(f.ps, SGDConfig{0.9f, 0.1f}, f.alloc);
+    Optimizer& opt = adamw ? static_cast<Optimizer&>(a) : s;
+    std::vector<float> grads_after;
+    for (int t = 1; t <= 3; ++t) {
+      f.set_grads(t);
+      const double norm = std::sqrt(grad_sum_of_squares(f.ps));
+      const float scale = clip_scale(norm, 0.5);
+      EXPECT_LT(scale, 1.0f);
+      if (in_step)
+        opt.scale_gradients_in_next_step(scale);
+      else
+        clip_to_norm(opt.segments(), norm, 0.5);
+      const std::vector<float> before = f.ps.grad(0).to_vector();
+      opt.step(1e-2f);
+      if (in_step) {
+        EXPECT_EQ(f.ps.grad(0).to_vector(), before) << "the gradients are unchanged";
+      }
+    }
+    f.set_grads(4);
+    opt.step(1e-2f);  // no scale given: 1
+    std::vector<float> out;
+    for (int i = 0; i < f.ps.size(); ++i)
+      for (float x : f.ps.param(i).to_vector()) out.push_back(x);
+    return out;
+  };
+  for (bool adamw : {true, false}) {
+    const std::vector<float> in_place = run(false, adamw), in_step = run(true, adamw);
+    ASSERT_EQ(in_place.size(), in_step.size());
+    for (size_t i = 0; i < in_place.size(); ++i)
+      ASSERT_EQ(in_place[i], in_step[i]) << (adamw ? "adamw" : "sgd") << " element " << i;
+  }
+}
+
 TEST(LrSchedule, WarmupThenCosineToMin) {
   LrSchedule s{1.0f, 10, 110, 0.1f};
   EXPECT_FLOAT_EQ(s.at(0), 0.1f);

@@ -9,12 +9,13 @@
 namespace tessera::optim {
 
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+                  float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                  float grad_scale) {
   const float c1 = 1.0f / (1.0f - static_cast<float>(std::pow(beta1, static_cast<double>(t))));
   const float c2 = 1.0f / (1.0f - static_cast<float>(std::pow(beta2, static_cast<double>(t))));
   const float decay = 1.0f - lr * weight_decay;
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i];
+    float g = grad[i] * grad_scale;
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
@@ -42,6 +43,7 @@ AdamW::AdamW(nn::ParameterSet& params, const AdamWConfig& cfg, Allocator& alloc)
 // read and written per step).
 void AdamW::step(float lr) {
   ++t_;
+  const float scale = take_grad_scale();
   float* m = m_.f32();
   float* v = v_.f32();
   kernels::parallel_rows(starts_.back(), 1, [&](int64_t first, int64_t end) {
@@ -56,7 +58,7 @@ void AdamW::step(float lr) {
       if (to <= from) continue;
       adamw_update(s.value + from, m + s.state_offset + from, v + s.state_offset + from,
                    s.grad + from, to - from, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                   s.decay ? cfg_.weight_decay : 0.0f, t_);
+                   s.decay ? cfg_.weight_decay : 0.0f, t_, scale);
     }
   });
 }

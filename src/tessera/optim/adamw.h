@@ -14,9 +14,11 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
-// The update of one contiguous range of a parameter (raw kernel; `t` is the 1-based step).
+// The update of one contiguous range of a parameter (raw kernel; `t` is the 1-based step), from
+// the gradient times grad_scale.
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t t);
+                  float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                  float grad_scale = 1.0f);
 
 class AdamW final : public Optimizer {
  public:

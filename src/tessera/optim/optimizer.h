@@ -22,7 +22,7 @@ struct Segment {
   int64_t param_offset = 0;  // first element within the parameter (row-major, local shape)
   int64_t n = 0;
   float* value = nullptr;    // the n parameter values, updated in place
-  float* grad = nullptr;     // read by the update; scaled in place by clipping
+  float* grad = nullptr;     // read by the update (times the step's gradient scale)
   int64_t state_offset = 0;  // where the n elements live in the optimizer's state buffers
   bool decay = true;         // weight decay applies
 };
@@ -45,6 +45,17 @@ class Optimizer {
   // restore). Only for whole-parameter segments (single rank, plain data parallelism).
   std::vector<NamedTensor> state(const nn::ParameterSet& params);
   virtual std::string name() const = 0;
+  // The next step() reads every gradient multiplied by `s` (global-norm clipping's factor), then
+  // the scale is 1 again. The gradients are not changed: against scaling them in place first, the
+  // update is bitwise the same and one pass over them (read and write) is saved.
+  void scale_gradients_in_next_step(float s) { grad_scale_ = s; }
+
+ protected:
+  // The scale for this step; resets it to 1.
+  float take_grad_scale() { return std::exchange(grad_scale_, 1.0f); }
+
+ private:
+  float grad_scale_ = 1.0f;
 };
 
 }  // namespace tessera::optim

@@ -14,13 +14,14 @@ SGD::SGD(nn::ParameterSet& params, const SGDConfig& cfg, Allocator& alloc)
 
 void SGD::step(float lr) {
   ++t_;
+  const float scale = take_grad_scale();
   float* buf = momentum_.defined() ? momentum_.f32() : nullptr;
   for (const Segment& s : segments_) {
     const float decay = 1.0f - lr * (s.decay ? cfg_.weight_decay : 0.0f);
     float* b = buf ? buf + s.state_offset : nullptr;
     for (int64_t i = 0; i < s.n; ++i) {
-      float d = s.grad[i];
-      if (b) d = b[i] = cfg_.momentum * b[i] + s.grad[i];
+      float d = s.grad[i] * scale;
+      if (b) d = b[i] = cfg_.momentum * b[i] + d;
       s.value[i] = s.value[i] * decay - lr * d;
     }
   }

@@ -187,7 +187,7 @@ void DataParallel::sum_marked_gradients(comm::Communicator& group, bool nn::Grad
 }
 
 void DataParallel::clip(double norm, double max_norm) {
-  optim::clip_to_norm(opt_->segments(), norm, max_norm);
+  opt_->scale_gradients_in_next_step(optim::clip_scale(norm, max_norm));
 }
 
 void DataParallel::optimizer_step(float lr) {

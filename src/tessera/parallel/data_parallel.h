@@ -107,6 +107,8 @@ class DataParallel final : public nn::UnitHooks {
   // without marked parameters.
   void sum_marked_gradients(comm::Communicator& group, bool nn::GradReduction::*flag,
                             const char* label);
+  // Clips to max_norm, given the global norm: the next optimizer_step() reads the gradients
+  // times optim::clip_scale(norm, max_norm); the gradients themselves stay as they are.
   void clip(double norm, double max_norm);
   void optimizer_step(float lr);
 
