@@ -1,7 +1,7 @@
-// The row kernels that spread over the rank's compute threads (parallel_rows): RMSNorm, rotary
-// embeddings, residual adds, softmax cross-entropy and its vocabulary-split pieces. On 2 and 3
-// threads each is bitwise what one thread computes, at sizes above parallel_rows' threshold (so
-// that the threaded path runs), with accumulating outputs (+=) starting from non-zero values.
+// The row kernels that spread over the rank's compute threads (parallel_rows): RMSNorm, LayerNorm,
+// GELU, rotary embeddings, residual adds, softmax cross-entropy and its vocabulary-split pieces. On
+// 2 and 3 threads each is bitwise what one thread computes, at sizes above parallel_rows' threshold
+// (so that the threaded path runs), with accumulating outputs (+=) starting from non-zero values.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "compute_threads.h"
+#include "tessera/kernels/gelu.h"
+#include "tessera/kernels/layernorm.h"
 #include "tessera/kernels/parallel_rows.h"
 #include "tessera/kernels/residual.h"
 #include "tessera/kernels/rmsnorm.h"
@@ -84,6 +86,21 @@ std::vector<std::vector<float>> run_kernels(int threads) {
              {losses, lse, dlogits, mx, sum_exp, target_logit,
               std::vector<float>{static_cast<float>(total),
                                  static_cast<float>(total - static_cast<float>(total))}});
+
+  // LayerNorm (its dweight and dbias pass splits the columns) and GELU, on odd sizes so that the
+  // pieces start at any element.
+  const std::vector<float> bias = normal(C, 12);
+  std::vector<float> ln(N * C), mean(N), lrstd(N), ldx = normal(N * C, 13), ldw = normal(C, 14),
+                                                   ldb = normal(C, 15);
+  layernorm_forward(ln.data(), mean.data(), lrstd.data(), x.data(), w.data(), bias.data(), N, C,
+                    1e-5f);
+  layernorm_backward(ldx.data(), ldw.data(), ldb.data(), dy.data(), x.data(), w.data(), mean.data(),
+                     lrstd.data(), N, C);
+  const int64_t odd = N * C - 3;
+  std::vector<float> g(odd), dg(odd);
+  gelu_forward(g.data(), x.data(), odd);
+  gelu_backward(dg.data(), dy.data(), x.data(), odd);
+  out.insert(out.end(), {ln, mean, lrstd, ldx, ldw, ldb, g, dg});
   return out;
 }
 
