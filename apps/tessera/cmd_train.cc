@@ -97,10 +97,29 @@ nlohmann::json given_flags(TrainFlags& f) {
   return given;
 }
 
+// --init-from with no --lr (flag or config file) trains pretrained weights at the from-scratch
+// default, which is 100x what fine-tuning usually takes: said once, by the process that reports
+// (not each supervised attempt, not ranks other than 0), and nothing else changes.
+void note_fine_tuning_rate(const train::TrainConfig& cfg, const nlohmann::json& file,
+                           const nlohmann::json& given) {
+  if (cfg.init_from.empty() || !cfg.resume.empty() || file.contains("lr") || given.contains("lr"))
+    return;
+  if (train::supervised()) return;
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (rank != nullptr && std::string(rank) != "0") return;
+  std::fprintf(stderr,
+               "tessera: note: --init-from without --lr trains the loaded weights at the default "
+               "%g, a rate for training from scratch; pretrained models are usually fine-tuned "
+               "at 1e-5 to 1e-4 (Llama 2's supervised fine-tuning: 2e-5)\n",
+               static_cast<double>(cfg.lr));
+}
+
 void run(TrainFlags& f, int& exit_code) {
   const nlohmann::json file =
       f.config_file.empty() ? nlohmann::json::object() : train::read_json_file(f.config_file);
-  train::TrainConfig cfg = train::resolve_train_config(file, given_flags(f));
+  const nlohmann::json given = given_flags(f);
+  train::TrainConfig cfg = train::resolve_train_config(file, given);
+  if (!f.print_config) note_fine_tuning_rate(cfg, file, given);
   if (f.print_config) {  // what would run, as a config file (every key)
     cfg.validate();
     std::printf("%s\n", train::to_json(cfg).dump(2).c_str());

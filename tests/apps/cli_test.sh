@@ -45,6 +45,12 @@ check metrics-val 0 '"val_loss"' -- cat "$dir/m.jsonl"
 echo '{"steps": 14, "lr": 0.001}' >"$dir/more.json"
 check resume-config 0 "resumed from .* at step 12" -- "$bin" train --resume "$dir/run" \
   --config "$dir/more.json" --cache-dir "$dir/cache"
+# Loaded weights trained at the from-scratch default rate: a note says so; not with --lr given.
+check init-from-rate-note 0 "note: --init-from without --lr trains the loaded weights at the default 0.003" \
+  -- "$bin" train "${tiny[@]}" --steps 1 --init-from "$dir/run"
+out=$("$bin" train "${tiny[@]}" --steps 1 --init-from "$dir/run" --lr 1e-4 2>&1)
+check init-from-lr-no-note 0 "done: 1 steps" -- echo "$out"
+check init-from-lr-no-note-text 1 "" -- grep -q "note: --init-from" <<<"$out"
 # A model-shaping flag that differs from the resumed model's would be ignored: refused, naming it;
 # the same value (as a restart passes the original flags) is accepted.
 check resume-other-dim 1 "^tessera: error: --dim 64 is not the resumed model's 32: a resumed run trains the checkpoint's model" \
