@@ -89,6 +89,11 @@ fault() {
     local hp  # where each is: its threads' kernel waits and the end of its stderr
     for hp in $left; do
       echo "  $hp: $(cat /proc/"${hp#*:}"/task/*/wchan 2>/dev/null | tr '\0' ' ')"
+      # Where each thread is, in the source (the wait that no timeout bounds): gdb when present.
+      if command -v gdb >/dev/null; then
+        timeout 30 gdb -batch -nx -p "${hp#*:}" -ex "thread apply all bt 15" 2>/dev/null |
+          grep -E '^(Thread|#)' | head -80 | sed 's/^/    /'
+      fi
     done
     tail -c 300 "$out.err"/rank.* 2>/dev/null | sed 's/\x1b\[K/\n/g; s/\r/\n/g' | grep -av '^step' | sed 's/^/  /'
   fi
