@@ -119,13 +119,13 @@ void run(TrainFlags& f, int& exit_code) {
       f.config_file.empty() ? nlohmann::json::object() : train::read_json_file(f.config_file);
   const nlohmann::json given = given_flags(f);
   train::TrainConfig cfg = train::resolve_train_config(file, given);
-  if (!f.print_config) note_fine_tuning_rate(cfg, file, given);
   if (f.print_config) {  // what would run, as a config file (every key)
     cfg.validate();
     std::printf("%s\n", train::to_json(cfg).dump(2).c_str());
     exit_code = 0;
     return;
   }
+  note_fine_tuning_rate(cfg, file, given);
   // Fail before any work when the results could not be written (docs/RELIABILITY.md).
   if (!cfg.save.empty()) io::check_writable_directory(cfg.save);
   if (!cfg.flight_recorder.empty()) io::check_writable_directory(cfg.flight_recorder);

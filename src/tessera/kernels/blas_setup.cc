@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 extern "C" char* openblas_get_corename(void);
 
@@ -33,18 +35,17 @@ const char* faster_blas_core() {
 }  // namespace
 
 void use_fast_blas_kernels(char** argv) {
-  const char* core = faster_blas_core();
-  const bool spin =
-      std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr;
-  const bool blas_wait = std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr;
-  if (core == nullptr && !spin && !blas_wait) return;
-  if (core != nullptr) setenv("OPENBLAS_CORETYPE", core, 1);
-  if (spin) setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 1);
-  if (blas_wait) setenv("OPENBLAS_THREAD_TIMEOUT", kOpenBlasThreadTimeout, 1);
+  // The variables to set (name, value) before the libraries load again.
+  std::vector<std::pair<const char*, const char*>> set;
+  if (const char* core = faster_blas_core()) set.emplace_back("OPENBLAS_CORETYPE", core);
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
+    set.emplace_back("GOMP_SPINCOUNT", kOpenMpSpinCount);
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr)
+    set.emplace_back("OPENBLAS_THREAD_TIMEOUT", kOpenBlasThreadTimeout);
+  if (set.empty()) return;
+  for (const auto& [name, value] : set) setenv(name, value, 1);
   execv("/proc/self/exe", argv);  // returns only on failure: keep running as loaded
-  if (core != nullptr) unsetenv("OPENBLAS_CORETYPE");
-  if (spin) unsetenv("GOMP_SPINCOUNT");
-  if (blas_wait) unsetenv("OPENBLAS_THREAD_TIMEOUT");
+  for (const auto& [name, value] : set) unsetenv(name);
 }
 
 }  // namespace tessera::kernels

@@ -3,8 +3,8 @@
 // run on one core while the GEMM's other threads wait. Pieces are disjoint ranges of whole rows, so
 // for work that is elementwise the result is bitwise what one thread computes. Below
 // kParallelRowsMinElements (or with one compute thread) fn runs once on the calling thread: a
-// thread costs ~20-50 us to start, ~40k elements of conversion; the smallest work that splits
-// (256k elements, an RMSNorm over 1024 tokens of 256) takes 6x that on one thread.
+// thread costs ~20-50 us to start, ~40k elements of conversion, so the smallest work that splits
+// (1M elements) takes ~25x that on one thread. 512k measured no faster (docs/PERFORMANCE.md).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,8 @@
 // Global-norm gradient clipping. The norm is over all gradients of the model; in a sharded layout
-// the caller sums the squared partial norms across ranks before clipping (sum_of_squares() then
-// clip_to_norm() with the global norm), so clipping is exact across shards.
+// the caller sums the squared partial norms across ranks before clipping (sum_of_squares(), then
+// clip_scale() of the global norm), so clipping is exact across shards. The engines hand that
+// scale to the optimizer (Optimizer::scale_gradients_in_next_step); clip_to_norm() scales the
+// gradients in place instead.
 #pragma once
 
 #include "tessera/nn/parameters.h"
