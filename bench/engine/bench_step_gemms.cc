@@ -8,9 +8,14 @@
 // (its step time) / (this time) times faster than another: bench/llama/vs_pytorch.sh prints that
 // ceiling beside its ratios.
 //
+// With --precision bf16 the GEMMs run as `tessera train --precision bf16` runs them: bf16 inputs,
+// fp32 accumulation, through the path --bf16-gemm auto picks (oneDNN where the CPU has bf16
+// units), the weights read from bf16 copies (made once per step in training, outside this time),
+// the activations and output gradients rounded at each GEMM as in training.
+//
 // Usage: bench_step_gemms [--family llama|gpt2] [--layers L] [--dim C] [--heads H]
 //                         [--kv-heads KV] [--ffn F] [--vocab V] [--tokens N] [--threads T]
-//                         [--rounds R]
+//                         [--rounds R] [--precision fp32|bf16]
 // Defaults: the Llama-style benchmark model of bench/llama/vs_pytorch.sh (L=12, C=768, 12 query
 // over 4 key/value heads, SwiGLU 2048, V=16384, untied head), N = 1024 tokens (B=4, T=256).
 #include <cblas.h>
@@ -26,8 +31,10 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/bf16.h"
 #include "tessera/kernels/blas_setup.h"
 #include "tessera/kernels/gemm.h"
+#include "tessera/kernels/precision.h"
 
 namespace {
 
@@ -36,13 +43,14 @@ struct Options {
   int layers = 12, dim = 768, heads = 12, kv_heads = 4, vocab = 16384, tokens = 1024;
   int ffn = 0;  // 0: the family's (llama 2048, gpt2 4 x dim)
   int threads = 1, rounds = 5;
+  tessera::kernels::Precision precision = tessera::kernels::Precision::F32;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_step_gemms: %s\nusage: bench_step_gemms [--family llama|gpt2] [--layers L] "
                "[--dim C] [--heads H] [--kv-heads KV] [--ffn F] [--vocab V] [--tokens N] "
-               "[--threads T] [--rounds R]\n",
+               "[--threads T] [--rounds R] [--precision fp32|bf16]\n",
                why);
   std::exit(2);
 }
@@ -60,6 +68,11 @@ Options parse(int argc, char** argv) {
     if (flag == "--family") {
       if (value != "llama" && value != "gpt2") usage("--family takes llama or gpt2");
       o.family = value;
+      continue;
+    }
+    if (flag == "--precision") {
+      if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16");
+      o.precision = tessera::kernels::parse_precision(value);
       continue;
     }
     const auto* it = std::find_if(std::begin(counts), std::end(counts),
@@ -122,18 +135,23 @@ int main(int argc, char** argv) {
   std::vector<float> in(static_cast<size_t>(M) * widest, 0.5f), out(in.size(), 0.0f),
       dout(in.size(), 1e-3f), din(in.size(), 0.0f), w(largest_weight, 0.02f),
       dw(largest_weight, 0.0f);
+  std::vector<uint16_t> w_bf16(w.size());
+  k::f32_to_bf16(w_bf16.data(), w.data(), static_cast<int64_t>(w.size()));
+  const bool bf16 = o.precision == k::Precision::BF16;
+  const k::GemmInput weight = bf16 ? k::GemmInput(w_bf16.data()) : k::GemmInput(w.data());
+  const k::GemmModeScope mode(
+      k::GemmMode{o.precision, bf16 ? k::resolve_bf16_gemm(k::Bf16Gemm::Auto) : k::Bf16Gemm::Auto});
   std::vector<double> times;
   for (int r = 0; r <= o.rounds; ++r) {  // round 0 warms up
     const double start = now();
     for (const Layer& l : layers) {
       const int K = l.K, N = l.N;
       if (l.transposed_weight) {
-        k::matmul_nt_forward(out.data(), in.data(), w.data(), M, K, N);
-        k::matmul_nt_backward(din.data(), dw.data(), dout.data(), in.data(), w.data(), M, K, N);
+        k::matmul_nt_forward(out.data(), in.data(), weight, M, K, N);
+        k::matmul_nt_backward(din.data(), dw.data(), dout.data(), in.data(), weight, M, K, N);
       } else {
-        k::matmul_forward(out.data(), in.data(), w.data(), nullptr, nullptr, M, K, N);
-        k::matmul_backward(din.data(), dw.data(), nullptr, dout.data(), in.data(), w.data(), M, K,
-                           N);
+        k::matmul_forward(out.data(), in.data(), weight, nullptr, nullptr, M, K, N);
+        k::matmul_backward(din.data(), dw.data(), nullptr, dout.data(), in.data(), weight, M, K, N);
       }
     }
     if (r > 0) times.push_back(now() - start);
@@ -141,9 +159,12 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   std::printf(
-      "{\"family\": \"%s\", \"threads\": %d, \"tokens\": %d, \"gemm_seconds\": %.4f, "
-      "\"gflop\": %.1f, \"gflop_per_s\": %.1f, \"tokens_per_s\": %.1f, \"blas\": \"%s\"}\n",
-      o.family.c_str(), o.threads, o.tokens, median, flops * 1e-9, flops * 1e-9 / median,
-      o.tokens / median, k::blas_core_name().c_str());
+      "{\"family\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"tokens\": %d, "
+      "\"gemm_seconds\": %.4f, "
+      "\"gflop\": %.1f, \"gflop_per_s\": %.1f, \"tokens_per_s\": %.1f, \"gemms\": \"%s\"}\n",
+      o.family.c_str(), k::to_string(o.precision), o.threads, o.tokens, median, flops * 1e-9,
+      flops * 1e-9 / median, o.tokens / median,
+      (bf16 ? k::describe(k::current_gemm_mode()) : "fp32 OpenBLAS " + k::blas_core_name())
+          .c_str());
   return 0;
 }

@@ -8,7 +8,9 @@ Two implementations of each architecture:
   hf     Hugging Face transformers' LlamaForCausalLM / GPT2LMHeadModel (attn_implementation
          "sdpa").
   plain  a short module written here that calls torch.nn.functional.scaled_dot_product_attention.
-Random tokens, AdamW, fp32, the global gradient norm clipped to 1.0 as tessera train does by
+Random tokens, AdamW, fp32 (or, with --precision bf16, torch.autocast to bf16 on the CPU: the
+GEMMs in bf16 with fp32 accumulation, the parameters, gradients and optimizer state fp32, as
+tessera's --precision bf16), the global gradient norm clipped to 1.0 as tessera train does by
 default (--grad-clip 1.0): the same step's work on both sides. Prints one JSON line: the median step time and tokens/s of the steps
 after the warm-up ones. Needs torch (and transformers for hf), e.g. a venv with
 `pip install torch transformers`; nothing in tessera's build or tests needs them.
@@ -148,6 +150,7 @@ def main():
                      batch=4, steps=8, warmup=2).items():
         p.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     p.add_argument("--rope-theta", type=float, default=500000.0)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -159,9 +162,10 @@ def main():
     times, losses = [], []
     for step in range(a.steps):
         t0 = time.perf_counter()
-        out = model(x)
-        logits = out if a.impl == "plain" else out.logits
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            out = model(x)
+            logits = out if a.impl == "plain" else out.logits
+        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -169,7 +173,8 @@ def main():
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     med = statistics.median(times[a.warmup:])
-    print(json.dumps({"family": a.family, "impl": a.impl, "threads": a.threads, "params": n,
+    print(json.dumps({"family": a.family, "impl": a.impl, "precision": a.precision,
+                      "threads": a.threads, "params": n,
                       "step_ms": round(med * 1e3, 1),
                       "tokens_per_s": round(a.batch * a.seq / med), "loss": round(losses[-1], 4),
                       "torch": torch.__version__}))

@@ -10,8 +10,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "compute_threads.h"
@@ -406,6 +409,39 @@ TEST(FlashAttention, Bf16GemmModeIsClose) {
   expect_close(got.lse, want.lse, 3e-2, 1e-2, "lse");
   expect_close(got.dq, want.dq, 5e-2, 5e-2, "dq");
   expect_close(got.dkv, want.dkv, 5e-2, 5e-2, "dk, dv");
+}
+
+int threads_in_process() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
+}
+
+// Each piece's tile GEMMs run on the piece's thread alone (GemmsOnCallingThreadScope). Through
+// oneDNN a tile GEMM would otherwise start an OpenMP team of the rank's size from every piece's
+// thread (a bf16 training step on two threads took 1.5x as long). A fresh rank
+// thread that runs the attention leaves no OpenMP thread behind.
+TEST(FlashAttention, Bf16TileGemmsStartNoOpenMpTeam) {
+  std::string why;
+  if (!onednn_bf16_usable(&why)) GTEST_SKIP() << "oneDNN's bf16 matmul is not usable: " << why;
+  ComputeThreads t(2);
+  int before = -1, after = -1;
+  Result got;
+  std::thread rank([&] {
+    GemmModeScope bf16(GemmMode{Precision::BF16, Bf16Gemm::OneDnn});
+    before = threads_in_process();
+    got = run(Problem(2, 131, 131, 4, 2, 16, 100));
+    after = threads_in_process();
+  });
+  rank.join();
+  ASSERT_GT(before, 0);
+  EXPECT_EQ(after, before);
+  ComputeThreads one(1);
+  GemmModeScope bf16(GemmMode{Precision::BF16, Bf16Gemm::OneDnn});
+  const Result want = run(Problem(2, 131, 131, 4, 2, 16, 100));
+  EXPECT_EQ(got.out, want.out);  // and bitwise what one thread computes
+  EXPECT_EQ(got.dq, want.dq);
 }
 
 TEST(FlashAttention, RejectsKeyValueHeadsNotDividingQueryHeads) {

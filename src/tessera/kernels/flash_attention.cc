@@ -182,7 +182,8 @@ struct TileScratch {
 // Runs fn(piece, scratch) for every piece in [0, n) on the calling rank's compute threads (its
 // BLAS threads, train::set_compute_threads, as parallel_rows), each thread taking the next piece
 // from a shared counter. A piece computes and writes its outputs alone, in a fixed order, so the
-// result is bitwise the same on any number of threads. The helpers run in the caller's GEMM mode.
+// result is bitwise the same on any number of threads. The helpers run in the caller's GEMM mode,
+// and every thread's tile GEMMs on that thread alone (GemmsOnCallingThreadScope).
 // The first exception of any piece is rethrown here once every thread is done.
 template <class Fn>
 void for_each_piece(int64_t n, const FlashPlan& plan, Fn&& fn) {
@@ -195,6 +196,7 @@ void for_each_piece(int64_t n, const FlashPlan& plan, Fn&& fn) {
   auto work = [&] {
     try {
       GemmModeScope scope(mode);
+      GemmsOnCallingThreadScope alone;
       TileScratch s;
       const size_t tile = static_cast<size_t>(plan.kt) * static_cast<size_t>(plan.hs);
       const size_t rows = static_cast<size_t>(kQueryTile) * kQueryTilesPerPiece;
