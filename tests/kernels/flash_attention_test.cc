@@ -397,20 +397,6 @@ TEST(FlashAttention, BitwiseTheSameOnAnyThreadCount) {
   }
 }
 
-// The bf16 GEMM mode (every helper thread in it too): bf16 inputs to the tile GEMMs, close to
-// the float64 reference at bf16's precision.
-TEST(FlashAttention, Bf16GemmModeIsClose) {
-  ComputeThreads t(2);
-  GemmModeScope bf16(GemmMode{Precision::BF16, Bf16Gemm::Auto});
-  Problem p(2, 131, 131, 4, 2, 16, 100);
-  const Result got = run(p);
-  const Reference want = reference(p);
-  expect_close(got.out, want.out, 3e-2, 3e-2, "out");
-  expect_close(got.lse, want.lse, 3e-2, 1e-2, "lse");
-  expect_close(got.dq, want.dq, 5e-2, 5e-2, "dq");
-  expect_close(got.dkv, want.dkv, 5e-2, 5e-2, "dk, dv");
-}
-
 int threads_in_process() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
@@ -418,30 +404,34 @@ int threads_in_process() {
   return -1;
 }
 
-// Each piece's tile GEMMs run on the piece's thread alone (GemmsOnCallingThreadScope). Through
-// oneDNN a tile GEMM would otherwise start an OpenMP team of the rank's size from every piece's
-// thread (a bf16 training step on two threads took 1.5x as long). A fresh rank
-// thread that runs the attention leaves no OpenMP thread behind.
-TEST(FlashAttention, Bf16TileGemmsStartNoOpenMpTeam) {
-  std::string why;
-  if (!onednn_bf16_usable(&why)) GTEST_SKIP() << "oneDNN's bf16 matmul is not usable: " << why;
+// The tile GEMMs run in fp32 whatever the caller's GEMM mode: under bf16 every tile would round
+// both of its operands first, and through oneDNN each tile GEMM started an OpenMP team of the
+// rank's size from every piece's thread (a bf16 step on two threads took 1.5x as long; bf16
+// tiles on one thread 1.7x as long as fp32 ones). So the bf16 mode's result is bitwise fp32's,
+// and a fresh rank thread that runs the attention in it starts no OpenMP thread.
+TEST(FlashAttention, TileGemmsRunInFp32InEveryGemmMode) {
   ComputeThreads t(2);
-  int before = -1, after = -1;
-  Result got;
-  std::thread rank([&] {
-    GemmModeScope bf16(GemmMode{Precision::BF16, Bf16Gemm::OneDnn});
-    before = threads_in_process();
-    got = run(Problem(2, 131, 131, 4, 2, 16, 100));
-    after = threads_in_process();
-  });
-  rank.join();
-  ASSERT_GT(before, 0);
-  EXPECT_EQ(after, before);
-  ComputeThreads one(1);
-  GemmModeScope bf16(GemmMode{Precision::BF16, Bf16Gemm::OneDnn});
-  const Result want = run(Problem(2, 131, 131, 4, 2, 16, 100));
-  EXPECT_EQ(got.out, want.out);  // and bitwise what one thread computes
-  EXPECT_EQ(got.dq, want.dq);
+  const Problem p(2, 131, 131, 4, 2, 16, 100);
+  const Result fp32 = run(p);
+  for (const Bf16Gemm path : {Bf16Gemm::Auto, Bf16Gemm::Emulated, Bf16Gemm::OneDnn}) {
+    if (path == Bf16Gemm::OneDnn && !onednn_bf16_usable()) continue;
+    SCOPED_TRACE(to_string(path));
+    int before = -1, after = -1;
+    Result bf16;
+    std::thread rank([&] {
+      GemmModeScope mode(GemmMode{Precision::BF16, path});
+      before = threads_in_process();
+      bf16 = run(p);
+      after = threads_in_process();
+    });
+    rank.join();
+    ASSERT_GT(before, 0);
+    EXPECT_EQ(after, before);
+    EXPECT_EQ(bf16.out, fp32.out);
+    EXPECT_EQ(bf16.lse, fp32.lse);
+    EXPECT_EQ(bf16.dq, fp32.dq);
+    EXPECT_EQ(bf16.dkv, fp32.dkv);
+  }
 }
 
 TEST(FlashAttention, RejectsKeyValueHeadsNotDividingQueryHeads) {

@@ -10,9 +10,10 @@
 // k_pos[j] <= q_pos[i]; a tile pair whose keys all lie after its queries is skipped. Dropout on the
 // probabilities draws the coordinate-keyed mask of kernels/attention.h (AttentionDropout) at global
 // coordinates (sample, global head, q_pos, k_pos), so a recomputed or context-split mask is the
-// single-device mask. The tile GEMMs run in the calling thread's GEMM mode (kernels/precision.h):
-// fp32, or bf16 inputs with fp32 accumulation. The materialising kernel (kernels/attention.h) is
-// the reference the tests hold this one to.
+// single-device mask. The tile GEMMs run in fp32 whatever the calling thread's GEMM mode
+// (kernels/precision.h): under bf16, rounding both operands of every tile cost more than the bf16
+// product saved (docs/PERFORMANCE.md). The materialising kernel (kernels/attention.h) is the
+// reference the tests hold this one to.
 //
 // Each call spreads its work over the calling rank's compute threads (openblas_get_num_threads, as
 // kernels/parallel_rows.h): the forward in pieces of (sequence, head, 512 query rows), the backward

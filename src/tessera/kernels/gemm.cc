@@ -35,22 +35,6 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInpu
 }
 
 namespace {
-thread_local bool on_calling_thread = false;
-}  // namespace
-
-GemmsOnCallingThreadScope::GemmsOnCallingThreadScope() : previous_(on_calling_thread) {
-  on_calling_thread = true;
-}
-
-GemmsOnCallingThreadScope::~GemmsOnCallingThreadScope() {
-  on_calling_thread = previous_;
-}
-
-bool gemms_on_calling_thread() {
-  return on_calling_thread;
-}
-
-namespace {
 
 // dout as both backward GEMMs read it: through oneDNN, rounded once into per-thread scratch
 // (bitwise what each GEMM would round; outside the allocator's accounting) that both read in

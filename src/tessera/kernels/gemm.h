@@ -34,22 +34,6 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInput A, int lda,
           GemmInput B, int ldb, float beta, float* C, int ldc);
 
-// While a scope lives, the GEMMs its thread calls run on that thread alone: a oneDNN matmul on an
-// OpenMP team of one (OpenBLAS keeps GEMMs of tile size on the calling thread by itself). For work
-// already spread over the rank's threads, such as the fused attention's pieces: their tile GEMMs
-// would otherwise each start (or wake) a team of the rank's size, from every piece's thread.
-class GemmsOnCallingThreadScope {
- public:
-  GemmsOnCallingThreadScope();
-  ~GemmsOnCallingThreadScope();
-  GemmsOnCallingThreadScope(const GemmsOnCallingThreadScope&) = delete;
-  GemmsOnCallingThreadScope& operator=(const GemmsOnCallingThreadScope&) = delete;
-
- private:
-  bool previous_;
-};
-bool gemms_on_calling_thread();  // whether a GemmsOnCallingThreadScope lives on this thread
-
 // C[M,N] (fp32) = alpha * bf16(op(A)) . bf16(op(B)) + beta * C, products accumulated in fp32, where
 // bf16() rounds fp32 inputs to nearest even (bf16 inputs are used as they are); A, B are not
 // modified. path Auto resolves as resolve_bf16_gemm. Scratch: bf16 (or bf16-rounded fp32) copies

@@ -104,9 +104,8 @@ void gemm_bf16_onednn(bool trans_a, bool trans_b, int M, int N, int K, float alp
   if (!state) state = std::make_unique<ThreadState>();
   ThreadState& st = *state;
   // As many OpenMP threads as OpenBLAS was given (train::set_compute_threads): ranks that are
-  // threads then share the cores as they do under OpenBLAS. The setting is per calling thread;
-  // one inside work already spread over the threads (GemmsOnCallingThreadScope).
-  omp_set_num_threads(gemms_on_calling_thread() ? 1 : openblas_get_num_threads());
+  // threads then share the cores as they do under OpenBLAS. The setting is per calling thread.
+  omp_set_num_threads(openblas_get_num_threads());
 
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;

@@ -1,7 +1,7 @@
 // The precision of the GEMMs (docs/ARCHITECTURE.md, decision 33). Under Precision::BF16 a GEMM
 // rounds both inputs to bf16 (round to nearest even) and accumulates the products in fp32 into an
-// fp32 output; everything else (LayerNorm statistics, softmax, the loss, the MoE router, the
-// optimizer) stays fp32. Two paths compute it:
+// fp32 output; everything else (LayerNorm statistics, softmax, the fused attention's tiles, the
+// loss, the MoE router, the optimizer) stays fp32. Two paths compute it:
 //   OneDnn    oneDNN's bf16 matmul (bf16 copies of the inputs, fp32 destination); needs a CPU with
 //             avx512_bf16 or amx_bf16 and a build with oneDNN (libdnnl-dev).
 //   Emulated  OpenBLAS sgemm on bf16-rounded fp32 copies of the inputs. A product of two bf16

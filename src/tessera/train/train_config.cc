@@ -418,7 +418,8 @@ void precision_fields(std::vector<ConfigField>& f) {
   const char* prec = "Precision";
   f.push_back(choice(prec, "precision", &T::precision,
                      "GEMM precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; fp32 master "
-                     "weights, gradients, optimizer state, LayerNorm, softmax, loss and router)",
+                     "weights, gradients, optimizer state, LayerNorm, softmax, attention, loss and "
+                     "router)",
                      {{Precision::F32, "fp32"}, {Precision::BF16, "bf16"}}));
   f.push_back(choice(
       prec, "bf16_gemm", &T::bf16_gemm,
