@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "compute_threads.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/grad_clip.h"
 #include "tessera/optim/lr_schedule.h"
@@ -11,6 +12,8 @@
 
 namespace tessera::optim {
 namespace {
+
+using tessera::testing::ComputeThreads;
 
 struct Fixture {
   Allocator alloc{"test"};
@@ -165,6 +168,57 @@ TEST(GradClip, ScaleInTheStepIsBitwiseScalingInPlace) {
     ASSERT_EQ(in_place.size(), in_step.size());
     for (size_t i = 0; i < in_place.size(); ++i)
       ASSERT_EQ(in_place[i], in_step[i]) << (adamw ? "adamw" : "sgd") << " element " << i;
+  }
+}
+
+// Zeroing folded into the step (zero_gradients_in_next_step, as ZeRO-0 zeroes for the next
+// step): the update is bitwise the one without it, every gradient read is left zero, and the
+// request holds for one step only. The parameters (3 x 4097, 5, 1100 x 1000) give segment ends
+// inside the zeroing's blocks of 4096 and, over 1M elements, pieces on 2 threads.
+TEST(Optimizer, ZeroingInTheStepIsBitwiseTheSameUpdate) {
+  ComputeThreads threads(2);
+  auto run = [](bool zero, bool adamw) {
+    Allocator alloc{"test"};
+    nn::ParameterSet ps;
+    ps.add("w", {3, 4097}, nn::Init::Normal, 0.5f, true);
+    ps.add("b", {5}, nn::Init::Normal, 0.5f, false);
+    ps.add("v", {1100, 1000}, nn::Init::Normal, 0.5f, true);  // past parallel_rows' 1M
+    ps.materialize(alloc);
+    ps.initialize(7);
+    AdamW a(ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, alloc);
+    SGD s(ps, SGDConfig{0.9f, 0.1f}, alloc);
+    Optimizer& opt = adamw ? static_cast<Optimizer&>(a) : s;
+    auto set_grads = [&](int step) {
+      for (int i = 0; i < ps.size(); ++i) {
+        float* g = ps.grad(i).f32();
+        for (int64_t j = 0; j < ps.grad(i).numel(); ++j) g[j] = std::sin(0.3f * j + step + i);
+      }
+    };
+    for (int t = 1; t <= 3; ++t) {
+      set_grads(t);
+      if (zero) opt.zero_gradients_in_next_step();
+      opt.step(1e-2f);
+      for (int i = 0; i < ps.size(); ++i)
+        for (float g : ps.grad(i).to_vector()) {
+          if (zero)
+            EXPECT_EQ(g, 0.0f) << ps.infos()[i].name;
+          else
+            EXPECT_NE(g, 0.0f) << ps.infos()[i].name;
+        }
+    }
+    set_grads(4);
+    opt.step(1e-2f);  // not requested: the gradients stay
+    EXPECT_EQ(ps.grad(1).to_vector()[2], std::sin(0.3f * 2 + 4 + 1));
+    std::vector<float> out;
+    for (int i = 0; i < ps.size(); ++i)
+      for (float x : ps.param(i).to_vector()) out.push_back(x);
+    return out;
+  };
+  for (bool adamw : {true, false}) {
+    const std::vector<float> plain = run(false, adamw), zeroing = run(true, adamw);
+    ASSERT_EQ(plain.size(), zeroing.size());
+    for (size_t i = 0; i < plain.size(); ++i)
+      ASSERT_EQ(plain[i], zeroing[i]) << (adamw ? "adamw" : "sgd") << " element " << i;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "tessera/kernels/parallel_rows.h"
@@ -44,6 +45,7 @@ AdamW::AdamW(nn::ParameterSet& params, const AdamWConfig& cfg, Allocator& alloc)
 void AdamW::step(float lr) {
   ++t_;
   const float scale = take_grad_scale();
+  const bool zero = take_zero_gradients();
   float* m = m_.f32();
   float* v = v_.f32();
   kernels::parallel_rows(starts_.back(), 1, [&](int64_t first, int64_t end) {
@@ -55,10 +57,13 @@ void AdamW::step(float lr) {
       const Segment& s = segments_[i];
       const int64_t from = std::max(first, starts_[i]) - starts_[i];
       const int64_t to = std::min(end, starts_[i + 1]) - starts_[i];
-      if (to <= from) continue;
-      adamw_update(s.value + from, m + s.state_offset + from, v + s.state_offset + from,
-                   s.grad + from, to - from, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                   s.decay ? cfg_.weight_decay : 0.0f, t_, scale);
+      const float decay = s.decay ? cfg_.weight_decay : 0.0f;
+      for (int64_t b = from; b < to; b += zero ? kZeroBlock : to - from) {
+        const int64_t e = zero ? std::min(to, b + kZeroBlock) : to;
+        adamw_update(s.value + b, m + s.state_offset + b, v + s.state_offset + b, s.grad + b, e - b,
+                     lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay, t_, scale);
+        if (zero) std::memset(s.grad + b, 0, sizeof(float) * static_cast<size_t>(e - b));
+      }
     }
   });
 }

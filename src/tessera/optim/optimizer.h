@@ -49,13 +49,23 @@ class Optimizer {
   // the scale is 1 again. The gradients are not changed: against scaling them in place first, the
   // update is bitwise the same and one pass over them (read and write) is saved.
   void scale_gradients_in_next_step(float s) { grad_scale_ = s; }
+  // The next step() also leaves every gradient it reads at zero: each block of a segment's
+  // gradient is zeroed right after the update has read it, while it is still in the cache. That
+  // is the zeroing the following step needs, without a pass of its own over memory (400 MB for a
+  // 100M-parameter model). The update is bitwise the same.
+  void zero_gradients_in_next_step() { zero_gradients_ = true; }
 
  protected:
   // The scale for this step; resets it to 1.
   float take_grad_scale() { return std::exchange(grad_scale_, 1.0f); }
+  // Whether this step zeroes the gradients it reads; resets the request.
+  bool take_zero_gradients() { return std::exchange(zero_gradients_, false); }
+  // Elements of a gradient zeroed at once behind the update (16 KB: in the L1 cache still).
+  static constexpr int64_t kZeroBlock = 4096;
 
  private:
   float grad_scale_ = 1.0f;
+  bool zero_gradients_ = false;
 };
 
 }  // namespace tessera::optim

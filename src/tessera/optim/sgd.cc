@@ -15,6 +15,7 @@ SGD::SGD(nn::ParameterSet& params, const SGDConfig& cfg, Allocator& alloc)
 void SGD::step(float lr) {
   ++t_;
   const float scale = take_grad_scale();
+  const bool zero = take_zero_gradients();
   float* buf = momentum_.defined() ? momentum_.f32() : nullptr;
   for (const Segment& s : segments_) {
     const float decay = 1.0f - lr * (s.decay ? cfg_.weight_decay : 0.0f);
@@ -23,6 +24,7 @@ void SGD::step(float lr) {
       float d = s.grad[i] * scale;
       if (b) d = b[i] = cfg_.momentum * b[i] + d;
       s.value[i] = s.value[i] * decay - lr * d;
+      if (zero) s.grad[i] = 0.0f;
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "tessera/core/error.h"
 #include "tessera/io/tensor_set.h"
@@ -132,7 +133,8 @@ void DataParallel::load_optimizer_state(const io::SafetensorsFile& file) {
 // ---- the step --------------------------------------------------------------------------------
 
 void DataParallel::begin_step() {
-  zero_->zero_grads();
+  // The last optimizer step left every gradient zero (ZeRO-0), unless none ran since.
+  if (!std::exchange(grads_zeroed_by_step_, false)) zero_->zero_grads();
 }
 
 void DataParallel::end_backward() {
@@ -191,10 +193,16 @@ void DataParallel::clip(double norm, double max_norm) {
 }
 
 void DataParallel::optimizer_step(float lr) {
+  // ZeRO-0's segments are every parameter's whole gradient, so the step itself can zero them
+  // for the next one (Optimizer::zero_gradients_in_next_step). The sharded stages zero more than
+  // their optimizer reads (the full gradients, the shard buffers) and keep begin_step's zeroing.
+  const bool zero_in_step = zero_->stage() == ZeroStage::None;
+  if (zero_in_step) opt_->zero_gradients_in_next_step();
   {
     TraceSpan span("optimizer step", "optimizer");
     opt_->step(lr);
   }
+  grads_zeroed_by_step_ = zero_in_step;
   zero_->after_optimizer_step();
 }
 

@@ -146,6 +146,7 @@ class DataParallel final : public nn::UnitHooks {
   std::unique_ptr<optim::Optimizer> opt_;
   std::deque<Reduction> pending_;
   std::vector<int> ready_;  // buckets whose gradients are final but not launched (no overlap)
+  bool grads_zeroed_by_step_ = false;  // the last optimizer step left every gradient zero
 };
 
 }  // namespace tessera::parallel
