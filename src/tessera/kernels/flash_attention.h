@@ -19,7 +19,8 @@
 // kernels/parallel_rows.h): the forward in pieces of (sequence, head, 512 query rows), the backward
 // in pieces of (sequence, key/value head) with all of that head's query heads. A piece writes its
 // outputs alone and sums in a fixed order, so results are bitwise the same on any number of
-// threads. Tile scratch: under 1 MB a thread at head size 64, outside the allocator's accounting.
+// threads. Tile scratch: under 1 MB a thread at head size 64, outside the allocator's accounting,
+// kept by the calling thread between calls (one set for the forward, one for the backward).
 #pragma once
 
 #include <cstdint>
