@@ -58,8 +58,7 @@ if [ "${TESSERA_TEST_QUICK:-0}" != "1" ]; then
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" \
     --timeout 900 -L '^inproc$')
   echo "== ThreadSanitizer on the threaded kernels (fused attention, parallel rows)"
-  # Not the bf16 test: oneDNN's OpenMP runtime is not instrumented (reports inside libdnnl).
   TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/kernels/test_kernels \
-    --gtest_filter='FlashAttention.*:ParallelRows*:-FlashAttention.Bf16GemmModeIsClose'
+    --gtest_filter='FlashAttention.*:ParallelRows*'
 
 fi

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -71,8 +72,11 @@ Options parse(int argc, char** argv) {
       continue;
     }
     if (flag == "--precision") {
-      if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16");
-      o.precision = tessera::kernels::parse_precision(value);
+      try {
+        o.precision = tessera::kernels::parse_precision(value);
+      } catch (const std::exception& e) {
+        usage(e.what());
+      }
       continue;
     }
     const auto* it = std::find_if(std::begin(counts), std::end(counts),

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "compute_threads.h"
@@ -18,9 +20,11 @@ using tessera::testing::ComputeThreads;
 struct Fixture {
   Allocator alloc{"test"};
   nn::ParameterSet ps;
-  Fixture() {
-    ps.add("w", {3, 4}, nn::Init::Normal, 0.5f, true);
+  // A weight "w" of w_shape with decay and a bias "b" of 5 without, then any `extra` (with decay).
+  explicit Fixture(Shape w_shape = {3, 4}, std::vector<std::pair<std::string, Shape>> extra = {}) {
+    ps.add("w", std::move(w_shape), nn::Init::Normal, 0.5f, true);
     ps.add("b", {5}, nn::Init::Normal, 0.5f, false);
+    for (auto& [name, shape] : extra) ps.add(name, std::move(shape), nn::Init::Normal, 0.5f, true);
     ps.materialize(alloc);
     ps.initialize(7);
   }
@@ -30,7 +34,21 @@ struct Fixture {
       for (int64_t j = 0; j < ps.grad(i).numel(); ++j) g[j] = std::sin(0.3f * j + step + i);
     }
   }
+  // Every parameter's values, in order.
+  std::vector<float> values() const {
+    std::vector<float> out;
+    for (int i = 0; i < ps.size(); ++i)
+      for (float x : ps.param(i).to_vector()) out.push_back(x);
+    return out;
+  }
 };
+
+// a and b bitwise equal, element by element.
+void expect_bitwise_equal(const std::vector<float>& a, const std::vector<float>& b,
+                          const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << what << " element " << i;
+}
 
 // AdamW against a double-precision transcription of the update rule.
 TEST(AdamW, MatchesReferenceOverSeveralSteps) {
@@ -158,17 +176,10 @@ TEST(GradClip, ScaleInTheStepIsBitwiseScalingInPlace) {
     }
     f.set_grads(4);
     opt.step(1e-2f);  // no scale given: 1
-    std::vector<float> out;
-    for (int i = 0; i < f.ps.size(); ++i)
-      for (float x : f.ps.param(i).to_vector()) out.push_back(x);
-    return out;
+    return f.values();
   };
-  for (bool adamw : {true, false}) {
-    const std::vector<float> in_place = run(false, adamw), in_step = run(true, adamw);
-    ASSERT_EQ(in_place.size(), in_step.size());
-    for (size_t i = 0; i < in_place.size(); ++i)
-      ASSERT_EQ(in_place[i], in_step[i]) << (adamw ? "adamw" : "sgd") << " element " << i;
-  }
+  for (bool adamw : {true, false})
+    expect_bitwise_equal(run(false, adamw), run(true, adamw), adamw ? "adamw" : "sgd");
 }
 
 // Zeroing folded into the step (zero_gradients_in_next_step, as ZeRO-0 zeroes for the next
@@ -178,24 +189,13 @@ TEST(GradClip, ScaleInTheStepIsBitwiseScalingInPlace) {
 TEST(Optimizer, ZeroingInTheStepIsBitwiseTheSameUpdate) {
   ComputeThreads threads(2);
   auto run = [](bool zero, bool adamw) {
-    Allocator alloc{"test"};
-    nn::ParameterSet ps;
-    ps.add("w", {3, 4097}, nn::Init::Normal, 0.5f, true);
-    ps.add("b", {5}, nn::Init::Normal, 0.5f, false);
-    ps.add("v", {1100, 1000}, nn::Init::Normal, 0.5f, true);  // past parallel_rows' 1M
-    ps.materialize(alloc);
-    ps.initialize(7);
-    AdamW a(ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, alloc);
-    SGD s(ps, SGDConfig{0.9f, 0.1f}, alloc);
+    Fixture f({3, 4097}, {{"v", {1100, 1000}}});  // v: past parallel_rows' 1M
+    nn::ParameterSet& ps = f.ps;
+    AdamW a(ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, f.alloc);
+    SGD s(ps, SGDConfig{0.9f, 0.1f}, f.alloc);
     Optimizer& opt = adamw ? static_cast<Optimizer&>(a) : s;
-    auto set_grads = [&](int step) {
-      for (int i = 0; i < ps.size(); ++i) {
-        float* g = ps.grad(i).f32();
-        for (int64_t j = 0; j < ps.grad(i).numel(); ++j) g[j] = std::sin(0.3f * j + step + i);
-      }
-    };
     for (int t = 1; t <= 3; ++t) {
-      set_grads(t);
+      f.set_grads(t);
       if (zero) opt.zero_gradients_in_next_step();
       opt.step(1e-2f);
       for (int i = 0; i < ps.size(); ++i)
@@ -206,20 +206,13 @@ TEST(Optimizer, ZeroingInTheStepIsBitwiseTheSameUpdate) {
             EXPECT_NE(g, 0.0f) << ps.infos()[i].name;
         }
     }
-    set_grads(4);
+    f.set_grads(4);
     opt.step(1e-2f);  // not requested: the gradients stay
     EXPECT_EQ(ps.grad(1).to_vector()[2], std::sin(0.3f * 2 + 4 + 1));
-    std::vector<float> out;
-    for (int i = 0; i < ps.size(); ++i)
-      for (float x : ps.param(i).to_vector()) out.push_back(x);
-    return out;
+    return f.values();
   };
-  for (bool adamw : {true, false}) {
-    const std::vector<float> plain = run(false, adamw), zeroing = run(true, adamw);
-    ASSERT_EQ(plain.size(), zeroing.size());
-    for (size_t i = 0; i < plain.size(); ++i)
-      ASSERT_EQ(plain[i], zeroing[i]) << (adamw ? "adamw" : "sgd") << " element " << i;
-  }
+  for (bool adamw : {true, false})
+    expect_bitwise_equal(run(false, adamw), run(true, adamw), adamw ? "adamw" : "sgd");
 }
 
 TEST(LrSchedule, WarmupThenCosineToMin) {

@@ -58,8 +58,9 @@ void AdamW::step(float lr) {
       const int64_t from = std::max(first, starts_[i]) - starts_[i];
       const int64_t to = std::min(end, starts_[i + 1]) - starts_[i];
       const float decay = s.decay ? cfg_.weight_decay : 0.0f;
-      for (int64_t b = from; b < to; b += zero ? kZeroBlock : to - from) {
-        const int64_t e = zero ? std::min(to, b + kZeroBlock) : to;
+      const int64_t block = zero ? kZeroBlock : to - from;  // zeroing: behind each block
+      for (int64_t b = from; b < to; b += block) {
+        const int64_t e = std::min(to, b + block);
         adamw_update(s.value + b, m + s.state_offset + b, v + s.state_offset + b, s.grad + b, e - b,
                      lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay, t_, scale);
         if (zero) std::memset(s.grad + b, 0, sizeof(float) * static_cast<size_t>(e - b));

@@ -193,10 +193,10 @@ void DataParallel::clip(double norm, double max_norm) {
 }
 
 void DataParallel::optimizer_step(float lr) {
-  // ZeRO-0's segments are every parameter's whole gradient, so the step itself can zero them
-  // for the next one (Optimizer::zero_gradients_in_next_step). The sharded stages zero more than
-  // their optimizer reads (the full gradients, the shard buffers) and keep begin_step's zeroing.
-  const bool zero_in_step = zero_->stage() == ZeroStage::None;
+  // Unsharded (ZeRO-0), the segments are every parameter's whole gradient, so the step itself can
+  // zero them for the next one (Optimizer::zero_gradients_in_next_step). The sharded stages zero
+  // more than their optimizer reads (the full gradients, the shard buffers) and keep begin_step's.
+  const bool zero_in_step = !zero_->sharded();
   if (zero_in_step) opt_->zero_gradients_in_next_step();
   {
     TraceSpan span("optimizer step", "optimizer");
