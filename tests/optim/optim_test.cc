@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "compute_threads.h"
+#include "tessera/kernels/bf16.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/grad_clip.h"
 #include "tessera/optim/lr_schedule.h"
@@ -20,12 +21,17 @@ using tessera::testing::ComputeThreads;
 struct Fixture {
   Allocator alloc{"test"};
   nn::ParameterSet ps;
-  // A weight "w" of w_shape with decay and a bias "b" of 5 without, then any `extra` (with decay).
-  explicit Fixture(Shape w_shape = {3, 4}, std::vector<std::pair<std::string, Shape>> extra = {}) {
+  // A weight "w" of w_shape with decay and a bias "b" of 5 without, then any `extra` (with decay);
+  // with bf16_copies, every parameter but "b" has a bf16 copy.
+  explicit Fixture(Shape w_shape = {3, 4}, std::vector<std::pair<std::string, Shape>> extra = {},
+                   bool bf16_copies = false) {
     ps.add("w", std::move(w_shape), nn::Init::Normal, 0.5f, true);
     ps.add("b", {5}, nn::Init::Normal, 0.5f, false);
     for (auto& [name, shape] : extra) ps.add(name, std::move(shape), nn::Init::Normal, 0.5f, true);
-    ps.materialize(alloc);
+    if (bf16_copies)
+      for (int i = 0; i < ps.size(); ++i)
+        if (ps.infos()[i].name != "b") ps.mark_gemm_weight(i);
+    ps.materialize(alloc, true, true, bf16_copies);
     ps.initialize(7);
   }
   void set_grads(int step) {
@@ -213,6 +219,54 @@ TEST(Optimizer, ZeroingInTheStepIsBitwiseTheSameUpdate) {
   };
   for (bool adamw : {true, false})
     expect_bitwise_equal(run(false, adamw), run(true, adamw), adamw ? "adamw" : "sgd");
+}
+
+// Asked to, a step writes each bf16 copy from the values it has just updated (every element, at
+// block and thread edges); the update itself is bitwise the same; unasked, the copies stay.
+TEST(Optimizer, WritesTheBf16CopiesOfTheValuesItUpdates) {
+  ComputeThreads threads(2);
+  auto copies_hold_values = [](const nn::ParameterSet& ps) {
+    for (int i = 0; i < ps.size(); ++i) {
+      const uint16_t* copy = ps.bf16_copy(i);
+      if (copy == nullptr) continue;
+      const std::vector<float> v = ps.param(i).to_vector();
+      std::vector<uint16_t> want(v.size());
+      kernels::f32_to_bf16(want.data(), v.data(), static_cast<int64_t>(v.size()));
+      for (size_t j = 0; j < v.size(); ++j)
+        if (copy[j] != want[j]) return false;
+    }
+    return true;
+  };
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    std::vector<float> values[2];
+    for (bool copies : {false, true}) {
+      Fixture f({3, 4097}, {{"v", {1100, 1000}}}, copies);  // v: past parallel_rows' 1M
+      nn::ParameterSet& ps = f.ps;
+      EXPECT_EQ(ps.bf16_copy(1), nullptr);  // "b" has none
+      AdamW a(ps, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, f.alloc);
+      SGD s(ps, SGDConfig{0.9f, 0.1f}, f.alloc);
+      Optimizer& opt = adamw ? static_cast<Optimizer&>(a) : s;
+      for (int t = 1; t <= 2; ++t) {
+        f.set_grads(t);
+        if (copies) opt.write_bf16_copies_in_next_step();
+        opt.step(1e-2f);
+        if (copies) {
+          EXPECT_TRUE(copies_hold_values(ps)) << "step " << t;
+        }
+      }
+      values[copies] = f.values();
+      if (!copies) continue;
+      f.set_grads(3);
+      opt.step(1e-2f);  // not requested: the copies keep step 2's values
+      EXPECT_FALSE(copies_hold_values(ps));
+      const std::vector<float> w = ps.param(0).to_vector();
+      std::vector<uint16_t> now(w.size());
+      kernels::f32_to_bf16(now.data(), values[1].data(), static_cast<int64_t>(w.size()));
+      EXPECT_EQ(std::vector<uint16_t>(ps.bf16_copy(0), ps.bf16_copy(0) + w.size()), now);
+    }
+    expect_bitwise_equal(values[0], values[1], "values");
+  }
 }
 
 TEST(LrSchedule, WarmupThenCosineToMin) {

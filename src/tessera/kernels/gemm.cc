@@ -34,21 +34,17 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInpu
   sgemm(trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
-namespace {
-
-// dout as both backward GEMMs read it: through oneDNN, rounded once into per-thread scratch
-// (bitwise what each GEMM would round; outside the allocator's accounting) that both read in
-// place; else as it is (the emulated path copies every input into fp32 scratch anyway, so
-// pre-rounding would add a pass).
-GemmInput output_gradient(const float* dout, int64_t n) {
+GemmInput output_gradient(const float* dout, int rows, int cols, int ld) {
   const GemmMode& mode = current_gemm_mode();
   if (mode.precision != Precision::BF16 || resolve_bf16_gemm(mode.bf16) != Bf16Gemm::OneDnn)
     return dout;
   thread_local std::vector<uint16_t> rounded;
-  rounded.resize(static_cast<size_t>(n));
-  f32_to_bf16(rounded.data(), dout, n);
+  rounded.resize(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  f32_to_bf16_rows(rounded.data(), dout, rows, cols, ld);
   return rounded.data();
 }
+
+namespace {
 
 void add_column_sums(float* dbias, const float* dout, int M, int N) {
   for (int64_t i = 0; i < M; ++i) {
@@ -84,7 +80,7 @@ void matmul_forward(float* out, GemmInput in, GemmInput weight, const float* bia
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, GemmInput in,
                      GemmInput weight, int M, int K, int N, bool accumulate_din) {
   if (din != nullptr || dweight != nullptr) {
-    const GemmInput d = output_gradient(dout, static_cast<int64_t>(M) * N);
+    const GemmInput d = output_gradient(dout, M, N, N);
     if (din != nullptr)
       gemm(false, true, M, K, N, 1.0f, d, N, weight, N, accumulate_din ? 1.0f : 0.0f, din, K);
     if (dweight != nullptr) gemm(true, false, K, N, M, 1.0f, in, K, d, N, 1.0f, dweight, N);
@@ -99,7 +95,7 @@ void matmul_nt_forward(float* out, GemmInput in, GemmInput weight, int M, int K,
 void matmul_nt_backward(float* din, float* dweight, const float* dout, GemmInput in,
                         GemmInput weight, int M, int K, int N) {
   if (din == nullptr && dweight == nullptr) return;
-  const GemmInput d = output_gradient(dout, static_cast<int64_t>(M) * N);
+  const GemmInput d = output_gradient(dout, M, N, N);
   if (din != nullptr) gemm(false, false, M, K, N, 1.0f, d, N, weight, K, 0.0f, din, K);
   if (dweight != nullptr) gemm(true, false, N, K, M, 1.0f, d, N, in, K, 1.0f, dweight, K);
 }

@@ -41,6 +41,16 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, GemmInpu
 void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                GemmInput A, int lda, GemmInput B, int ldb, float beta, float* C, int ldc);
 
+// An output gradient dout[rows, cols] (row stride ld) as the two backward GEMMs that read it take
+// it: through oneDNN, rounded once into per-thread scratch (bitwise what each GEMM would round;
+// outside the allocator's accounting; valid until the thread's next call), dense; else dout as it
+// is (the emulated path copies every input into fp32 scratch anyway, so pre-rounding would add a
+// pass). Read it with leading dimension output_gradient_ld(...).
+GemmInput output_gradient(const float* dout, int rows, int cols, int ld);
+inline int output_gradient_ld(GemmInput g, int cols, int ld) {
+  return g.bf16 ? cols : ld;
+}
+
 // ASSIGNS out[M,N] = residual[M,N] + in[M,K] . weight[K,N] + bias[N].
 // bias and residual may be null. residual may alias out (then it is an in-place +=).
 void matmul_forward(float* out, GemmInput in, GemmInput weight, const float* bias,

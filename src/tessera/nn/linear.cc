@@ -87,12 +87,14 @@ void linear_backward(const ParameterSet& ps, const Linear& l, float* dx, bool ac
     k::matmul_backward(dx, dweight, dbias, dy, x, ps.gemm_weight(l.weight), M, K, N, accumulate_dx);
     return;
   }
-  const int ld = static_cast<int>(lddy);
+  // Rounded once for both GEMMs when a bf16 GEMM would round it (each would, into its own scratch).
+  const k::GemmInput g = dx && dweight ? k::output_gradient(dy, M, N, static_cast<int>(lddy)) : dy;
+  const int ld = k::output_gradient_ld(g, N, static_cast<int>(lddy));
   if (dx)  // dx[M, K] = dy[M, N] W[N, K]
-    k::gemm(false, false, M, K, N, 1.0f, dy, ld, ps.gemm_weight(l.weight), K,
+    k::gemm(false, false, M, K, N, 1.0f, g, ld, ps.gemm_weight(l.weight), K,
             accumulate_dx ? 1.0f : 0.0f, dx, K);
   if (dweight)  // dW[N, K] += dy^T x
-    k::gemm(true, false, N, K, M, 1.0f, dy, ld, x, K, 1.0f, dweight, K);
+    k::gemm(true, false, N, K, M, 1.0f, g, ld, x, K, 1.0f, dweight, K);
   if (dbias)
     for (int64_t r = 0; r < tokens; ++r)
       for (int64_t j = 0; j < l.out; ++j) dbias[j] += dy[r * lddy + j];

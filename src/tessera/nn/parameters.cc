@@ -116,6 +116,7 @@ void ParameterSet::materialize(Allocator& alloc, bool full_params, bool full_gra
       bf16_copies_ = Tensor::zeros({n}, DType::BF16, MemCategory::Parameters,
                                    "parameters.bf16_copies", &alloc);
       bf16_ptr_.assign(infos_.size(), nullptr);
+      bf16_current_.assign(infos_.size(), 0);
       for (size_t i = 0; i < infos_.size(); ++i)
         if (at[i] >= 0) bf16_ptr_[i] = bf16_copies_.data<uint16_t>() + at[i];
     }
@@ -134,7 +135,18 @@ void ParameterSet::refresh_bf16_copy(int i) const {
   if (bf16_ptr_.empty() || bf16_ptr_[i] == nullptr) return;
   TESSERA_ASSERT(param_ptr_[i] != nullptr, "a bf16 copy of ", infos_[i].name,
                  " without its values");
+  if (bf16_current_[i]) return;
   kernels::f32_to_bf16(bf16_ptr_[i], param_ptr_[i], infos_[i].local_numel());
+  bf16_current_[i] = 1;
+}
+
+void ParameterSet::mark_bf16_copy_current(int i) const {
+  TESSERA_ASSERT(bf16_copy(i) != nullptr, "parameter ", infos_[i].name, " has no bf16 copy");
+  bf16_current_[i] = 1;
+}
+
+void ParameterSet::bf16_copies_stale() const {
+  std::fill(bf16_current_.begin(), bf16_current_.end(), 0);
 }
 
 // Initial values are a pure function of each element's global index, so a range splits into

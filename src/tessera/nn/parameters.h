@@ -136,12 +136,26 @@ class ParameterSet {
   // copy first (refresh_bf16_copy) and its GEMMs, and the backward of that forward, read the copy
   // (gemm_weight): a weight is converted once per forward instead of once per GEMM. Parameters do
   // not change between a forward and its backward (the fp32 gradients would be wrong too).
+  //
+  // A copy is "current" from its conversion until bf16_copies_stale(): refresh_bf16_copy converts
+  // only a copy that is not, so the micro-batches of a step convert each weight once. The optimizer
+  // step of an unsharded engine writes the copies with the values it updates (while they are in the
+  // cache: Optimizer::write_bf16_copies_in_next_step) and marks them current
+  // (mark_bf16_copy_current); every other step start calls bf16_copies_stale()
+  // (parallel::DataParallel::begin_step). So the values may change between steps, by a load, a
+  // gather or an optimizer that does not write the copies, but never inside a step.
   void mark_gemm_weight(int i);
   bool has_bf16_copies() const { return bf16_copies_.defined(); }
   size_t bf16_copy_bytes() const { return bf16_copies_.defined() ? bf16_copies_.nbytes() : 0; }
   // A no-op without a copy. const: the copies are a cache of the values (the modules hold their
   // parameter set const).
   void refresh_bf16_copy(int i) const;
+  // Weight i's bf16 copy, or null without one.
+  uint16_t* bf16_copy(int i) const { return bf16_ptr_.empty() ? nullptr : bf16_ptr_[i]; }
+  // Copy i holds bf16 of the values now (its writer says so).
+  void mark_bf16_copy_current(int i) const;
+  // Every copy must be converted again before a GEMM reads it.
+  void bf16_copies_stale() const;
   // What a GEMM reads of weight i: its bf16 copy when it has one, else the fp32 values.
   kernels::GemmInput gemm_weight(int i) const {
     if (!bf16_ptr_.empty() && bf16_ptr_[i] != nullptr) return bf16_ptr_[i];
@@ -162,6 +176,7 @@ class ParameterSet {
   std::vector<bool> gemm_weight_;  // marked by mark_gemm_weight
   Tensor bf16_copies_;             // BF16: the marked weights' copies, 64-byte aligned each
   std::vector<uint16_t*> bf16_ptr_;
+  mutable std::vector<uint8_t> bf16_current_;  // per parameter: its copy holds the values now
 };
 
 }  // namespace tessera::nn

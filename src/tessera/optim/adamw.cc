@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tessera/kernels/bf16.h"
 #include "tessera/kernels/parallel_rows.h"
 
 namespace tessera::optim {
@@ -46,6 +47,7 @@ void AdamW::step(float lr) {
   ++t_;
   const float scale = take_grad_scale();
   const bool zero = take_zero_gradients();
+  const bool copies = take_write_bf16_copies();
   float* m = m_.f32();
   float* v = v_.f32();
   kernels::parallel_rows(starts_.back(), 1, [&](int64_t first, int64_t end) {
@@ -58,12 +60,15 @@ void AdamW::step(float lr) {
       const int64_t from = std::max(first, starts_[i]) - starts_[i];
       const int64_t to = std::min(end, starts_[i + 1]) - starts_[i];
       const float decay = s.decay ? cfg_.weight_decay : 0.0f;
-      const int64_t block = zero ? kZeroBlock : to - from;  // zeroing: behind each block
+      const bool copy = copies && s.bf16 != nullptr;
+      // Zeroing and copies follow each block while it is in the cache.
+      const int64_t block = zero || copy ? kBlock : to - from;
       for (int64_t b = from; b < to; b += block) {
         const int64_t e = std::min(to, b + block);
         adamw_update(s.value + b, m + s.state_offset + b, v + s.state_offset + b, s.grad + b, e - b,
                      lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay, t_, scale);
         if (zero) std::memset(s.grad + b, 0, sizeof(float) * static_cast<size_t>(e - b));
+        if (copy) kernels::f32_to_bf16(s.bf16 + b, s.value + b, e - b);
       }
     }
   });

@@ -9,7 +9,7 @@ std::vector<Segment> whole_parameter_segments(const nn::ParameterSet& params) {
   for (int i = 0; i < params.size(); ++i) {
     const nn::ParamInfo& info = params.infos()[i];
     out.push_back(Segment{i, 0, info.local_numel(), params.param_data(i), params.grad_data(i),
-                          info.offset, info.weight_decay});
+                          info.offset, info.weight_decay, params.bf16_copy(i)});
   }
   return out;
 }

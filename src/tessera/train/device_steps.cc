@@ -115,6 +115,7 @@ void DeviceSteps::upload() {
 void DeviceSteps::download() {
   Impl& m = *impl_;
   m.gpu->get_params(m.host.params().flat_params().f32());
+  m.host.params().bf16_copies_stale();  // (a host forward converts the new values)
   m.gpu->get_optimizer_state(m.state("exp_avg"), m.state("exp_avg_sq"));
   m.opt.set_steps(m.gpu->steps());
 }

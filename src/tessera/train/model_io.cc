@@ -162,6 +162,8 @@ void load_weights(nn::GPT& model, const io::SafetensorsFile& file) {
   for (const nn::MixtureOfExperts* m : model.moe_layers())
     o.ignore.push_back(m->names().score_bias);
   io::load_into(file, named_weights(model), o);
+  for (nn::ParamGroup g : {nn::ParamGroup::Model, nn::ParamGroup::Experts})
+    model.params(g).bf16_copies_stale();  // (the next forward converts the loaded values)
   for (const nn::MixtureOfExperts* m : model.moe_layers())
     if (file.contains(m->names().score_bias))
       m->set_score_bias(read_score_bias(file, m->names().score_bias, model.config().moe.experts));
