@@ -286,11 +286,12 @@ void RankRun::report_pipeline() {
   for (int r = 0; r < cfg_.pp; ++r) {
     const int w = parallel::Mesh::world_rank(mesh_.shape(), 0, r, 0);
     const long long flight = flights[static_cast<size_t>(w)];
+    const char* noun = flight == 1 ? "micro-batch" : "micro-batches";
     if (measured)
-      std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld micro-batches in flight)", r,
-                    100 * bubbles[static_cast<size_t>(w)], flight);
+      std::snprintf(buf, sizeof buf, " | %d: %.1f%% (%lld %s in flight)", r,
+                    100 * bubbles[static_cast<size_t>(w)], flight, noun);
     else
-      std::snprintf(buf, sizeof buf, " | %d: %lld micro-batches in flight", r, flight);
+      std::snprintf(buf, sizeof buf, " | %d: %lld %s in flight", r, flight, noun);
     line += buf;
   }
   say(log_, nullptr, line);
