@@ -1,9 +1,11 @@
 // The bf16 copies of the GEMM weights (nn/parameters.h) under data parallelism. A copy is converted
-// once per step, not once per micro-batch, and a ZeRO-0 optimizer step writes it with the values
-// it updates; every other writer (a sharded step and its gather, initialize, a load) leaves the
-// copies to be converted again. Whatever the stage, training with copies is bitwise training that
-// converts each weight at each GEMM (no copies): Llama, two micro-batches, ZeRO 0, 1 and 2 on one
-// and two thread ranks, an evaluation forward between steps and a re-initialisation mid-run.
+// once per step, not once per micro-batch, and an optimizer step over whole weights (ZeRO-0)
+// writes it with the values it updates; every other writer (a sharded step and its gather,
+// initialize, a load) leaves the copies to be converted again. Whatever the stage, training with
+// copies is bitwise training that converts each weight at each GEMM (no copies): Llama, two
+// micro-batches, ZeRO 0, 1 and 2 on one and two thread ranks, an evaluation forward between steps
+// and a re-initialisation mid-run; and an optimizer stepping the model's parameters without an
+// engine.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -141,6 +143,39 @@ TEST_P(Bf16WeightCopiesTraining, IsBitwiseConvertingAtEveryGemm) {
   // The runs really differ from step to step (a stale copy would change the numbers).
   EXPECT_NE(with.eval_losses[0], with.eval_losses[1]);
   EXPECT_TRUE(with.copies_written) << "a ZeRO-0 optimizer step left a copy behind its values";
+}
+
+// Without an engine: an optimizer stepping the model's parameter set directly writes the copies
+// with the values (optim::Segment::bf16), so a model trained by hand is right too.
+TEST(Bf16WeightCopies, AnOptimizerWithoutAnEngineKeepsThemCurrent) {
+  auto run = [](bool copies) {
+    Allocator alloc("one rank");
+    CurrentAllocatorScope scope(alloc);
+    nn::GPTLayout layout;
+    layout.gemm = {kernels::Precision::BF16, kernels::Bf16Gemm::Emulated};
+    layout.bf16_weight_copies =
+        copies ? nn::GPTLayout::WeightCopies::Always : nn::GPTLayout::WeightCopies::Never;
+    nn::GPT model(llama(), kBatch, alloc, layout);
+    model.initialize(3);
+    optim::AdamW opt(model.params(), optim::AdamWConfig{}, alloc);
+    auto rec = model.make_record();
+    std::vector<double> losses;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      std::vector<int32_t> in, tgt;
+      for (int64_t s = 0; s < kBatch; ++s)
+        for (int p = 0; p < kSeq; ++p)
+          in.push_back(token(step, s, p)), tgt.push_back(token(step, s, p + 1));
+      model.params().zero_grads();
+      const nn::StepContext ctx{5, static_cast<uint64_t>(step), true, 1.0f / (kBatch * kSeq)};
+      losses.push_back(model.forward(ctx, nn::Batch{in.data(), tgt.data(), kBatch, kSeq, 0}, *rec));
+      model.backward(*rec, nullptr, nn::BackwardPass{});
+      opt.step(1e-2f);
+    }
+    return losses;
+  };
+  const std::vector<double> with = run(true), without = run(false);
+  expect_bitwise(with, without, "loss of step");
+  EXPECT_NE(with[1], with[2]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Bf16WeightCopiesTraining,

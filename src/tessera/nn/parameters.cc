@@ -149,6 +149,12 @@ void ParameterSet::bf16_copies_stale() const {
   std::fill(bf16_current_.begin(), bf16_current_.end(), 0);
 }
 
+bool ParameterSet::bf16_copies_current() const {
+  for (size_t i = 0; i < bf16_current_.size(); ++i)
+    if (bf16_ptr_[i] != nullptr && !bf16_current_[i]) return false;
+  return true;
+}
+
 // Initial values are a pure function of each element's global index, so a range splits into
 // pieces that threads fill independently, bitwise what one thread writes (GPT-2 124M's 124 M
 // values took 5 s on one thread).
@@ -197,6 +203,7 @@ void ParameterSet::initialize(uint64_t seed) {
   TESSERA_CHECK(materialized() && flat_params_.defined(),
                 "initialize() needs the full parameter buffer (materialize first)");
   initial_values(seed, 0, numel_, flat_params_.f32());
+  bf16_copies_stale();
 }
 
 std::pair<int, int> ParameterSet::params_in(int64_t begin, int64_t end) const {

@@ -138,12 +138,13 @@ class ParameterSet {
   // not change between a forward and its backward (the fp32 gradients would be wrong too).
   //
   // A copy is "current" from its conversion until bf16_copies_stale(): refresh_bf16_copy converts
-  // only a copy that is not, so the micro-batches of a step convert each weight once. The optimizer
-  // step of an unsharded engine writes the copies with the values it updates (while they are in the
-  // cache: Optimizer::write_bf16_copies_in_next_step) and marks them current
-  // (mark_bf16_copy_current); every other step start calls bf16_copies_stale()
-  // (parallel::DataParallel::begin_step). So the values may change between steps, by a load, a
-  // gather or an optimizer that does not write the copies, but never inside a step.
+  // only a copy that is not, so the micro-batches, recomputations and evaluations of a step convert
+  // each weight once. An optimizer whose segment holds a whole weight writes its copy with the
+  // values it updates (optim::Segment::bf16, while they are in the cache), so the copy stays
+  // current. Whatever else writes values marks the copies stale: initialize(), the loads
+  // (parallel::DataParallel, train::load_weights), a sharded engine's step and gather
+  // (DataParallel::optimizer_step; its begin_step marks them stale too unless the last step wrote
+  // every copy). Code that writes values through param_data() must call bf16_copies_stale().
   void mark_gemm_weight(int i);
   bool has_bf16_copies() const { return bf16_copies_.defined(); }
   size_t bf16_copy_bytes() const { return bf16_copies_.defined() ? bf16_copies_.nbytes() : 0; }
@@ -152,10 +153,12 @@ class ParameterSet {
   void refresh_bf16_copy(int i) const;
   // Weight i's bf16 copy, or null without one.
   uint16_t* bf16_copy(int i) const { return bf16_ptr_.empty() ? nullptr : bf16_ptr_[i]; }
-  // Copy i holds bf16 of the values now (its writer says so).
+  // Copy i holds bf16 of the values now (its writer, an optimizer step, says so).
   void mark_bf16_copy_current(int i) const;
   // Every copy must be converted again before a GEMM reads it.
   void bf16_copies_stale() const;
+  // Whether every copy is current (true without copies).
+  bool bf16_copies_current() const;
   // What a GEMM reads of weight i: its bf16 copy when it has one, else the fp32 values.
   kernels::GemmInput gemm_weight(int i) const {
     if (!bf16_ptr_.empty() && bf16_ptr_[i] != nullptr) return bf16_ptr_[i];

@@ -47,7 +47,6 @@ void AdamW::step(float lr) {
   ++t_;
   const float scale = take_grad_scale();
   const bool zero = take_zero_gradients();
-  const bool copies = take_write_bf16_copies();
   float* m = m_.f32();
   float* v = v_.f32();
   kernels::parallel_rows(starts_.back(), 1, [&](int64_t first, int64_t end) {
@@ -60,7 +59,7 @@ void AdamW::step(float lr) {
       const int64_t from = std::max(first, starts_[i]) - starts_[i];
       const int64_t to = std::min(end, starts_[i + 1]) - starts_[i];
       const float decay = s.decay ? cfg_.weight_decay : 0.0f;
-      const bool copy = copies && s.bf16 != nullptr;
+      const bool copy = s.bf16 != nullptr;
       // Zeroing and copies follow each block while it is in the cache.
       const int64_t block = zero || copy ? kBlock : to - from;
       for (int64_t b = from; b < to; b += block) {

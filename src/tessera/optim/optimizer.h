@@ -25,7 +25,10 @@ struct Segment {
   float* grad = nullptr;     // read by the update (times the step's gradient scale)
   int64_t state_offset = 0;  // where the n elements live in the optimizer's state buffers
   bool decay = true;         // weight decay applies
-  uint16_t* bf16 = nullptr;  // the values' bf16 copy (nn::ParameterSet::bf16_copy), if any
+  // The values' bf16 copy (nn::ParameterSet::bf16_copy), if any: every step writes it from the
+  // values it has just updated, block by block while they are in the cache (the conversion the
+  // next forward would make, without a pass of its own over the weights: nn/parameters.h).
+  uint16_t* bf16 = nullptr;
 };
 
 // One segment per parameter, state laid out like the flat parameter buffer.
@@ -55,18 +58,12 @@ class Optimizer {
   // is the zeroing the following step needs, without a pass of its own over memory (400 MB for a
   // 100M-parameter model). The update is bitwise the same.
   void zero_gradients_in_next_step() { zero_gradients_ = true; }
-  // The next step() also writes every segment's bf16 copy (Segment::bf16, where set) from the
-  // values it has just updated, block by block while they are in the cache: the conversion the
-  // next forward would make, without a pass of its own over the weights (nn/parameters.h).
-  void write_bf16_copies_in_next_step() { write_bf16_copies_ = true; }
 
  protected:
   // The scale for this step; resets it to 1.
   float take_grad_scale() { return std::exchange(grad_scale_, 1.0f); }
   // Whether this step zeroes the gradients it reads; resets the request.
   bool take_zero_gradients() { return std::exchange(zero_gradients_, false); }
-  // Whether this step writes the bf16 copies; resets the request.
-  bool take_write_bf16_copies() { return std::exchange(write_bf16_copies_, false); }
   // Elements updated before their gradients are zeroed and their bf16 copies written (16 KB of
   // each: in the L1 cache still).
   static constexpr int64_t kBlock = 4096;
@@ -74,7 +71,6 @@ class Optimizer {
  private:
   float grad_scale_ = 1.0f;
   bool zero_gradients_ = false;
-  bool write_bf16_copies_ = false;
 };
 
 }  // namespace tessera::optim

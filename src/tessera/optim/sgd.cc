@@ -18,7 +18,6 @@ void SGD::step(float lr) {
   ++t_;
   const float scale = take_grad_scale();
   const bool zero = take_zero_gradients();
-  const bool copies = take_write_bf16_copies();
   float* buf = momentum_.defined() ? momentum_.f32() : nullptr;
   for (const Segment& s : segments_) {
     const float decay = 1.0f - lr * (s.decay ? cfg_.weight_decay : 0.0f);
@@ -29,7 +28,7 @@ void SGD::step(float lr) {
       s.value[i] = s.value[i] * decay - lr * d;
       if (zero) s.grad[i] = 0.0f;
     }
-    if (copies && s.bf16 != nullptr) kernels::f32_to_bf16(s.bf16, s.value, s.n);
+    if (s.bf16 != nullptr) kernels::f32_to_bf16(s.bf16, s.value, s.n);
   }
 }
 

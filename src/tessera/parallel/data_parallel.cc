@@ -133,7 +133,7 @@ void DataParallel::load_optimizer_state(const io::SafetensorsFile& file) {
 // ---- the step --------------------------------------------------------------------------------
 
 void DataParallel::begin_step() {
-  // The last optimizer step left every gradient zero and every bf16 weight copy current (ZeRO-0),
+  // The last optimizer step left every gradient zero and wrote every bf16 weight copy (ZeRO-0),
   // unless none ran since.
   if (!std::exchange(grads_zeroed_by_step_, false)) zero_->zero_grads();
   if (!std::exchange(bf16_copies_written_by_step_, false)) ps_.bf16_copies_stale();
@@ -198,23 +198,21 @@ void DataParallel::optimizer_step(float lr) {
   // Unsharded (ZeRO-0), the segments are every parameter's whole gradient, so the step itself can
   // zero them for the next one (Optimizer::zero_gradients_in_next_step). The sharded stages zero
   // more than their optimizer reads (the full gradients, the shard buffers) and keep begin_step's.
-  // The same holds for the weights: the step can write their bf16 copies (nn/parameters.h).
   const bool zero_in_step = !zero_->sharded();
   if (zero_in_step) opt_->zero_gradients_in_next_step();
-  const bool copies_in_step = zero_in_step && ps_.has_bf16_copies();
-  if (copies_in_step) opt_->write_bf16_copies_in_next_step();
   {
     TraceSpan span("optimizer step", "optimizer");
     opt_->step(lr);
   }
   grads_zeroed_by_step_ = zero_in_step;
-  ps_.bf16_copies_stale();  // the values changed (and, sharded, change again in the gather)
-  if (copies_in_step) {
-    for (const optim::Segment& s : opt_->segments())
-      if (s.bf16 != nullptr && s.param_offset == 0 && s.n == ps_.infos()[s.param].local_numel())
-        ps_.mark_bf16_copy_current(s.param);
-  }
-  bf16_copies_written_by_step_ = copies_in_step;
+  // The values changed (sharded: again in the gather). The step wrote the bf16 copies of the
+  // weights its segments hold whole (optim::Segment::bf16: ZeRO-0's); the next forward converts
+  // the others.
+  ps_.bf16_copies_stale();
+  for (const optim::Segment& s : opt_->segments())
+    if (s.bf16 != nullptr && s.param_offset == 0 && s.n == ps_.infos()[s.param].local_numel())
+      ps_.mark_bf16_copy_current(s.param);
+  bf16_copies_written_by_step_ = ps_.bf16_copies_current();
   zero_->after_optimizer_step();
 }
 
