@@ -43,6 +43,17 @@ int32_t token(int64_t step, int64_t sample, int pos) {
   return static_cast<int32_t>((step * 5 + sample * 13 + pos * 7 + (sample * pos) % 5) % kVocab);
 }
 
+// The forward of samples [first, first + B) of `step`'s batch; the loss summed over its tokens.
+double forward(nn::GPT& model, nn::StageRecord& rec, int64_t step, int64_t first, int B,
+               bool training) {
+  std::vector<int32_t> in, tgt;
+  for (int64_t s = first; s < first + B; ++s)
+    for (int p = 0; p < kSeq; ++p)
+      in.push_back(token(step, s, p)), tgt.push_back(token(step, s, p + 1));
+  const nn::StepContext ctx{5, static_cast<uint64_t>(step), training, 1.0f / (kBatch * kSeq)};
+  return model.forward(ctx, nn::Batch{in.data(), tgt.data(), B, kSeq, first}, rec);
+}
+
 struct Trained {
   std::vector<double> losses, eval_losses, norms;
   std::map<std::string, std::vector<float>> weights;
@@ -83,12 +94,7 @@ Trained train(int dp, int zero, bool copies) {
     });
     auto rec = model.make_record();
     auto pass = [&](int64_t step, int64_t first, bool training) {
-      std::vector<int32_t> in, tgt;
-      for (int64_t s = first; s < first + micro; ++s)
-        for (int p = 0; p < kSeq; ++p)
-          in.push_back(token(step, s, p)), tgt.push_back(token(step, s, p + 1));
-      const nn::StepContext ctx{5, static_cast<uint64_t>(step), training, 1.0f / (kBatch * kSeq)};
-      return model.forward(ctx, nn::Batch{in.data(), tgt.data(), micro, kSeq, first}, *rec);
+      return forward(model, *rec, step, first, micro, training);
     };
     Trained r;
     for (int64_t step = 0; step < kSteps; ++step) {
@@ -161,13 +167,8 @@ TEST(Bf16WeightCopies, AnOptimizerWithoutAnEngineKeepsThemCurrent) {
     auto rec = model.make_record();
     std::vector<double> losses;
     for (int64_t step = 0; step < kSteps; ++step) {
-      std::vector<int32_t> in, tgt;
-      for (int64_t s = 0; s < kBatch; ++s)
-        for (int p = 0; p < kSeq; ++p)
-          in.push_back(token(step, s, p)), tgt.push_back(token(step, s, p + 1));
       model.params().zero_grads();
-      const nn::StepContext ctx{5, static_cast<uint64_t>(step), true, 1.0f / (kBatch * kSeq)};
-      losses.push_back(model.forward(ctx, nn::Batch{in.data(), tgt.data(), kBatch, kSeq, 0}, *rec));
+      losses.push_back(forward(model, *rec, step, 0, kBatch, true));
       model.backward(*rec, nullptr, nn::BackwardPass{});
       opt.step(1e-2f);
     }

@@ -149,12 +149,6 @@ void ParameterSet::bf16_copies_stale() const {
   std::fill(bf16_current_.begin(), bf16_current_.end(), 0);
 }
 
-bool ParameterSet::bf16_copies_current() const {
-  for (size_t i = 0; i < bf16_current_.size(); ++i)
-    if (bf16_ptr_[i] != nullptr && !bf16_current_[i]) return false;
-  return true;
-}
-
 // Initial values are a pure function of each element's global index, so a range splits into
 // pieces that threads fill independently, bitwise what one thread writes (GPT-2 124M's 124 M
 // values took 5 s on one thread).

@@ -143,8 +143,8 @@ class ParameterSet {
   // values it updates (optim::Segment::bf16, while they are in the cache), so the copy stays
   // current. Whatever else writes values marks the copies stale: initialize(), the loads
   // (parallel::DataParallel, train::load_weights), a sharded engine's step and gather
-  // (DataParallel::optimizer_step; its begin_step marks them stale too unless the last step wrote
-  // every copy). Code that writes values through param_data() must call bf16_copies_stale().
+  // (DataParallel::optimizer_step). Code that writes values through param_data() must call
+  // bf16_copies_stale().
   void mark_gemm_weight(int i);
   bool has_bf16_copies() const { return bf16_copies_.defined(); }
   size_t bf16_copy_bytes() const { return bf16_copies_.defined() ? bf16_copies_.nbytes() : 0; }
@@ -157,8 +157,6 @@ class ParameterSet {
   void mark_bf16_copy_current(int i) const;
   // Every copy must be converted again before a GEMM reads it.
   void bf16_copies_stale() const;
-  // Whether every copy is current (true without copies).
-  bool bf16_copies_current() const;
   // What a GEMM reads of weight i: its bf16 copy when it has one, else the fp32 values.
   kernels::GemmInput gemm_weight(int i) const {
     if (!bf16_ptr_.empty() && bf16_ptr_[i] != nullptr) return bf16_ptr_[i];

@@ -133,10 +133,8 @@ void DataParallel::load_optimizer_state(const io::SafetensorsFile& file) {
 // ---- the step --------------------------------------------------------------------------------
 
 void DataParallel::begin_step() {
-  // The last optimizer step left every gradient zero and wrote every bf16 weight copy (ZeRO-0),
-  // unless none ran since.
+  // The last optimizer step left every gradient zero (ZeRO-0), unless none ran since.
   if (!std::exchange(grads_zeroed_by_step_, false)) zero_->zero_grads();
-  if (!std::exchange(bf16_copies_written_by_step_, false)) ps_.bf16_copies_stale();
 }
 
 void DataParallel::end_backward() {
@@ -205,15 +203,13 @@ void DataParallel::optimizer_step(float lr) {
     opt_->step(lr);
   }
   grads_zeroed_by_step_ = zero_in_step;
-  // The values changed (sharded: again in the gather). The step wrote the bf16 copies of the
-  // weights its segments hold whole (optim::Segment::bf16: ZeRO-0's); the next forward converts
-  // the others.
+  zero_->after_optimizer_step();
+  // The values changed (sharded: in the gather too). The step wrote the bf16 copies of the weights
+  // its segments hold whole (optim::Segment::bf16: ZeRO-0's); the next forward converts the others.
   ps_.bf16_copies_stale();
   for (const optim::Segment& s : opt_->segments())
     if (s.bf16 != nullptr && s.param_offset == 0 && s.n == ps_.infos()[s.param].local_numel())
       ps_.mark_bf16_copy_current(s.param);
-  bf16_copies_written_by_step_ = ps_.bf16_copies_current();
-  zero_->after_optimizer_step();
 }
 
 // ---- hooks -----------------------------------------------------------------------------------

@@ -74,10 +74,7 @@ class DataParallel final : public nn::UnitHooks {
 
   // Weights: layout-invariant initialisation, or a full-model safetensors file (this rank reads
   // only what it holds).
-  void initialize(uint64_t seed) {
-    zero_->initialize(seed);
-    ps_.bf16_copies_stale();
-  }
+  void initialize(uint64_t seed) { zero_->initialize(seed); }
   void load_weights(const io::SafetensorsFile& file) {
     zero_->load_weights(file);
     ps_.bf16_copies_stale();
@@ -152,8 +149,7 @@ class DataParallel final : public nn::UnitHooks {
   std::unique_ptr<optim::Optimizer> opt_;
   std::deque<Reduction> pending_;
   std::vector<int> ready_;  // buckets whose gradients are final but not launched (no overlap)
-  bool grads_zeroed_by_step_ = false;         // the last optimizer step left every gradient zero
-  bool bf16_copies_written_by_step_ = false;  // ... and wrote every bf16 weight copy
+  bool grads_zeroed_by_step_ = false;  // the last optimizer step left every gradient zero
 };
 
 }  // namespace tessera::parallel
